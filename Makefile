@@ -1,0 +1,30 @@
+# Each target sets up what it needs on a fresh machine.
+PYTHON ?= python3
+VENV   ?= .venv
+PY      = $(VENV)/bin/python
+STAMP   = $(VENV)/.installed
+
+.PHONY: test demo bench venv clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e '.[dev,demo]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest -q tests
+
+demo: $(STAMP)
+	$(PY) -m workers.demo
+
+bench: $(STAMP)
+	$(PY) bench/store.py
+	$(PY) bench/backfill.py
+	$(PY) bench/engine.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache
