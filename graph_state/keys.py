@@ -1,0 +1,139 @@
+"""Every RocksDB key and value layout of the graph store, in one place.
+
+Node ids are interned to dense 64-bit integers (``iid``) so that keys are
+fixed-width and big-endian: byte order is numeric order. The one exception is
+the neighbour index, whose key ends in the neighbour's id string so that
+entries sort by ``(rank, id)`` exactly as the sampling contract breaks ties.
+
+Column families and layouts::
+
+    meta      name (ascii)                         -> json / struct value
+    ids       node id (utf-8)                      -> iid            >Q
+    names     iid >Q                               -> node id (utf-8)
+    nodes     iid >Q                               -> degree >I, flags >B, last_ts >d
+    feats     iid >Q                               -> float32[dim] (little-endian)
+    edges     src iid >Q, dst iid >Q               -> weight >d, ts >d
+    nbrs      v iid >Q, rank >Q, u id (utf-8)      -> u iid >Q
+    sampled   k >H, u iid >Q, v iid >Q             -> b""   (u is in S_k(v))
+    offsets   topic (utf-8), 0x00, partition >I    -> next offset >q
+    dirty     k >H, iid >Q                         -> flags >B  (k = fanout, 0 = input)
+    emb       layer >B, iid >Q                     -> float32[d] (little-endian)
+    embmeta   iid >Q                               -> version >Q, event_ts >d, mode (ascii)
+    outbox    seq >Q                               -> encoded outbox entry
+"""
+
+from __future__ import annotations
+
+import struct
+
+__all__ = [
+    "COLUMN_FAMILIES",
+    "U64",
+    "encode_iid",
+    "decode_iid",
+    "edge_key",
+    "decode_edge_key",
+    "nbr_prefix",
+    "nbr_key",
+    "decode_nbr_key",
+    "sampled_prefix",
+    "sampled_key",
+    "decode_sampled_key",
+    "offset_key",
+    "decode_offset_key",
+    "layer_key",
+    "dirty_key",
+    "decode_dirty_key",
+    "layer_prefix",
+    "decode_layer_key",
+    "NODE_RECORD",
+    "EDGE_RECORD",
+    "EMBMETA_HEAD",
+    "FLAG_HAS_FEATURES",
+]
+
+COLUMN_FAMILIES = (
+    "meta", "ids", "names", "nodes", "feats", "edges", "nbrs", "sampled",
+    "offsets", "dirty", "emb", "embmeta", "outbox",
+)
+
+U64 = struct.Struct(">Q")
+_QQ = struct.Struct(">QQ")
+_QQ_PREFIXED = struct.Struct(">HQQ")
+_HQ = struct.Struct(">HQ")
+_BQ = struct.Struct(">BQ")
+_I32 = struct.Struct(">I")
+
+NODE_RECORD = struct.Struct(">IBd")  # degree, flags, last event ts
+EDGE_RECORD = struct.Struct(">dd")  # weight, ts
+EMBMETA_HEAD = struct.Struct(">Qd")  # version, event_ts; mode follows as ascii
+FLAG_HAS_FEATURES = 1
+
+
+def encode_iid(iid: int) -> bytes:
+    return U64.pack(iid)
+
+
+def decode_iid(data: bytes) -> int:
+    return U64.unpack(data)[0]
+
+
+def edge_key(src: int, dst: int) -> bytes:
+    return _QQ.pack(src, dst)
+
+
+def decode_edge_key(key: bytes) -> tuple[int, int]:
+    return _QQ.unpack(key)
+
+
+def nbr_prefix(v: int) -> bytes:
+    return U64.pack(v)
+
+
+def nbr_key(v: int, rank: int, u_name: str) -> bytes:
+    return _QQ.pack(v, rank) + u_name.encode()
+
+
+def decode_nbr_key(key: bytes) -> tuple[int, int, str]:
+    v, rank = _QQ.unpack_from(key)
+    return v, rank, key[16:].decode()
+
+
+def sampled_prefix(k: int, u: int) -> bytes:
+    return _HQ.pack(k, u)
+
+
+def sampled_key(k: int, u: int, v: int) -> bytes:
+    return _QQ_PREFIXED.pack(k, u, v)
+
+
+def decode_sampled_key(key: bytes) -> tuple[int, int, int]:
+    return _QQ_PREFIXED.unpack(key)
+
+
+def offset_key(topic: str, partition: int) -> bytes:
+    return topic.encode() + b"\x00" + _I32.pack(partition)
+
+
+def decode_offset_key(key: bytes) -> tuple[str, int]:
+    return key[:-5].decode(), _I32.unpack(key[-4:])[0]
+
+
+def layer_key(layer: int, iid: int) -> bytes:
+    return _BQ.pack(layer, iid)
+
+
+def layer_prefix(layer: int) -> bytes:
+    return bytes((layer,))
+
+
+def decode_layer_key(key: bytes) -> tuple[int, int]:
+    return _BQ.unpack(key)
+
+
+def dirty_key(k: int, iid: int) -> bytes:
+    return _HQ.pack(k, iid)
+
+
+def decode_dirty_key(key: bytes) -> tuple[int, int]:
+    return _HQ.unpack(key)

@@ -1,0 +1,52 @@
+"""Seeded, order-independent bottom-k neighbour sampling (pure functions).
+
+The rank of neighbour ``u`` in the neighbourhood of ``v`` is::
+
+    r(v, u) = int.from_bytes(blake2b(f"{seed}:{v}:{u}".encode(), digest_size=8).digest(), "big")
+
+and ``S_k(v)`` is the ``k`` members of ``N(v)`` with the smallest ``(r(v, u), u)``.
+The sample depends only on the set ``N(v)``, never on the order edges arrived
+in, and adding a neighbour changes ``S_k(v)`` only when it ranks among the
+``k`` smallest.
+"""
+
+from __future__ import annotations
+
+import heapq
+from hashlib import blake2b
+from typing import Iterable
+
+__all__ = ["neighbor_rank", "sample_neighbors", "check_fanout"]
+
+
+def neighbor_rank(seed: int, v: str, u: str) -> int:
+    """Return ``r(v, u)``, the 64-bit sampling rank of ``u`` among ``v``'s neighbours."""
+    return int.from_bytes(blake2b(f"{seed}:{v}:{u}".encode(), digest_size=8).digest(), "big")
+
+
+def check_fanout(k: int) -> int:
+    """Validate a fanout and return it.
+
+    Raises:
+        ValueError: if ``k`` is not a non-negative integer.
+    """
+    if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+        raise ValueError(f"Expected a non-negative integer fanout (got {k!r})")
+    return k
+
+
+def sample_neighbors(seed: int, v: str, neighbors: Iterable[str], k: int) -> list[str]:
+    """Reference bottom-k sample of an explicit neighbour set.
+
+    Args:
+        seed: the sampling seed.
+        v: the node whose neighbourhood is sampled.
+        neighbors: ``N(v)`` (duplicates and ``v`` itself are ignored).
+        k: the fanout.
+
+    Returns:
+        The members of ``S_k(v)`` ordered by ``(rank, id)``.
+    """
+    check_fanout(k)
+    members = {u for u in neighbors if u != v}
+    return [u for _, u in heapq.nsmallest(k, ((neighbor_rank(seed, v, u), u) for u in members))]

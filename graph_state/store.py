@@ -1,0 +1,729 @@
+"""The RocksDB graph store: edges, neighbour samples, features and offsets.
+
+One :meth:`GraphStore.apply` call turns a batch of events into one RocksDB
+``WriteBatch`` holding the graph changes, the sampled-by index, the dirty marks
+and the consumed offsets, so a crash leaves the store at a whole batch
+boundary. Neighbours are kept ordered by sampling rank, so ``S_k(v)`` is the
+first ``k`` entries of ``v``'s neighbour index and costs O(k) to read whatever
+the degree.
+
+Hot structures (interned ids, node records, the rank-ordered prefix of each
+neighbour list) are cached in memory, write-through and bounded; the cache is
+rebuilt lazily after a restart.
+"""
+
+from __future__ import annotations
+
+import bisect
+import gc
+import json
+import logging
+import math
+import os
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Iterator, Mapping, Sequence
+
+import numpy as np
+from rocksdict import Options, Rdict, WriteBatch, WriteOptions
+
+from graph_state import keys
+from graph_state.exceptions import OffsetRegressionError, StoreConfigError, StoreLockedError
+from graph_state.sampler import check_fanout, neighbor_rank
+
+__all__ = ["GraphStore", "ApplyResult", "DIRTY_INPUT", "DIRTY_SAMPLE", "DIRTY_COUNT", "DIRTY_DEGREE"]
+
+logger = logging.getLogger(__name__)
+
+# Dirty-mark flags. Layer 0 marks say a node's input h^0 changed; layer l >= 1
+# marks say the sample S_{k_l} of the node changed (so h^l must be recomputed)
+# and whether its size changed (GCN normalisation of its dependents).
+DIRTY_INPUT = 1
+DIRTY_SAMPLE = 2
+DIRTY_COUNT = 4
+DIRTY_DEGREE = 8
+
+_MIN_TOP = 32
+
+
+@dataclass
+class _Node:
+    degree: int
+    flags: int
+    last_ts: float
+
+    def encode(self) -> bytes:
+        return keys.NODE_RECORD.pack(self.degree, self.flags, self.last_ts)
+
+
+@dataclass
+class ApplyResult:
+    """What one applied batch changed.
+
+    Attributes:
+        fanouts: the fanouts the sample changes are reported for.
+        event_touches: per event, ``(iid, position)`` pairs: the node whose
+            neighbour list changed and the rank position the change hit.
+        sample_changed: per fanout, the iids whose ``S_k`` differs before and
+            after the batch.
+        count_changed: per fanout, the iids whose ``|S_k|`` changed.
+        features_changed: iids whose input features changed (set, cleared,
+            created or deleted).
+        degree_changed: iids whose neighbour count changed.
+        created / deleted: iids of nodes that came into / went out of existence.
+        max_ts: the latest event time in the batch (0 for an empty batch).
+    """
+
+    fanouts: tuple[int, ...]
+    event_touches: list[list[tuple[int, int]]] = field(default_factory=list)
+    sample_changed: dict[int, set[int]] = field(default_factory=dict)
+    count_changed: dict[int, set[int]] = field(default_factory=dict)
+    features_changed: set[int] = field(default_factory=set)
+    degree_changed: set[int] = field(default_factory=set)
+    created: set[int] = field(default_factory=set)
+    deleted: set[int] = field(default_factory=set)
+    max_ts: float = 0.0
+
+    def event_sample_changes(self, index: int, k: int) -> set[int]:
+        """The iids whose ``S_k`` was changed by event ``index`` of the batch."""
+        return {iid for iid, pos in self.event_touches[index] if pos < k}
+
+
+class _Batch:
+    """Writes of one batch plus the overlay needed to read them back."""
+
+    def __init__(self, handles: Mapping[str, Any]):
+        self.wb = WriteBatch(raw_mode=True)
+        self.handles = handles
+        self.pending_nbr: dict[int, dict[bytes, int | None]] = defaultdict(dict)
+        self.initial_top: dict[int, list[int]] = {}
+        self.initial_degree: dict[int, int] = {}
+        self.edges: dict[bytes, bool] = {}
+        self.nodes: set[int] = set()
+
+    def put(self, cf: str, key: bytes, value: bytes) -> None:
+        self.wb.put(key, value, self.handles[cf])
+
+    def delete(self, cf: str, key: bytes) -> None:
+        self.wb.delete(key, self.handles[cf])
+
+
+class GraphStore:
+    """A directed graph with rank-ordered neighbour lists in RocksDB.
+
+    Args:
+        path: the database directory (created if missing).
+        seed: the sampling seed; fixed when the store is created (default 0).
+        feature_dim: the node feature length; fixed when first known.
+        cache_nodes: bound on the number of nodes held in the in-memory caches.
+        lock_timeout: seconds to keep retrying when another process holds the
+            database lock.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        seed: int | None = None,
+        feature_dim: int | None = None,
+        cache_nodes: int = 2_000_000,
+        lock_timeout: float = 10.0,
+    ):
+        self.path = os.fspath(path)
+        self._db = self._open(self.path, lock_timeout)
+        self._cf = {name: self._db.get_column_family(name) for name in keys.COLUMN_FAMILIES}
+        self._handles = {name: self._db.get_column_family_handle(name) for name in keys.COLUMN_FAMILIES}
+        self._write_opts = WriteOptions()
+        self._cache_nodes = cache_nodes
+        self.seed = self._init_meta_int("seed", seed, default=0)
+        self.feature_dim = self._init_meta_int("feature_dim", feature_dim, default=None)
+        stored = self._meta_get("fanouts")
+        self.fanouts: tuple[int, ...] = tuple(stored) if stored else ()
+        self._next_iid = self._meta_get("next_iid") or 0
+        self._iid: dict[str, int] = {}
+        self._name: dict[int, str] = {}
+        self._nodes: dict[int, _Node | None] = {}
+        self._top: dict[int, list[tuple[bytes, int]]] = {}
+        self._batch: _Batch | None = None
+
+    # ------------------------------------------------------------------ open/close
+    @staticmethod
+    def _open(path: str, lock_timeout: float) -> Rdict:
+        opts = Options(raw_mode=True)
+        opts.create_if_missing(True)
+        opts.create_missing_column_families(True)
+        cfs = {name: Options(raw_mode=True) for name in keys.COLUMN_FAMILIES}
+        deadline = time.monotonic() + lock_timeout
+        while True:
+            try:
+                return Rdict(path, options=opts, column_families=cfs)
+            except Exception as exc:  # rocksdict raises plain Exception
+                if "lock" not in str(exc).lower():
+                    raise
+                if time.monotonic() >= deadline:
+                    raise StoreLockedError(
+                        f"graph store {path!r} is locked by another process; stop the other "
+                        f"gnnstream process using it (one process per store)"
+                    ) from exc
+                time.sleep(0.1)
+
+    def close(self) -> None:
+        """Flush and close the database (safe to call twice)."""
+        if self._db is None:
+            return
+        for view in self._cf.values():
+            view.close()
+        self._db.close()
+        # Column-family handles and views keep the native database (and its
+        # lock) alive until they are dropped.
+        self._cf.clear()
+        self._handles.clear()
+        self._db = None
+        gc.collect()
+
+    def __enter__(self) -> "GraphStore":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ meta
+    def _meta_get(self, name: str) -> Any:
+        raw = self._cf["meta"].get(name.encode())
+        return None if raw is None else json.loads(raw)
+
+    def _meta_put(self, name: str, value: Any, batch: _Batch | None = None) -> None:
+        data = json.dumps(value).encode()
+        if batch is None:
+            self._cf["meta"].put(name.encode(), data)
+        else:
+            batch.put("meta", name.encode(), data)
+
+    def _init_meta_int(self, name: str, value: int | None, default: int | None) -> int | None:
+        stored = self._meta_get(name)
+        if stored is not None:
+            if value is not None and value != stored:
+                raise StoreConfigError(
+                    f"store {self.path!r} was created with {name}={stored}, not {value}; "
+                    f"use a new --state directory or pass {name}={stored}"
+                )
+            return stored
+        chosen = default if value is None else value
+        if chosen is not None:
+            if isinstance(chosen, bool) or not isinstance(chosen, int) or chosen < 0:
+                raise ValueError(f"Expected a non-negative integer {name} (got {chosen!r})")
+            self._meta_put(name, chosen)
+        return chosen
+
+    def set_fanouts(self, fanouts: Sequence[int]) -> None:
+        """Choose the fanouts whose sampled-by index and dirty marks the store keeps.
+
+        Rebuilds the sampled-by index for every node when the fanouts change.
+        """
+        ks = tuple(sorted({check_fanout(k) for k in fanouts}))
+        if ks == self.fanouts:
+            return
+        self._cf["sampled"].delete_range(b"", b"\xff" * 20)
+        self.fanouts = ks
+        batch = _Batch(self._handles)
+        for i, iid in enumerate(self.node_iids()):
+            top = [u for _, u in self._top_of(iid)]
+            for k in ks:
+                for u in top[:k]:
+                    batch.put("sampled", keys.sampled_key(k, u, iid), b"")
+            if i % 10_000 == 9_999:
+                self._db.write(batch.wb, self._write_opts)
+                batch = _Batch(self._handles)
+        self._meta_put("fanouts", list(ks), batch)
+        self._db.write(batch.wb, self._write_opts)
+        self._trim_caches()
+
+    @property
+    def top_size(self) -> int:
+        """How many rank-ordered neighbours are cached per node."""
+        return max((_MIN_TOP, *self.fanouts))
+
+    # ------------------------------------------------------------------ ids
+    def iid(self, name: str) -> int | None:
+        """The interned id of node ``name``, or None if it was never seen."""
+        iid = self._iid.get(name)
+        if iid is None:
+            raw = self._cf["ids"].get(name.encode())
+            if raw is None:
+                return None
+            iid = keys.decode_iid(raw)
+            self._iid[name] = iid
+            self._name[iid] = name
+        return iid
+
+    def name(self, iid: int) -> str:
+        """The node id string of interned id ``iid``."""
+        name = self._name.get(iid)
+        if name is None:
+            raw = self._cf["names"].get(keys.encode_iid(iid))
+            if raw is None:
+                raise KeyError(f"no node with internal id {iid}")
+            name = raw.decode()
+            self._name[iid] = name
+            self._iid[name] = iid
+        return name
+
+    def _intern(self, name: str, batch: _Batch) -> int:
+        iid = self.iid(name)
+        if iid is None:
+            iid = self._next_iid
+            self._next_iid += 1
+            self._iid[name] = iid
+            self._name[iid] = name
+            batch.put("ids", name.encode(), keys.encode_iid(iid))
+            batch.put("names", keys.encode_iid(iid), name.encode())
+        return iid
+
+    # ------------------------------------------------------------------ node records
+    def _node(self, iid: int) -> _Node | None:
+        if iid in self._nodes:
+            return self._nodes[iid]
+        raw = self._cf["nodes"].get(keys.encode_iid(iid))
+        node = None if raw is None else _Node(*keys.NODE_RECORD.unpack(raw))
+        self._nodes[iid] = node
+        return node
+
+    def _put_node(self, iid: int, node: _Node | None, batch: _Batch) -> None:
+        # Records are mutated in place during the batch and encoded once at its end.
+        self._nodes[iid] = node
+        batch.nodes.add(iid)
+
+    # ------------------------------------------------------------------ neighbour lists
+    def _iter_nbrs(self, v: int, after: bytes | None = None) -> Iterator[tuple[bytes, int]]:
+        """Neighbour entries of ``v`` in rank order, merging the open batch."""
+        prefix = keys.nbr_prefix(v)
+        pending = self._batch.pending_nbr.get(v, {}) if self._batch is not None else {}
+        added = sorted((k, u) for k, u in pending.items() if u is not None and (after is None or k > after))
+        ai = 0
+        it = self._cf["nbrs"].iter()
+        it.seek(after + b"\x00" if after is not None else prefix)
+        try:
+            while it.valid():
+                key = it.key()
+                if not key.startswith(prefix):
+                    break
+                if key not in pending:
+                    while ai < len(added) and added[ai][0] < key:
+                        yield added[ai]
+                        ai += 1
+                    yield key, keys.decode_iid(it.value())
+                it.next()
+        finally:
+            del it
+        yield from added[ai:]
+
+    def _top_of(self, v: int) -> list[tuple[bytes, int]]:
+        top = self._top.get(v)
+        if top is None:
+            top = []
+            size = self.top_size
+            for entry in self._iter_nbrs(v):
+                top.append(entry)
+                if len(top) >= size:
+                    break
+            self._top[v] = top
+        if self._batch is not None and v not in self._batch.initial_top:
+            self._batch.initial_top[v] = [u for _, u in top]
+            node = self._node(v)
+            self._batch.initial_degree[v] = node.degree if node else 0
+        return top
+
+    def _refill(self, v: int, top: list[tuple[bytes, int]], degree: int) -> None:
+        want = min(degree, self.top_size)
+        if len(top) >= want:
+            return
+        after = top[-1][0] if top else None
+        for entry in self._iter_nbrs(v, after):
+            top.append(entry)
+            if len(top) >= want:
+                break
+
+    def _add_nbr(self, v: int, v_name: str, u: int, u_name: str, node: _Node, batch: _Batch) -> int:
+        """Add ``u`` to ``N(v)``; return the rank position it took (or a large number)."""
+        top = self._top_of(v)
+        key = keys.nbr_key(v, neighbor_rank(self.seed, v_name, u_name), u_name)
+        truncated = len(top) < node.degree
+        node.degree += 1
+        batch.put("nbrs", key, keys.encode_iid(u))
+        batch.pending_nbr[v][key] = u
+        if truncated and key > top[-1][0]:
+            return 1 << 62
+        pos = bisect.bisect_left(top, (key,))
+        top.insert(pos, (key, u))
+        if len(top) > self.top_size:
+            top.pop()
+        return pos
+
+    def _remove_nbr(self, v: int, v_name: str, u: int, u_name: str, node: _Node, batch: _Batch) -> int:
+        top = self._top_of(v)
+        key = keys.nbr_key(v, neighbor_rank(self.seed, v_name, u_name), u_name)
+        node.degree -= 1
+        batch.delete("nbrs", key)
+        batch.pending_nbr[v][key] = None
+        pos = bisect.bisect_left(top, (key,))
+        if pos < len(top) and top[pos][0] == key:
+            del top[pos]
+            self._refill(v, top, node.degree)
+            return pos
+        return 1 << 62
+
+    # ------------------------------------------------------------------ validation
+    def _validate(self, events: Sequence[Any]) -> int | None:
+        dim = self.feature_dim
+        for i, ev in enumerate(events):
+            op = getattr(ev, "op", None)
+            if op in ("edge_upsert", "edge_delete"):
+                ids = (ev.src, ev.dst)
+            elif op in ("node_upsert", "node_delete"):
+                ids = (ev.id,)
+            else:
+                raise ValueError(f"Expected a graph event with op edge_upsert|edge_delete|node_upsert|node_delete (got {ev!r} at index {i})")
+            for node_id in ids:
+                if not isinstance(node_id, str) or not node_id:
+                    raise ValueError(f"Expected a non-empty string node id (got {node_id!r} in event {i})")
+            ts = ev.ts
+            if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not math.isfinite(ts):
+                raise ValueError(f"Expected a finite ts (got {ts!r} in event {i})")
+            if op == "edge_upsert" and not math.isfinite(ev.weight):
+                raise ValueError(f"Expected a finite weight (got {ev.weight!r} in event {i})")
+            if op == "node_upsert":
+                feats = ev.features
+                if dim is None:
+                    dim = len(feats)
+                if len(feats) != dim or dim == 0:
+                    raise ValueError(f"Expected {dim} features for node {ev.id!r} (got {len(feats)} in event {i})")
+                if not all(math.isfinite(x) for x in feats):
+                    raise ValueError(f"Expected finite features for node {ev.id!r} (got NaN or inf in event {i})")
+        return dim
+
+    # ------------------------------------------------------------------ apply
+    def apply(
+        self,
+        events: Sequence[Any],
+        offsets: Mapping[tuple[str, int], int] | None = None,
+    ) -> ApplyResult:
+        """Apply a batch of events and consumed offsets atomically.
+
+        Args:
+            events: graph events (objects with ``op`` and the schema's fields).
+            offsets: ``{(topic, partition): next_offset}`` consumed by this batch.
+
+        Returns:
+            What changed, with sample changes for the store's fanouts.
+
+        Raises:
+            ValueError: on an invalid event or an offset moving backwards; nothing
+                is written then.
+        """
+        dim = self._validate(events)
+        current = self.offsets()
+        for tp, off in (offsets or {}).items():
+            if off < current.get(tp, 0):
+                raise OffsetRegressionError(f"offset of {tp[0]}[{tp[1]}] would move back from {current[tp]} to {off}")
+        batch = _Batch(self._handles)
+        self._batch = batch
+        result = ApplyResult(self.fanouts)
+        try:
+            if dim != self.feature_dim:
+                self.feature_dim = dim
+                self._meta_put("feature_dim", dim, batch)
+            for ev in events:
+                touches: list[tuple[int, int]] = []
+                result.event_touches.append(touches)
+                getattr(self, "_apply_" + ev.op)(ev, batch, result, touches)
+                if ev.ts > result.max_ts:
+                    result.max_ts = float(ev.ts)
+            self._finish(batch, result)
+            for (topic, partition), off in (offsets or {}).items():
+                batch.put("offsets", keys.offset_key(topic, partition), keys.U64.pack(off))
+            self._meta_put("next_iid", self._next_iid, batch)
+            self._db.write(batch.wb, self._write_opts)
+        except BaseException:
+            self._invalidate_caches()
+            raise
+        finally:
+            self._batch = None
+        self._trim_caches()
+        return result
+
+    def _touch(self, name: str, ts: float, batch: _Batch, result: ApplyResult) -> tuple[int, _Node]:
+        iid = self._intern(name, batch)
+        node = self._node(iid)
+        if node is None:
+            node = _Node(0, 0, ts)
+            result.created.add(iid)
+            result.features_changed.add(iid)
+            result.deleted.discard(iid)
+            self._top.setdefault(iid, [])  # a new or deleted node has no neighbour entries
+            self._top_of(iid)
+        node.last_ts = max(node.last_ts, float(ts))
+        self._put_node(iid, node, batch)
+        return iid, node
+
+    def _edge_exists(self, src: int, dst: int) -> bool:
+        key = keys.edge_key(src, dst)
+        pending = self._batch.edges  # type: ignore[union-attr]
+        if key in pending:
+            return pending[key]
+        return self._cf["edges"].get(key) is not None
+
+    def _set_edge(self, batch: _Batch, src: int, dst: int, record: bytes | None) -> None:
+        key = keys.edge_key(src, dst)
+        if record is None:
+            batch.delete("edges", key)
+        else:
+            batch.put("edges", key, record)
+        batch.edges[key] = record is not None
+
+    def _link(self, a: int, a_name: str, an: _Node, b: int, b_name: str, bn: _Node,
+              batch: _Batch, result: ApplyResult, touches: list, add: bool) -> None:
+        change = self._add_nbr if add else self._remove_nbr
+        touches.append((a, change(a, a_name, b, b_name, an, batch)))
+        touches.append((b, change(b, b_name, a, a_name, bn, batch)))
+        result.degree_changed.update((a, b))
+
+    def _apply_edge_upsert(self, ev: Any, batch: _Batch, result: ApplyResult, touches: list) -> None:
+        s, sn = self._touch(ev.src, ev.ts, batch, result)
+        d, dn = self._touch(ev.dst, ev.ts, batch, result)
+        existed = self._edge_exists(s, d)
+        self._set_edge(batch, s, d, keys.EDGE_RECORD.pack(float(ev.weight), float(ev.ts)))
+        if not existed and s != d and not self._edge_exists(d, s):
+            self._link(s, ev.src, sn, d, ev.dst, dn, batch, result, touches, add=True)
+
+    def _apply_edge_delete(self, ev: Any, batch: _Batch, result: ApplyResult, touches: list) -> None:
+        s, d = self.iid(ev.src), self.iid(ev.dst)
+        if s is None or d is None or not self._edge_exists(s, d):
+            return
+        self._set_edge(batch, s, d, None)
+        if s != d and not self._edge_exists(d, s):
+            sn, dn = self._node(s), self._node(d)
+            self._put_node(s, sn, batch)
+            self._put_node(d, dn, batch)
+            self._link(s, ev.src, sn, d, ev.dst, dn, batch, result, touches, add=False)
+
+    def _apply_node_upsert(self, ev: Any, batch: _Batch, result: ApplyResult, touches: list) -> None:
+        iid, node = self._touch(ev.id, ev.ts, batch, result)
+        node.flags |= keys.FLAG_HAS_FEATURES
+        self._put_node(iid, node, batch)
+        batch.put("feats", keys.encode_iid(iid), np.asarray(ev.features, dtype="<f4").tobytes())
+        result.features_changed.add(iid)
+
+    def _apply_node_delete(self, ev: Any, batch: _Batch, result: ApplyResult, touches: list) -> None:
+        v = self.iid(ev.id)
+        node = None if v is None else self._node(v)
+        if node is None:
+            return
+        for _, u in list(self._iter_nbrs(v)):
+            u_name = self.name(u)
+            for a, b in ((v, u), (u, v)):
+                if self._edge_exists(a, b):
+                    self._set_edge(batch, a, b, None)
+            un = self._node(u)
+            self._put_node(u, un, batch)
+            self._link(v, ev.id, node, u, u_name, un, batch, result, touches, add=False)
+        if self._edge_exists(v, v):
+            self._set_edge(batch, v, v, None)
+        self._put_node(v, None, batch)
+        batch.delete("feats", keys.encode_iid(v))
+        result.features_changed.add(v)
+        result.deleted.add(v)
+        result.created.discard(v)
+
+    def _finish(self, batch: _Batch, result: ApplyResult) -> None:
+        """Node records, net sample changes, the sampled-by index and dirty marks."""
+        for iid in batch.nodes:
+            node = self._nodes[iid]
+            if node is None:
+                batch.delete("nodes", keys.encode_iid(iid))
+            else:
+                batch.put("nodes", keys.encode_iid(iid), node.encode())
+        for k in self.fanouts:
+            result.sample_changed[k] = set()
+            result.count_changed[k] = set()
+        for v, before in batch.initial_top.items():
+            node = self._nodes.get(v)
+            after = [u for _, u in self._top.get(v, [])] if node is not None else []
+            deg_before = batch.initial_degree.get(v, 0)
+            deg_after = node.degree if node is not None else 0
+            for k in self.fanouts:
+                old, new = before[:k], after[:k]
+                if old != new:
+                    result.sample_changed[k].add(v)
+                    for u in set(old) - set(new):
+                        batch.delete("sampled", keys.sampled_key(k, u, v))
+                    for u in set(new) - set(old):
+                        batch.put("sampled", keys.sampled_key(k, u, v), b"")
+                if min(deg_before, k) != min(deg_after, k):
+                    result.count_changed[k].add(v)
+        if not self.fanouts:
+            return
+        marks: dict[tuple[int, int], int] = defaultdict(int)
+        for v in result.features_changed:
+            marks[(0, v)] |= DIRTY_INPUT
+        for v in result.degree_changed:
+            marks[(0, v)] |= DIRTY_DEGREE
+        for k in self.fanouts:
+            for v in result.sample_changed[k]:
+                marks[(k, v)] |= DIRTY_SAMPLE
+            for v in result.count_changed[k]:
+                marks[(k, v)] |= DIRTY_COUNT
+        mark_keys = [keys.dirty_key(k, v) for k, v in marks]
+        existing = self._cf["dirty"].get(mark_keys) if marks else []
+        for key, flags, old in zip(mark_keys, marks.values(), existing):
+            batch.put("dirty", key, bytes((flags | (old[0] if old else 0),)))
+
+    # ------------------------------------------------------------------ caches
+    def _invalidate_caches(self) -> None:
+        self._iid.clear()
+        self._name.clear()
+        self._nodes.clear()
+        self._top.clear()
+        self._next_iid = self._meta_get("next_iid") or 0
+        self.feature_dim = self._meta_get("feature_dim")
+
+    def _trim_caches(self) -> None:
+        if len(self._top) > self._cache_nodes:
+            self._top.clear()
+        if len(self._nodes) > self._cache_nodes:
+            self._nodes.clear()
+        if len(self._iid) > 2 * self._cache_nodes:
+            self._iid.clear()
+            self._name.clear()
+
+    # ------------------------------------------------------------------ reads by iid
+    def node_iids(self) -> Iterator[int]:
+        """Interned ids of every existing node, in id order."""
+        for key in self._cf["nodes"].keys():
+            yield keys.decode_iid(key)
+
+    def exists_iid(self, iid: int) -> bool:
+        return self._node(iid) is not None
+
+    def degree_iid(self, iid: int) -> int:
+        node = self._node(iid)
+        return 0 if node is None else node.degree
+
+    def last_ts_iid(self, iid: int) -> float:
+        node = self._node(iid)
+        return 0.0 if node is None else node.last_ts
+
+    def has_features_iid(self, iid: int) -> bool:
+        node = self._node(iid)
+        return bool(node and node.flags & keys.FLAG_HAS_FEATURES)
+
+    def sample_iids(self, iid: int, k: int) -> list[int]:
+        """``S_k`` of node ``iid`` as interned ids in rank order; O(k) reads."""
+        if self._node(iid) is None:
+            return []
+        if k <= self.top_size:
+            return [u for _, u in self._top_of(iid)[:k]]
+        out = []
+        for _, u in self._iter_nbrs(iid):
+            if len(out) >= k:
+                break
+            out.append(u)
+        return out
+
+    def sampled_by(self, k: int, u: int) -> list[int]:
+        """Nodes ``v`` with ``u`` in ``S_k(v)`` (k must be one of the store's fanouts)."""
+        prefix = keys.sampled_prefix(k, u)
+        out = []
+        it = self._cf["sampled"].iter()
+        it.seek(prefix)
+        while it.valid():
+            key = it.key()
+            if not key.startswith(prefix):
+                break
+            out.append(keys.decode_sampled_key(key)[2])
+            it.next()
+        del it
+        return out
+
+    def feature_rows(self, iids: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        """Features of ``iids`` as a float32 matrix and a has-features mask (zeros where absent)."""
+        dim = self.feature_dim or 0
+        out = np.zeros((len(iids), dim), dtype=np.float32)
+        has = np.zeros(len(iids), dtype=bool)
+        if not iids or not dim:
+            return out, has
+        raws = self._cf["feats"].get([keys.encode_iid(i) for i in iids])
+        for row, raw in enumerate(raws):
+            if raw is not None:
+                out[row] = np.frombuffer(raw, dtype="<f4")
+                has[row] = True
+        return out, has
+
+    # ------------------------------------------------------------------ reads by name
+    def exists(self, name: str) -> bool:
+        iid = self.iid(name)
+        return iid is not None and self._node(iid) is not None
+
+    def degree(self, name: str) -> int:
+        iid = self.iid(name)
+        return 0 if iid is None else self.degree_iid(iid)
+
+    def neighbors(self, name: str) -> list[str]:
+        """``N(v)`` in rank order (O(degree))."""
+        iid = self.iid(name)
+        if iid is None or self._node(iid) is None:
+            return []
+        return [self.name(u) for _, u in self._iter_nbrs(iid)]
+
+    def sample(self, name: str, k: int) -> list[str]:
+        """``S_k(v)`` in rank order (O(k))."""
+        check_fanout(k)
+        iid = self.iid(name)
+        return [] if iid is None else [self.name(u) for u in self.sample_iids(iid, k)]
+
+    def features(self, name: str) -> np.ndarray | None:
+        iid = self.iid(name)
+        if iid is None or not self.has_features_iid(iid):
+            return None
+        rows, _ = self.feature_rows([iid])
+        return rows[0]
+
+    def edge(self, src: str, dst: str) -> tuple[float, float] | None:
+        """``(weight, ts)`` of edge ``src -> dst`` or None."""
+        s, d = self.iid(src), self.iid(dst)
+        if s is None or d is None:
+            return None
+        raw = self._cf["edges"].get(keys.edge_key(s, d))
+        return None if raw is None else keys.EDGE_RECORD.unpack(raw)
+
+    def nodes(self) -> Iterator[str]:
+        for iid in self.node_iids():
+            yield self.name(iid)
+
+    def edges(self) -> Iterator[tuple[str, str, float, float]]:
+        for key, raw in self._cf["edges"].items():
+            s, d = keys.decode_edge_key(key)
+            w, ts = keys.EDGE_RECORD.unpack(raw)
+            yield self.name(s), self.name(d), w, ts
+
+    def num_nodes(self) -> int:
+        return sum(1 for _ in self._cf["nodes"].keys())
+
+    def offsets(self) -> dict[tuple[str, int], int]:
+        """Stored next offsets per ``(topic, partition)``."""
+        return {keys.decode_offset_key(k): keys.U64.unpack(v)[0] for k, v in self._cf["offsets"].items()}
+
+    # ------------------------------------------------------------------ raw access for the engine
+    def column(self, name: str) -> Rdict:
+        """The column-family view ``name`` (engine-owned families: dirty, emb, embmeta, outbox)."""
+        return self._cf[name]
+
+    def write(self, puts: Iterable[tuple[str, bytes, bytes | None]]) -> None:
+        """Write ``(family, key, value-or-None-to-delete)`` triples in one WriteBatch."""
+        batch = _Batch(self._handles)
+        for cf, key, value in puts:
+            if value is None:
+                batch.delete(cf, key)
+            else:
+                batch.put(cf, key, value)
+        self._db.write(batch.wb, self._write_opts)
