@@ -630,13 +630,17 @@ class GraphStore:
             out.append(u)
         return out
 
-    def sampled_by(self, k: int, u: int) -> list[int]:
-        """Nodes ``v`` with ``u`` in ``S_k(v)`` (k must be one of the store's fanouts)."""
+    def sampled_by(self, k: int, u: int, limit: int | None = None) -> list[int]:
+        """Nodes ``v`` with ``u`` in ``S_k(v)`` (k must be one of the store's fanouts).
+
+        Args:
+            limit: stop after this many (to test a hub against a bound in O(bound)).
+        """
         prefix = keys.sampled_prefix(k, u)
-        out = []
+        out: list[int] = []
         it = self._cf["sampled"].iter()
         it.seek(prefix)
-        while it.valid():
+        while it.valid() and (limit is None or len(out) < limit):
             key = it.key()
             if not key.startswith(prefix):
                 break
