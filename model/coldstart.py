@@ -1,0 +1,172 @@
+"""Cold-start policies: how nodes with no features or few neighbours are embedded.
+
+A policy is built from the ``cold_start`` object of a model's
+``config.json`` and answers two questions for the engine:
+
+- :meth:`ColdStartPolicy.uses_neighbours` — does node ``v`` aggregate its
+  sampled neighbours? When it does not, ``v`` is treated as having an empty
+  sample ``S_k(v) = ∅`` at *every* layer: no neighbour rows for ``v`` as a
+  target, ``self_count = 0`` for it, and ``nbr_count = 0`` wherever ``v``
+  appears as a neighbour of another node (GCN). Other nodes still sample
+  ``v`` as usual.
+- :meth:`ColdStartPolicy.mode` — the ``mode`` reported with ``v``'s
+  embedding (``full`` | ``cold_start`` | ``feature_only``).
+
+``degree`` is always ``|N(v)|``, the size of the node's full (unsampled)
+neighbourhood, so the decision is the same at every layer and fanout.
+
+Policies::
+
+    {"policy": "plain"}                              # the default: DESIGN contract
+    {"policy": "feature_only", "min_neighbours": 3}  # ignore neighbours below 3
+"""
+
+from __future__ import annotations
+
+import logging
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from model.exceptions import InvalidModelConfig, UnknownColdStartPolicy
+
+__all__ = [
+    "MODE_FULL",
+    "MODE_COLD_START",
+    "MODE_FEATURE_ONLY",
+    "ColdStartPolicy",
+    "PlainPolicy",
+    "FeatureOnlyPolicy",
+    "policy_from_config",
+    "POLICIES",
+]
+
+logger = logging.getLogger(__name__)
+
+MODE_FULL = "full"
+MODE_COLD_START = "cold_start"
+MODE_FEATURE_ONLY = "feature_only"
+
+
+class ColdStartPolicy(ABC):
+    """Base class of cold-start policies."""
+
+    name: ClassVar[str]
+
+    @abstractmethod
+    def uses_neighbours(self, degree: int) -> bool:
+        """Return whether a node with ``|N(v)| = degree`` aggregates its sampled neighbours."""
+
+    @abstractmethod
+    def mode(self, has_features: bool, degree: int) -> str:
+        """Return the ``mode`` published with the node's embedding."""
+
+    @abstractmethod
+    def to_config(self) -> dict[str, Any]:
+        """Return the JSON object that :func:`policy_from_config` turns back into this policy."""
+
+
+@dataclass(frozen=True)
+class PlainPolicy(ColdStartPolicy):
+    """The plain DESIGN contract: every node aggregates its sample.
+
+    A node without features has a zero input vector and is reported as
+    ``cold_start``; every other node as ``full``.
+    """
+
+    name: ClassVar[str] = "plain"
+
+    def uses_neighbours(self, degree: int) -> bool:
+        """Always ``True``."""
+        return True
+
+    def mode(self, has_features: bool, degree: int) -> str:
+        """``full`` if the node has features, else ``cold_start``."""
+        return MODE_FULL if has_features else MODE_COLD_START
+
+    def to_config(self) -> dict[str, Any]:
+        """``{"policy": "plain"}``."""
+        return {"policy": self.name}
+
+
+@dataclass(frozen=True)
+class FeatureOnlyPolicy(ColdStartPolicy):
+    """Nodes with fewer than ``min_neighbours`` neighbours use their own features only.
+
+    Such a node is treated as having an empty sample at every layer (see the
+    module docstring) and is reported as ``feature_only``; other nodes follow
+    :class:`PlainPolicy`.
+
+    Args:
+        min_neighbours: the smallest ``|N(v)|`` at which neighbours are used.
+    """
+
+    min_neighbours: int = 1
+    name: ClassVar[str] = "feature_only"
+
+    def __post_init__(self) -> None:
+        m = self.min_neighbours
+        if isinstance(m, bool) or not isinstance(m, int) or m < 1:
+            raise InvalidModelConfig(
+                f"cold_start.min_neighbours must be an integer >= 1 (got {m!r}); "
+                f"use {{\"policy\": \"plain\"}} to always use neighbours"
+            )
+
+    def uses_neighbours(self, degree: int) -> bool:
+        """``degree >= min_neighbours``."""
+        return degree >= self.min_neighbours
+
+    def mode(self, has_features: bool, degree: int) -> str:
+        """``feature_only`` below ``min_neighbours``, else as :class:`PlainPolicy`."""
+        if degree < self.min_neighbours:
+            return MODE_FEATURE_ONLY
+        return MODE_FULL if has_features else MODE_COLD_START
+
+    def to_config(self) -> dict[str, Any]:
+        """``{"policy": "feature_only", "min_neighbours": m}``."""
+        return {"policy": self.name, "min_neighbours": self.min_neighbours}
+
+
+POLICIES: dict[str, type[ColdStartPolicy]] = {
+    PlainPolicy.name: PlainPolicy,
+    FeatureOnlyPolicy.name: FeatureOnlyPolicy,
+}
+
+
+def policy_from_config(config: Mapping[str, Any] | None) -> ColdStartPolicy:
+    """Build a policy from a config's ``cold_start`` object.
+
+    Args:
+        config: ``{"policy": name, **options}``; ``None`` means plain.
+
+    Returns:
+        The policy.
+
+    Raises:
+        UnknownColdStartPolicy: if the name is not one of :data:`POLICIES`.
+        InvalidModelConfig: if the object is malformed or has unknown options.
+    """
+    if config is None:
+        return PlainPolicy()
+    if not isinstance(config, Mapping) or "policy" not in config:
+        raise InvalidModelConfig(
+            f"cold_start must be an object with a \"policy\" key, e.g. {{\"policy\": \"plain\"}} (got {config!r})"
+        )
+    name = config["policy"]
+    options = {k: v for k, v in config.items() if k != "policy"}
+    if name not in POLICIES:
+        raise UnknownColdStartPolicy(
+            f"unknown cold_start policy {name!r}; set cold_start.policy to one of {sorted(POLICIES)}"
+        )
+    if name == PlainPolicy.name:
+        allowed: set[str] = set()
+    else:
+        allowed = {"min_neighbours"}
+    unknown = sorted(set(options) - allowed)
+    if unknown:
+        raise InvalidModelConfig(
+            f"cold_start policy {name!r} has unknown option(s) {unknown}; "
+            f"allowed: {sorted(allowed) or 'none'}"
+        )
+    return POLICIES[name](**options)

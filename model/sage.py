@@ -1,0 +1,87 @@
+"""GraphSAGE-mean layer over a sampled neighbour list (PyG ``SAGEConv`` math)."""
+
+from __future__ import annotations
+
+import logging
+from typing import ClassVar
+
+from torch import Tensor, nn
+
+from model.aggregate import check_layer_inputs, scatter_mean
+
+__all__ = ["SAGELayer"]
+
+logger = logging.getLogger(__name__)
+
+
+class SAGELayer(nn.Module):
+    r"""GraphSAGE with mean aggregation, equal to PyG ``SAGEConv(in_dim, out_dim)``.
+
+    .. math::
+        h_v = W_l \cdot \operatorname{mean}_{u \in S(v)} x_u + b_l + W_r x_v
+
+    with the mean of an empty sample equal to 0 (so ``h_v = b_l + W_r x_v``).
+
+    Dependencies of ``h_v`` (what the incremental engine must track): the
+    target's own input ``x_v``, and the inputs of the members of its sample
+    ``S(v)`` as a multiset (their order does not matter). The sample size
+    ``self_count`` is only the mean's divisor, i.e. it is implied by the
+    sample; the neighbours' sample sizes (``nbr_count``) are not used.
+
+    Parameters (state-dict keys as PyG): ``lin_l.weight [out, in]``,
+    ``lin_l.bias [out]``, ``lin_r.weight [out, in]``.
+
+    Args:
+        in_dim: input dimension.
+        out_dim: output dimension.
+    """
+
+    uses_neighbour_counts: ClassVar[bool] = False
+
+    def __init__(self, in_dim: int, out_dim: int) -> None:
+        super().__init__()
+        if in_dim <= 0 or out_dim <= 0:
+            raise ValueError(f"Expected positive in_dim and out_dim (got {in_dim}, {out_dim})")
+        self.in_dim = in_dim
+        self.out_dim = out_dim
+        self.lin_l = nn.Linear(in_dim, out_dim, bias=True)
+        self.lin_r = nn.Linear(in_dim, out_dim, bias=False)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Re-initialise the weights (uniform Kaiming, as PyG's ``Linear``)."""
+        self.lin_l.reset_parameters()
+        self.lin_r.reset_parameters()
+
+    def forward(
+        self,
+        x_self: Tensor,
+        x_nbr: Tensor,
+        index: Tensor,
+        self_count: Tensor,
+        nbr_count: Tensor,
+    ) -> Tensor:
+        """Compute the layer for a batch of targets.
+
+        Args:
+            x_self: own input of every target.
+            x_nbr: input of every sampled neighbour row.
+            index: target row (in ``[0, B)``) of every neighbour row.
+            self_count: sample size ``|S(v_b)|`` of every target; must equal
+                the number of rows with ``index == b``.
+            nbr_count: sample size of every neighbour (unused by this layer,
+                checked for shape only).
+
+        Returns:
+            The output of every target.
+
+        Shapes:
+            ``x_self: [B, in_dim]``, ``x_nbr: [E, in_dim]``, ``index: [E]``,
+            ``self_count: [B]``, ``nbr_count: [E]`` -> ``[B, out_dim]``.
+        """
+        check_layer_inputs(type(self).__name__, self.in_dim, x_self, x_nbr, index, self_count, nbr_count)
+        mean = scatter_mean(x_nbr, index, self_count)
+        return self.lin_l(mean) + self.lin_r(x_self)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.in_dim}, {self.out_dim})"
