@@ -114,6 +114,34 @@ def _events_from_snap(args: argparse.Namespace) -> int:
     return 0
 
 
+def _broker(args: argparse.Namespace) -> int:
+    from stream.broker import run_broker_foreground
+    return run_broker_foreground(args.port)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from workers.settings import settings_from_args
+    from workers.worker import Worker
+    worker = Worker(settings_from_args(args))
+    worker.install_signal_handlers()
+    _print(worker.run(max_idle_s=args.exit_when_idle))
+    return 0
+
+
+def _produce(args: argparse.Namespace) -> int:
+    from workers.replay import produce_file
+    _print(produce_file(args.bootstrap, args.file, topic=args.events_topic, fmt=args.format, rate=args.rate,
+                        partitions=args.partitions, limit=args.limit))
+    return 0
+
+
+def _tail(args: argparse.Namespace) -> int:
+    from workers.replay import tail_embeddings
+    tail_embeddings(args.bootstrap, topic=args.output_topic, from_beginning=args.from_beginning,
+                    max_messages=args.max, idle_s=args.idle)
+    return 0
+
+
 # ---------------------------------------------------------------------- parser
 def _state_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--state", required=True, metavar="DIR", help="graph state directory (RocksDB)")
@@ -199,12 +227,41 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-features", action="store_true", help="edges only")
     p.set_defaults(func=_events_from_snap)
 
-    for register in _EXTRA_COMMANDS:
-        register(sub)
+    _streaming_commands(sub)
     return parser
 
 
-_EXTRA_COMMANDS: list[Callable[[Any], None]] = []
+def _streaming_commands(sub: Any) -> None:
+    from workers.settings import add_worker_arguments
+
+    p = sub.add_parser("broker", help="run the embedded Kafka-protocol broker (Tansu) in the foreground; Ctrl-C stops it")
+    p.add_argument("--port", type=int, default=None, help="loopback port (default: a free one, printed)")
+    p.set_defaults(func=_broker)
+
+    p = sub.add_parser("run", help="run the streaming worker: consume graph events, publish embeddings",
+                       description="Consume graph events from Kafka, keep the graph in RocksDB, recompute exactly "
+                                   "the embeddings each event changes and publish them. Every option falls back "
+                                   "to the GNNSTREAM_* environment variable shown.")
+    add_worker_arguments(p)
+    p.add_argument("--exit-when-idle", type=float, default=None, metavar="SECONDS",
+                   help="stop after this many seconds without events (default: run until SIGTERM/SIGINT)")
+    p.set_defaults(func=_run)
+
+    p = sub.add_parser("produce", help="produce events from a JSONL file or a SNAP CSV to Kafka")
+    add_worker_arguments(p, only=("bootstrap", "events_topic", "partitions"))
+    p.add_argument("file", metavar="FILE", help="JSONL events, or a SNAP signed-network CSV with --format snap")
+    p.add_argument("--format", choices=["jsonl", "snap"], default="jsonl",
+                   help="jsonl (default) or snap: replayed in time order with derived node features")
+    p.add_argument("--rate", type=float, default=0.0, help="events per second (default 0: as fast as possible)")
+    p.add_argument("--limit", type=int, default=0, help="only the first N events")
+    p.set_defaults(func=_produce)
+
+    p = sub.add_parser("tail", help="print embedding updates readably")
+    add_worker_arguments(p, only=("bootstrap", "output_topic"))
+    p.add_argument("--from-beginning", action="store_true", help="start at the earliest update")
+    p.add_argument("--max", type=int, default=0, help="stop after N updates (default: never)")
+    p.add_argument("--idle", type=float, default=0.0, help="stop after this many idle seconds (default: never)")
+    p.set_defaults(func=_tail)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -61,6 +61,7 @@ class RecomputeStats:
     deleted: int = 0
     deferred: int = 0
     sampled_neighbours: int = 0
+    fanout_capped: int = 0
     seconds: float = 0.0
 
 
@@ -113,6 +114,7 @@ class Engine:
         self.tables = EmbeddingTables(store, dims)
         self._uses_counts = [bool(getattr(c, "uses_neighbour_counts", False)) for c in self.gnn.convs]
         self._deferred_since: float | None = None
+        self._capped = 0
         raw = store.column("meta").get(_OUTBOX_SEQ)
         self._seq = 0 if raw is None else keys.decode_iid(raw)
 
@@ -165,6 +167,10 @@ class Engine:
             counts = np.fromiter((len(s) for s in samples), dtype=np.int64, count=len(samples))
             flat = np.fromiter(chain.from_iterable(samples), dtype=np.int64, count=int(counts.sum()))
             sampled += len(flat)
+            full = np.flatnonzero(counts == k)
+            if len(full):
+                degree = self.store.degree_iid
+                self._capped += sum(1 for v in chunk[full].tolist() if degree(v) > k)
             uniq, inverse = np.unique(np.concatenate([chunk, flat]), return_inverse=True)
             rows = torch.from_numpy(inputs(uniq))
             inv = torch.from_numpy(inverse)
@@ -386,6 +392,7 @@ class Engine:
             self._seq = 0 if raw is None else keys.decode_iid(raw)
             raise
         stats.seconds = time.perf_counter() - t0
+        stats.fanout_capped, self._capped = self._capped, 0
         return stats
 
     def _outputs_for_deleted(self, gone: Sequence[int], puts: list, publish: bool, stats: RecomputeStats) -> None:
@@ -401,6 +408,10 @@ class Engine:
             if publish:
                 self._outbox(puts, OutboxEntry(self.store.name(iid), old.version + 1, old.event_ts, now, "deleted", None))
                 stats.published += 1
+
+    def deferred_age(self) -> float:
+        """Seconds the oldest deferred hub propagation has waited (0 when none)."""
+        return 0.0 if self._deferred_since is None else time.monotonic() - self._deferred_since
 
     def drain(self, publish: bool = True) -> RecomputeStats:
         """Recompute until nothing is dirty, deferred hub propagation included."""

@@ -1,0 +1,102 @@
+"""Prometheus metrics of the worker (``gnnstream_`` prefix, base units) and the HTTP endpoint.
+
+``/metrics`` serves the Prometheus text format, ``/healthz`` a JSON status
+(200 while the worker loop is alive and has polled recently, 503 otherwise).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Callable
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+__all__ = ["WorkerMetrics", "MetricsServer"]
+
+logger = logging.getLogger(__name__)
+
+_LATENCY = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+_FRESHNESS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 3600, 86400, 86400 * 365 * 30)
+_COUNTS = (1, 10, 100, 1_000, 10_000, 100_000, 1_000_000)
+
+
+class WorkerMetrics:
+    """All metrics of one worker, in their own registry."""
+
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.events = Counter("gnnstream_events", "Valid events applied, by op", ["op"], registry=r)
+        self.invalid = Counter("gnnstream_invalid_events", "Invalid events sent to the dead-letter topic, by reason",
+                               ["reason"], registry=r)
+        self.apply_seconds = Histogram("gnnstream_apply_seconds", "Time to apply one batch to the store",
+                                       buckets=_LATENCY, registry=r)
+        self.recompute_seconds = Histogram("gnnstream_recompute_seconds", "Time to recompute one batch",
+                                           buckets=_LATENCY, registry=r)
+        self.publish_seconds = Histogram("gnnstream_publish_seconds", "Time to publish and flush one batch",
+                                         buckets=_LATENCY, registry=r)
+        self.published = Counter("gnnstream_embeddings_published", "Embedding updates published", registry=r)
+        self.dirty = Gauge("gnnstream_dirty_nodes", "Nodes recomputed per layer in the last batch", ["layer"],
+                           registry=r)
+        self.lag = Gauge("gnnstream_consumer_lag", "Events behind the high watermark", ["partition"], registry=r)
+        self.freshness = Histogram("gnnstream_embedding_freshness_seconds",
+                                   "Publish time minus event time of published embeddings",
+                                   buckets=_FRESHNESS, registry=r)
+        self.pipeline = Histogram("gnnstream_pipeline_latency_seconds",
+                                  "Publish time minus Kafka record time of the oldest event in the batch",
+                                  buckets=_FRESHNESS, registry=r)
+        self.sampled = Histogram("gnnstream_sampled_neighbours", "Sampled neighbours read per batch",
+                                 buckets=_COUNTS, registry=r)
+        self.subgraph_edges = Histogram("gnnstream_subgraph_edges", "Edges of the recomputed subgraph per batch",
+                                        buckets=_COUNTS, registry=r)
+        self.fanout_capped = Counter("gnnstream_fanout_capped", "Recomputed nodes whose neighbourhood exceeded the fanout",
+                                     registry=r)
+        self.deferred = Gauge("gnnstream_deferred_hubs", "Hub propagations currently deferred", registry=r)
+        self.deferred_total = Counter("gnnstream_deferred_hub_propagations",
+                                      "Hub propagations deferred and coalesced", registry=r)
+        self.staleness = Gauge("gnnstream_deferred_staleness_seconds", "Age of the oldest deferred propagation",
+                               registry=r)
+        self.batches = Counter("gnnstream_batches", "Micro-batches processed", registry=r)
+        self.errors = Counter("gnnstream_errors", "Recoverable errors (Kafka unavailable ...)", ["kind"], registry=r)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class MetricsServer:
+    """``/metrics`` and ``/healthz`` on a background thread."""
+
+    def __init__(self, metrics: WorkerMetrics, port: int, health: Callable[[], dict[str, Any]], host: str = "0.0.0.0"):
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 (http.server API)
+                if self.path.startswith("/metrics"):
+                    body, status, ctype = metrics.render(), 200, CONTENT_TYPE_LATEST
+                elif self.path.startswith("/healthz"):
+                    info = health()
+                    body = json.dumps(info).encode()
+                    status, ctype = (200 if info.get("ok") else 503), "application/json"
+                else:
+                    body, status, ctype = b"not found\n", 404, "text/plain"
+                self.send_response(status)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer((host, port), Handler)
+        self.port = self.httpd.server_address[1]
+        self.thread = threading.Thread(target=self.httpd.serve_forever, name="metrics", daemon=True)
+        self.thread.start()
+        owner.started = time.time()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()

@@ -1,0 +1,102 @@
+"""Replay event files into Kafka and read embedding updates back.
+
+``produce_file`` sends JSONL events (or a SNAP signed-network CSV turned into
+events, in time order) keyed by ``src``/``id``; ``tail_embeddings`` prints
+updates from the embeddings topic one line each.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+import uuid
+from typing import Any, Iterator
+
+from stream.events import encode_event, event_key
+from stream.kafka import EventConsumer, Producer, ensure_topics
+from stream.updates import decode_update
+from workers.datasets import read_snap, snap_events
+from workers.offline import _bar
+
+__all__ = ["produce_file", "tail_embeddings", "iter_file_messages"]
+
+logger = logging.getLogger(__name__)
+
+
+def iter_file_messages(path: str, fmt: str = "jsonl") -> Iterator[tuple[bytes | None, bytes]]:
+    """``(key, value)`` pairs of a file: JSONL lines are sent as they are (even invalid ones)."""
+    if fmt == "snap":
+        for ev in snap_events(read_snap(path)):
+            yield event_key(ev), encode_event(ev)
+        return
+    with open(path, "rb") as fh:
+        for line in fh:
+            line = line.rstrip(b"\n")
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+                key = obj.get("src", obj.get("id")) if isinstance(obj, dict) else None
+                key = None if key is None else str(key).encode()
+            except ValueError:
+                key = None
+            yield key, line
+
+
+def produce_file(bootstrap: str, path: str, *, topic: str = "graph-events", fmt: str = "jsonl",
+                 rate: float = 0.0, partitions: int = 4, limit: int = 0) -> dict[str, Any]:
+    """Send every event of ``path``; returns counts and the achieved rate."""
+    ensure_topics(bootstrap, {topic: partitions})
+    messages = list(iter_file_messages(path, fmt))
+    if limit:
+        messages = messages[:limit]
+    t0 = time.perf_counter()
+    with Producer(bootstrap) as producer, _bar(len(messages), "produce") as bar:
+        for i, (key, value) in enumerate(messages):
+            producer.send(topic, key, value)
+            if rate > 0:
+                ahead = (i + 1) / rate - (time.perf_counter() - t0)
+                if ahead > 0:
+                    time.sleep(ahead)
+            if i % 1000 == 999:
+                bar.update(1000)
+        producer.flush(60.0)
+        bar.update(len(messages) % 1000)
+    seconds = time.perf_counter() - t0
+    return {"produced": len(messages), "topic": topic, "seconds": round(seconds, 3),
+            "events_per_s": round(len(messages) / seconds, 1) if seconds else None}
+
+
+def tail_embeddings(bootstrap: str, *, topic: str = "node-embeddings", from_beginning: bool = False,
+                    max_messages: int = 0, idle_s: float = 0.0, out: Any = None) -> int:
+    """Print updates as ``id v<version> <mode> dim=<d> [first values] event_ts=…``; returns the count."""
+    out = out or sys.stdout
+    group = f"gnnstream-tail-{uuid.uuid4().hex[:8]}"
+    consumer = EventConsumer(bootstrap, topic, group, auto_offset_reset="earliest" if from_beginning else "latest")
+    count = 0
+    last = time.monotonic()
+    try:
+        while not max_messages or count < max_messages:
+            records = consumer.poll_batch(500, 0.5)
+            if not records and idle_s and time.monotonic() - last > idle_s:
+                break
+            for r in records:
+                last = time.monotonic()
+                node = (r.key or b"").decode(errors="replace")
+                if r.value is None:
+                    print(f"{node} deleted", file=out)
+                else:
+                    u = decode_update(r.value)
+                    head = ", ".join(f"{x:+.4f}" for x in list(u.embedding)[:4])
+                    print(f"{u.id} v{u.version} {u.mode} {u.model} dim={len(u.embedding)} [{head}, …] "
+                          f"event_ts={u.event_ts:.0f}", file=out)
+                count += 1
+                if max_messages and count >= max_messages:
+                    break
+    except KeyboardInterrupt:
+        pass
+    finally:
+        consumer.close()
+    return count

@@ -1,0 +1,83 @@
+"""Worker settings: the one place that reads the environment.
+
+Every option of ``gnnstream run`` has a ``GNNSTREAM_*`` environment variable;
+a command-line flag wins over the variable, the variable over the default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass, fields
+from typing import Any
+
+__all__ = ["WorkerSettings", "add_worker_arguments", "settings_from_args", "ENV_PREFIX"]
+
+ENV_PREFIX = "GNNSTREAM_"
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    """Configuration of one streaming worker."""
+
+    bootstrap: str = "localhost:9092"
+    state: str = "./state"
+    model: str | None = None
+    events_topic: str = "graph-events"
+    output_topic: str = "node-embeddings"
+    dlq_topic: str = "graph-events-dlq"
+    group: str = "gnnstream"
+    partitions: int = 4
+    batch_size: int = 1000
+    batch_wait_ms: int = 200
+    output_format: str = "json"
+    metrics_port: int = 9108
+    hub_bound: int = 50_000
+    max_staleness_s: float = 5.0
+    session_timeout_ms: int = 6000
+    max_event_bytes: int = 1 << 20
+
+
+_HELP = {
+    "bootstrap": "Kafka bootstrap servers host:port[,host:port]",
+    "state": "graph state directory (RocksDB), the source of truth",
+    "model": "model directory (config.json + weights.pt); default: the one the state uses",
+    "events_topic": "topic of graph events",
+    "output_topic": "topic embeddings are published to",
+    "dlq_topic": "dead-letter topic for invalid events",
+    "group": "Kafka consumer group id",
+    "partitions": "partitions of topics created when missing",
+    "batch_size": "max events per micro-batch",
+    "batch_wait_ms": "max wait for a micro-batch to fill, in ms",
+    "output_format": "embedding encoding: json or binary (raw float32, see stream/updates.py)",
+    "metrics_port": "port of the Prometheus /metrics and /healthz endpoint (0 = off)",
+    "hub_bound": "dependents above which a hub's propagation is deferred and coalesced",
+    "max_staleness_s": "longest a deferred hub propagation may wait, in seconds",
+    "session_timeout_ms": "consumer-group session timeout in ms",
+    "max_event_bytes": "events larger than this go to the dead-letter topic",
+}
+
+
+def _env_name(field_name: str) -> str:
+    return ENV_PREFIX + field_name.upper()
+
+
+def add_worker_arguments(parser: argparse.ArgumentParser, only: tuple[str, ...] | None = None) -> None:
+    """Add a flag per setting (``--batch-size`` …), defaulting to its environment variable."""
+    for f in fields(WorkerSettings):
+        if only is not None and f.name not in only:
+            continue
+        env = _env_name(f.name)
+        default = os.environ.get(env, f.default)
+        kind = type(f.default) if f.default is not None else str
+        flag = "--" + f.name.replace("_", "-")
+        extra: dict[str, Any] = {}
+        if f.name == "output_format":
+            extra["choices"] = ["json", "binary"]
+        parser.add_argument(flag, dest=f.name, type=kind, default=None if default is None else kind(default),
+                            help=f"{_HELP[f.name]} (env {env}; default {f.default})", **extra)
+
+
+def settings_from_args(args: argparse.Namespace) -> WorkerSettings:
+    values = {f.name: getattr(args, f.name) for f in fields(WorkerSettings) if hasattr(args, f.name)}
+    return WorkerSettings(**values)
