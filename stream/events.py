@@ -9,8 +9,32 @@ machine-readable reason so that it can be routed to the dead-letter topic::
     {"op":"node_delete","id":"a1","ts":1700000200}
 
 Node ids are strings; JSON integers are accepted and canonicalised to their
-decimal string. The decoder is strict: unknown fields, wrong types, NaN/inf,
-empty ids and the like are all errors.
+decimal string. The decoder is strict: unknown or duplicated fields, wrong
+types (``true`` is not a number), NaN/inf, empty ids and the like are all
+errors.
+
+Whatever the input, :func:`decode_event_json` returns an event or raises
+:class:`InvalidEvent`, never any other exception; its ``reason`` is one of
+:data:`INVALID_EVENT_REASONS` (stable: used as a metric label and in
+dead-letter headers):
+
+==================  ==========================================================
+``empty``           no message value (a Kafka tombstone) or zero bytes
+``oversize``        larger than ``max_bytes`` (default :data:`MAX_EVENT_BYTES`)
+``not_utf8``        the bytes are not UTF-8
+``not_json``        not one JSON value (syntax, nesting too deep, ...)
+``not_object``      valid JSON but not an object
+``duplicate_field`` a field appears twice in the object
+``missing_field``   ``op`` or a field the op needs is absent
+``unknown_op``      ``op`` is not one of the four operations
+``unknown_field``   a field the op does not take
+``bad_id``          an id that is not a string/integer, too long, bad unicode
+``empty_id``        an id that is ``""``
+``bad_type``        a number that is not a number, features not a list
+``not_finite``      NaN, Infinity or a number too large for a float
+``bad_ts``          a negative timestamp
+``bad_features``    an empty feature list
+==================  ==========================================================
 """
 
 from __future__ import annotations
@@ -28,6 +52,8 @@ __all__ = [
     "Event",
     "InvalidEvent",
     "MAX_ID_BYTES",
+    "MAX_EVENT_BYTES",
+    "INVALID_EVENT_REASONS",
     "decode_event",
     "decode_event_json",
     "encode_event",
@@ -35,6 +61,14 @@ __all__ = [
 ]
 
 MAX_ID_BYTES = 256
+MAX_EVENT_BYTES = 1 << 20  # 1 MiB: the default size limit of one encoded event
+
+INVALID_EVENT_REASONS = frozenset({
+    "empty", "oversize", "not_utf8", "not_json", "not_object", "duplicate_field",
+    "missing_field", "unknown_op", "unknown_field", "bad_id", "empty_id", "bad_type",
+    "not_finite", "bad_ts", "bad_features",
+})
+_MAX_DETAIL = 200
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,11 +137,20 @@ _FIELDS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
 }
 
 
+def _short(value: Any) -> str:
+    """A bounded, always-printable rendering of a value for an error detail."""
+    text = repr(value) if isinstance(value, str) else f"<{type(value).__name__}>"
+    return text if len(text) <= _MAX_DETAIL else text[:_MAX_DETAIL] + "..."
+
+
 def _node_id(value: Any, field: str) -> str:
     if isinstance(value, bool):
         raise InvalidEvent("bad_id", f"{field} must be a string or integer (got bool)")
     if isinstance(value, int):
-        return str(value)
+        # bit_length bounds the digits before str() (which refuses > 4300 digits)
+        if value.bit_length() > 4 * MAX_ID_BYTES or len(text := str(value)) > MAX_ID_BYTES:
+            raise InvalidEvent("bad_id", f"{field} is an integer longer than {MAX_ID_BYTES} digits")
+        return text
     if not isinstance(value, str):
         raise InvalidEvent("bad_id", f"{field} must be a string or integer (got {type(value).__name__})")
     if not value:
@@ -124,7 +167,10 @@ def _node_id(value: Any, field: str) -> str:
 def _number(value: Any, field: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise InvalidEvent("bad_type", f"{field} must be a number (got {type(value).__name__})")
-    number = float(value)
+    try:
+        number = float(value)
+    except OverflowError:
+        raise InvalidEvent("not_finite", f"{field} is too large for a float") from None
     if not math.isfinite(number):
         raise InvalidEvent("not_finite", f"{field} is not finite")
     return number
@@ -163,8 +209,10 @@ def decode_event(obj: Any) -> Event:
     op = obj.get("op")
     if op is None:
         raise InvalidEvent("missing_field", "op is missing")
-    if not isinstance(op, str) or op not in _FIELDS:
-        raise InvalidEvent("unknown_op", f"op {op!r} is not one of {sorted(_FIELDS)}")
+    if not isinstance(op, str):
+        raise InvalidEvent("unknown_op", f"op must be a string (got {type(op).__name__})")
+    if op not in _FIELDS:
+        raise InvalidEvent("unknown_op", f"op {_short(op)} is not one of {sorted(_FIELDS)}")
     required, optional = _FIELDS[op]
     keys = obj.keys()
     missing = required - keys
@@ -172,7 +220,8 @@ def decode_event(obj: Any) -> Event:
         raise InvalidEvent("missing_field", f"{op} needs {', '.join(sorted(missing))}")
     extra = keys - required - optional
     if extra:
-        raise InvalidEvent("unknown_field", f"{op} does not take {', '.join(sorted(extra))}")
+        names = ", ".join(sorted(_short(k) for k in extra))
+        raise InvalidEvent("unknown_field", f"{op} does not take {_short(names)}")
     ts = _timestamp(obj["ts"])
     if op == "edge_upsert":
         weight = _number(obj["weight"], "weight") if "weight" in obj else 1.0
@@ -188,23 +237,57 @@ def _reject_constant(name: str) -> float:
     raise InvalidEvent("not_finite", f"{name} is not valid JSON")
 
 
-def decode_event_json(data: bytes | str) -> Event:
-    """Parse and validate one JSON-encoded event.
+def _unique_fields(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise InvalidEvent("duplicate_field", f"field {_short(key)} appears more than once")
+            seen.add(key)
+    return obj
+
+
+def decode_event_json(data: bytes | bytearray | memoryview | str | None, *,
+                      max_bytes: int = MAX_EVENT_BYTES) -> Event:
+    """Parse and validate one JSON-encoded event (a Kafka value or a JSONL line).
+
+    Args:
+        data: the encoded event; ``None`` (a Kafka tombstone) is rejected.
+        max_bytes: size limit of the encoded event in bytes (UTF-8 for ``str``).
+
+    Returns:
+        The decoded event.
 
     Raises:
-        InvalidEvent: ``not_utf8``, ``not_json`` or any reason of :func:`decode_event`.
+        InvalidEvent: never any other exception, with a reason among
+            :data:`INVALID_EVENT_REASONS`.
     """
+    if data is None:
+        raise InvalidEvent("empty", "message has no value (tombstone)")
     if isinstance(data, (bytes, bytearray, memoryview)):
+        size = memoryview(data).nbytes
+        if size > max_bytes:
+            raise InvalidEvent("oversize", f"event is {size} bytes, the limit is {max_bytes}")
         try:
-            data = bytes(data).decode("utf-8")
+            text = bytes(data).decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise InvalidEvent("not_utf8", str(exc)) from None
+            raise InvalidEvent("not_utf8", str(exc)[:_MAX_DETAIL]) from None
+    elif isinstance(data, str):
+        text = data
+        if len(text) > max_bytes or (4 * len(text) > max_bytes
+                                     and len(text.encode("utf-8", "surrogatepass")) > max_bytes):
+            raise InvalidEvent("oversize", f"event is more than {max_bytes} bytes")
+    else:
+        raise InvalidEvent("not_json", f"expected bytes or str (got {type(data).__name__})")
+    if not text.strip():
+        raise InvalidEvent("empty", "message is empty")
     try:
-        obj = json.loads(data, parse_constant=_reject_constant)
+        obj = json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_unique_fields)
     except InvalidEvent:
         raise
-    except (ValueError, RecursionError) as exc:
-        raise InvalidEvent("not_json", str(exc)[:200]) from None
+    except (ValueError, RecursionError, MemoryError) as exc:
+        raise InvalidEvent("not_json", str(exc)[:_MAX_DETAIL]) from None
     return decode_event(obj)
 
 

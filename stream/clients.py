@@ -1,0 +1,118 @@
+"""The Kafka client seam: records and the two client interfaces.
+
+The rest of the project talks to Kafka only through :class:`ConsumerClient`
+and :class:`ProducerClient`. :mod:`stream.kafka` implements them with
+kafka-python; another backend (confluent-kafka) or an in-memory fake for
+tests would implement the same two classes. This module imports no Kafka
+library.
+
+Offsets: the worker's store is the source of truth. On every assignment a
+consumer seeks each partition to the offset the caller stored (``on_assign``
+callback or :meth:`ConsumerClient.seek_to`) or, when none is known, to the
+earliest offset; Kafka's committed offsets are written only for lag tools.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Callable, Mapping, Optional, Sequence, Union
+
+__all__ = ["Record", "PartitionKey", "Headers", "AssignHook", "ConsumerClient", "ProducerClient", "header_list"]
+
+PartitionKey = tuple[str, int]
+"""``(topic, partition)``."""
+Headers = Optional[Union[Mapping[str, bytes], Sequence[tuple[str, bytes]]]]
+AssignHook = Callable[[list[PartitionKey]], Optional[Mapping[PartitionKey, int]]]
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One consumed Kafka message."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    timestamp_ms: int
+    headers: tuple[tuple[str, bytes], ...] = ()
+
+    def header(self, name: str) -> bytes | None:
+        """The value of the last header called ``name``, ``None`` if absent."""
+        for key, value in reversed(self.headers):
+            if key == name:
+                return value
+        return None
+
+
+def header_list(headers: Headers) -> list[tuple[str, bytes]] | None:
+    """Headers as the ``[(name, bytes)]`` list Kafka clients take (``None`` if empty)."""
+    if not headers:
+        return None
+    pairs = headers.items() if isinstance(headers, Mapping) else headers
+    return [(str(k), bytes(v)) for k, v in pairs]
+
+
+class ConsumerClient(ABC):
+    """Reads records of a consumer group, resuming where the caller says."""
+
+    @abstractmethod
+    def seek_to(self, offsets: Mapping[PartitionKey, int]) -> None:
+        """Set the next offset to read per partition (applied now if assigned,
+        else when the partition is assigned)."""
+
+    @abstractmethod
+    def poll_batch(self, max_records: int = 500, timeout_s: float = 1.0) -> list[Record]:
+        """Up to ``max_records`` records, in offset order per partition."""
+
+    @abstractmethod
+    def commit(self, offsets: Mapping[PartitionKey, int] | None = None) -> bool:
+        """Best-effort commit of next offsets for lag tools; False on failure."""
+
+    @abstractmethod
+    def lag(self) -> dict[PartitionKey, int]:
+        """Records not yet delivered per assigned partition whose end is known."""
+
+    @abstractmethod
+    def assignment(self) -> set[PartitionKey]:
+        """The partitions assigned to this member now."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Leave the group and release connections (idempotent)."""
+
+    def __enter__(self) -> ConsumerClient:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+
+class ProducerClient(ABC):
+    """Sends records; :meth:`flush` is the delivery guarantee."""
+
+    @abstractmethod
+    def send(self, topic: str, key: bytes | None, value: bytes | None, headers: Headers = None) -> None:
+        """Queue one record (``value=None`` is a tombstone)."""
+
+    @abstractmethod
+    def flush(self, timeout_s: float = 30.0) -> int:
+        """Wait for every record sent since the last flush; return how many.
+
+        Raises:
+            DeliveryError: some were not acknowledged; treat all as unsent.
+        """
+
+    @abstractmethod
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Try to deliver what is queued, then release connections."""
+
+    def __enter__(self) -> ProducerClient:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()

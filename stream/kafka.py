@@ -1,0 +1,360 @@
+"""Kafka I/O with kafka-python: topic setup, a consumer that resumes from
+offsets the caller stores itself, and a producer whose flush tells delivery
+failures apart.
+
+:class:`EventConsumer` and :class:`Producer` implement the interfaces of
+:mod:`stream.clients` (re-exported here with :class:`Record`), which is all
+the rest of the project should depend on.
+
+Clients are not thread-safe: one thread polls, one thread sends and flushes.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+from kafka import ConsumerRebalanceListener, KafkaConsumer, KafkaProducer, OffsetAndMetadata, TopicPartition
+from kafka.admin import KafkaAdminClient
+from kafka.errors import KafkaError, KafkaTimeoutError
+
+from stream.clients import (
+    AssignHook,
+    ConsumerClient,
+    Headers,
+    PartitionKey,
+    ProducerClient,
+    Record,
+    header_list,
+)
+from stream.exceptions import DeliveryError, StreamError, TopicSetupError
+
+__all__ = [
+    "Record",
+    "PartitionKey",
+    "Headers",
+    "ConsumerClient",
+    "ProducerClient",
+    "EventConsumer",
+    "Producer",
+    "ensure_topics",
+]
+
+logger = logging.getLogger(__name__)
+
+_TOPIC_ALREADY_EXISTS = 36
+_PRUNE_AT = 100_000
+
+
+def ensure_topics(bootstrap: str, topics: Mapping[str, int], *, replication_factor: int = 1,
+                  timeout_s: float = 30.0) -> list[str]:
+    """Create the topics that do not exist yet (idempotent).
+
+    Existing topics are left as they are, whatever their partition count.
+
+    Args:
+        bootstrap: ``host:port[,host:port...]``.
+        topics: ``{name: partitions}``.
+        replication_factor: replicas of each new topic.
+        timeout_s: how long to wait for the broker.
+
+    Returns:
+        The names of the topics this call created.
+
+    Raises:
+        TopicSetupError: the broker cannot be reached or refused a topic.
+    """
+    for name, partitions in topics.items():
+        if not name or isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1:
+            raise ValueError(f"Expected a topic name and a partition count >= 1 (got {name!r}: {partitions!r})")
+    timeout_ms = int(timeout_s * 1000)
+    try:
+        admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="gnnstream-admin",
+                                 request_timeout_ms=timeout_ms, bootstrap_timeout_ms=timeout_ms)
+    except KafkaError as exc:
+        raise TopicSetupError(f"cannot reach Kafka at {bootstrap} ({exc}); is the broker running "
+                              "and is --bootstrap right?") from exc
+    try:
+        existing = set(admin.list_topics())
+        missing = {name: n for name, n in topics.items() if name not in existing}
+        if not missing:
+            return []
+        request = {name: {"num_partitions": n, "replication_factor": replication_factor}
+                   for name, n in missing.items()}
+        response = admin.create_topics(request, timeout_ms=timeout_ms, raise_errors=False)
+        created = []
+        for result in response["topics"]:
+            code = result["error_code"]
+            if code == 0:
+                created.append(result["name"])
+            elif code != _TOPIC_ALREADY_EXISTS:  # lost a race with another creator: fine
+                raise TopicSetupError(f"Kafka at {bootstrap} refused to create topic {result['name']!r}: "
+                                      f"error {code} {result.get('error_message')}")
+        if created:
+            admin.wait_for_topics(created)
+            logger.info("created topics %s on %s", {t: missing[t] for t in created}, bootstrap)
+        return sorted(created)
+    except KafkaError as exc:
+        raise TopicSetupError(f"topic setup on {bootstrap} failed: {exc}") from exc
+    finally:
+        admin.close()
+
+
+class _Rebalance(ConsumerRebalanceListener):
+    def __init__(self, owner: EventConsumer):
+        self.owner = owner
+
+    def on_partitions_revoked(self, revoked: Iterable[TopicPartition]) -> None:
+        self.owner._revoked([(tp.topic, tp.partition) for tp in revoked])
+
+    def on_partitions_assigned(self, assigned: Iterable[TopicPartition]) -> None:
+        self.owner._assigned([(tp.topic, tp.partition) for tp in assigned])
+
+
+class EventConsumer(ConsumerClient):
+    """A consumer-group member that starts each partition where the caller says.
+
+    Args:
+        bootstrap: ``host:port[,host:port...]``.
+        topic: a topic name or several.
+        group_id: the consumer group.
+        session_timeout_ms: group session timeout; 6000 suits both the
+            embedded broker (joins take about half of it) and Kafka's minimum.
+        heartbeat_interval_ms: defaults to a third of the session timeout.
+        on_assign: called with the newly assigned partitions; returns the next
+            offset to read for those it has stored (others start at the
+            stored :meth:`seek_to` offset, the last delivered one, or earliest).
+        on_revoke: called with partitions about to be taken away.
+        **config: other ``KafkaConsumer`` settings.
+    """
+
+    def __init__(self, bootstrap: str, topic: str | Sequence[str], group_id: str, *,
+                 session_timeout_ms: int = 6000, heartbeat_interval_ms: int | None = None,
+                 on_assign: AssignHook | None = None,
+                 on_revoke: Callable[[list[PartitionKey]], None] | None = None, **config: Any):
+        self.topics = [topic] if isinstance(topic, str) else list(topic)
+        self._on_assign, self._on_revoke = on_assign, on_revoke
+        self._next: dict[PartitionKey, int] = {}
+        self._hook_error: BaseException | None = None
+        settings: dict[str, Any] = dict(
+            bootstrap_servers=bootstrap, group_id=group_id, enable_auto_commit=False,
+            auto_offset_reset="earliest", session_timeout_ms=session_timeout_ms,
+            heartbeat_interval_ms=heartbeat_interval_ms or max(session_timeout_ms // 3, 100),
+            client_id=f"gnnstream-{group_id}")
+        settings.update(config)
+        self._consumer: KafkaConsumer | None = KafkaConsumer(**settings)
+        self._consumer.subscribe(self.topics, listener=_Rebalance(self))
+
+    @property
+    def _client(self) -> KafkaConsumer:
+        if self._consumer is None:
+            raise StreamError(f"consumer of {self.topics} is closed")
+        return self._consumer
+
+    def _assigned(self, partitions: list[PartitionKey]) -> None:
+        try:
+            stored = dict(self._on_assign(partitions) or {}) if self._on_assign else {}
+            for key in partitions:
+                offset = stored.get(key, self._next.get(key))
+                tp = TopicPartition(*key)
+                if offset is None:
+                    self._client.seek_to_beginning(tp)
+                else:
+                    self._client.seek(tp, offset)
+                    self._next[key] = offset
+            logger.info("assigned %s; resuming at %s", sorted(partitions),
+                        {k: self._next.get(k, "earliest") for k in sorted(partitions)})
+        except BaseException as exc:  # kafka-python would swallow it: re-raised by poll_batch
+            self._hook_error = exc
+
+    def _revoked(self, partitions: list[PartitionKey]) -> None:
+        if partitions:
+            logger.info("revoked %s", sorted(partitions))
+        if self._on_revoke is not None:
+            try:
+                self._on_revoke(partitions)
+            except BaseException as exc:
+                self._hook_error = exc
+
+    def seek_to(self, offsets: Mapping[PartitionKey, int]) -> None:
+        """Set the next offset to read per ``(topic, partition)``."""
+        assigned = self.assignment()
+        for key, offset in offsets.items():
+            if offset < 0:
+                raise ValueError(f"Expected an offset >= 0 for {key} (got {offset})")
+            self._next[key] = offset
+            if key in assigned:
+                self._client.seek(TopicPartition(*key), offset)
+
+    def poll_batch(self, max_records: int = 500, timeout_s: float = 1.0) -> list[Record]:
+        """Up to ``max_records`` records, waiting at most ``timeout_s`` (joins included).
+
+        Raises:
+            StreamError: the ``on_assign``/``on_revoke`` hook failed; the
+                records of that poll are not returned.
+        """
+        batches = self._client.poll(timeout_ms=int(timeout_s * 1000), max_records=max_records)
+        if self._hook_error is not None:
+            error, self._hook_error = self._hook_error, None
+            raise StreamError(f"partition assignment hook failed for {self.topics}: {error!r}") from error
+        records: list[Record] = []
+        for tp, messages in batches.items():
+            for m in messages:
+                records.append(Record(m.topic, m.partition, m.offset, m.key, m.value, m.timestamp,
+                                      tuple((k, v) for k, v in (m.headers or ()))))
+            if messages:
+                self._next[(tp.topic, tp.partition)] = messages[-1].offset + 1
+        return records
+
+    def commit(self, offsets: Mapping[PartitionKey, int] | None = None) -> bool:
+        """Commit next offsets (default: after the last delivered record); best effort."""
+        if offsets is None:
+            offsets = {k: v for k, v in self._next.items() if k in self.assignment()}
+        if not offsets:
+            return True
+        try:
+            self._client.commit({TopicPartition(*k): OffsetAndMetadata(v, "", -1) for k, v in offsets.items()},
+                                timeout_ms=5000)
+            return True
+        except Exception as exc:  # lag reporting must never stop the worker
+            logger.warning("offset commit for lag tools failed (ignored): %r", exc)
+            return False
+
+    def lag(self) -> dict[PartitionKey, int]:
+        """``high watermark - position`` per assigned partition whose watermark is known.
+
+        Uses the high watermark of the last fetch (not ListOffsets, which the
+        embedded broker gets wrong); partitions not fetched yet are absent.
+        """
+        result: dict[PartitionKey, int] = {}
+        for tp in self._client.assignment():
+            high = self._client.highwater(tp)
+            key = (tp.topic, tp.partition)
+            position = self._next.get(key)
+            if position is None:
+                try:
+                    position = self._client.position(tp, timeout_ms=1000)
+                except KafkaError:
+                    position = None
+            if high is not None and position is not None:
+                result[key] = max(high - position, 0)
+        return result
+
+    def assignment(self) -> set[PartitionKey]:
+        return {(tp.topic, tp.partition) for tp in self._client.assignment()}
+
+    def close(self) -> None:
+        consumer, self._consumer = self._consumer, None
+        if consumer is not None:
+            consumer.close(autocommit=False)
+
+
+class Producer(ProducerClient):
+    """Batched, idempotent (``acks=all``) producer with a strict :meth:`flush`.
+
+    After a failed flush the underlying kafka-python producer is discarded
+    and a fresh one is created by the next :meth:`send`: its idempotent state
+    does not recover from expired batches (it stops delivering).
+
+    Args:
+        bootstrap: ``host:port[,host:port...]``.
+        linger_ms: how long a batch waits for more records.
+        batch_size: bytes per partition batch.
+        max_block_ms: how long :meth:`send` may block (metadata, full buffer).
+        **config: other ``KafkaProducer`` settings.
+    """
+
+    def __init__(self, bootstrap: str, *, linger_ms: int = 5, batch_size: int = 256 * 1024,
+                 max_block_ms: int = 10_000, **config: Any):
+        self._settings: dict[str, Any] = dict(bootstrap_servers=bootstrap, linger_ms=linger_ms,
+                                              batch_size=batch_size, max_block_ms=max_block_ms,
+                                              acks="all", client_id="gnnstream-producer")
+        self._settings.update(config)
+        self._producer: KafkaProducer | None = None
+        self._pending: list[Any] = []  # futures not known to be delivered
+        self._sent = 0  # records sent since the last flush
+        self._prune_at = _PRUNE_AT
+        self._closed = False
+
+    @property
+    def pending(self) -> int:
+        """Records sent since the last flush."""
+        return self._sent
+
+    def _client(self) -> KafkaProducer:
+        if self._closed:
+            raise StreamError("producer is closed")
+        if self._producer is None:
+            self._producer = KafkaProducer(**self._settings)
+        return self._producer
+
+    def send(self, topic: str, key: bytes | None, value: bytes | None, headers: Headers = None) -> None:
+        """Queue one record.
+
+        Raises:
+            DeliveryError: the record could not even be queued (no metadata
+                within ``max_block_ms``, record too large, ...).
+        """
+        try:
+            future = self._client().send(topic, key=key, value=value, headers=header_list(headers))
+        except KafkaError as exc:
+            raise DeliveryError(f"could not queue a record for {topic!r}: {exc}", failed=1, cause=exc) from exc
+        self._pending.append(future)
+        self._sent += 1
+        if len(self._pending) >= self._prune_at:  # long stretch without flush: forget delivered ones
+            self._pending = [f for f in self._pending if not f.is_done or f.failed()]
+            self._prune_at = max(_PRUNE_AT, 2 * len(self._pending))
+
+    def flush(self, timeout_s: float = 30.0) -> int:
+        pending, self._pending = self._pending, []
+        sent, self._sent = self._sent, 0
+        if self._producer is None:
+            return 0
+        timed_out = None
+        try:
+            self._producer.flush(timeout=timeout_s)
+        except KafkaTimeoutError as exc:
+            timed_out = exc
+        failed = [f for f in pending if f.is_done and f.failed()]
+        unanswered = sum(1 for f in pending if not f.is_done)
+        if not failed and not unanswered and timed_out is None:
+            return sent
+        cause = failed[0].exception if failed else timed_out
+        self._discard()
+        raise DeliveryError(f"{len(failed)} of {sent} records failed and {unanswered} got no answer "
+                            f"within {timeout_s}s (bootstrap {self._settings['bootstrap_servers']}): "
+                            f"{cause!r}; keep them and send again", failed=len(failed),
+                            pending=unanswered, cause=cause)
+
+    def _discard(self) -> None:
+        """Stop the underlying producer now, failing whatever it still holds.
+
+        kafka-python's ``close()`` flushes first and, when that times out,
+        raises before stopping its I/O thread; so the thread is force-closed
+        first (it then fails the remaining futures) and ``close()`` after.
+        """
+        producer, self._producer = self._producer, None
+        if producer is None:
+            return
+        sender = getattr(producer, "_sender", None)
+        if sender is not None:
+            sender.force_close()
+            sender.join(2.0)
+        try:
+            producer.close(timeout=1.0)
+        except KafkaError as exc:
+            logger.warning("discarding a stuck producer: %r", exc)
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        producer, self._producer = self._producer, None
+        if producer is None:
+            return
+        try:
+            producer.close(timeout=timeout_s)
+        except KafkaError as exc:
+            logger.warning("producer closed with undelivered records after %ss: %r", timeout_s, exc)
+            self._producer = producer
+            self._discard()

@@ -1,0 +1,242 @@
+"""Embedding updates: the value of a ``node-embeddings`` message (key = node id).
+
+JSON (the default) has exactly these keys, in this order::
+
+    {"id":"a1","model":"sage:3","version":7,"embedding":[0.25,-1.5],
+     "event_ts":1700000000,"computed_at":1700000001.25,"mode":"full"}
+
+``version`` is per node and strictly increasing: consumers keep the highest
+version per node, so at-least-once delivery is harmless. ``event_ts`` is the
+latest event time (seconds) that contributed, ``computed_at`` the wall-clock
+time (seconds since the epoch) of the computation, ``mode`` how the embedding
+was obtained (``full``, ``cold_start``, ...). Readers ignore unknown keys.
+
+Binary (``fmt="binary"``), for consumers that want raw float32::
+
+    offset  size  type       field
+    0       1     u8         magic 0xE1 (gnnstream embedding update, format 1)
+    1       8     u64 BE     version
+    9       8     f64 BE     event_ts
+    17      8     f64 BE     computed_at
+    25      4     u32 BE     dim (number of embedding values)
+    29      2     u16 BE     id_len    (bytes)
+    31      2     u16 BE     model_len (bytes)
+    33      1     u8         mode_len  (bytes)
+    34      ...   UTF-8      id, then model, then mode
+    ...     4*dim f32 LE     embedding (raw little-endian float32, numpy '<f4')
+
+Total size ``34 + id_len + model_len + mode_len + 4 * dim``. A JSON value
+never starts with byte 0xE1, so :func:`decode_update` tells the two apart by
+the first byte. Binary decoding returns the embedding as a read-only
+``numpy.float32`` array viewing the message bytes; JSON decoding returns a
+tuple of floats.
+
+Deleted nodes: when a node is deleted its embedding is withdrawn with a
+*tombstone*, a message whose key is the node id and whose value is ``None``
+(null), built by :func:`tombstone`. It carries the header
+``gnnstream.version`` (the node's next version, decimal ASCII) so that a
+consumer can order it against updates; on a tombstone a consumer drops the
+node (and remembers the version if it wants to ignore late older updates).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import struct
+from dataclasses import dataclass
+from typing import Any, Literal, Sequence, Union
+
+import numpy as np
+
+from stream.exceptions import InvalidUpdate
+
+__all__ = [
+    "EmbeddingUpdate",
+    "BINARY_MAGIC",
+    "VERSION_HEADER",
+    "encode_update",
+    "decode_update",
+    "update_key",
+    "tombstone",
+    "is_tombstone",
+]
+
+logger = logging.getLogger(__name__)
+
+BINARY_MAGIC = 0xE1
+VERSION_HEADER = "gnnstream.version"
+_HEADER = struct.Struct(">BQddIHHB")
+_JSON_KEYS = ("id", "model", "version", "embedding", "event_ts", "computed_at", "mode")
+
+Embedding = Union[Sequence[float], np.ndarray]
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class EmbeddingUpdate:
+    """One published embedding of one node.
+
+    Args:
+        id: node id (non-empty string).
+        model: ``name:version`` of the model that computed it.
+        version: per-node version, an integer >= 0, strictly increasing.
+        embedding: the values: a sequence of floats or a 1-D float array.
+        event_ts: latest event time (seconds) that contributed.
+        computed_at: when it was computed (seconds since the epoch).
+        mode: how it was computed (``full``, ``cold_start``, ...).
+    """
+
+    id: str
+    model: str
+    version: int
+    embedding: Embedding
+    event_ts: float
+    computed_at: float
+    mode: str = "full"
+
+    def __post_init__(self) -> None:
+        for name in ("id", "model", "mode"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value:
+                raise ValueError(f"Expected a non-empty string for {name} (got {value!r})")
+        if isinstance(self.version, bool) or not isinstance(self.version, (int, np.integer)) \
+                or not 0 <= self.version < 2**64:
+            raise ValueError(f"Expected an integer version in [0, 2**64) (got {self.version!r})")
+        if np.ndim(self.embedding) != 1:
+            raise ValueError(f"Expected a 1-D embedding (got shape {np.shape(self.embedding)})")
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, EmbeddingUpdate):
+            return NotImplemented
+        return ((self.id, self.model, self.version, self.event_ts, self.computed_at, self.mode)
+                == (other.id, other.model, other.version, other.event_ts, other.computed_at, other.mode)
+                and np.array_equal(np.asarray(self.embedding, dtype=np.float64),
+                                   np.asarray(other.embedding, dtype=np.float64)))
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def update_key(node_id: str) -> bytes:
+    """The Kafka message key of a node's updates: its id in UTF-8."""
+    return node_id.encode("utf-8")
+
+
+def _number_json(value: float) -> int | float:
+    return int(value) if float(value).is_integer() and abs(value) < 2**53 else float(value)
+
+
+def encode_update(update: EmbeddingUpdate, fmt: Literal["json", "binary"] = "json") -> bytes:
+    """Serialise an update.
+
+    Args:
+        update: the update.
+        fmt: ``"json"`` (default, see the module docstring) or ``"binary"``.
+
+    Returns:
+        The message value.
+
+    Raises:
+        ValueError: unknown ``fmt``, non-finite values, or fields too long
+            for the binary header.
+    """
+    values = np.asarray(update.embedding, dtype=np.float64 if fmt == "json" else "<f4")
+    if not np.all(np.isfinite(values)) or not (math.isfinite(update.event_ts)
+                                               and math.isfinite(update.computed_at)):
+        raise ValueError(f"Expected finite embedding and timestamps (got non-finite values for node {update.id!r})")
+    if fmt == "json":
+        obj: dict[str, Any] = {
+            "id": update.id, "model": update.model, "version": int(update.version),
+            "embedding": values.tolist(), "event_ts": _number_json(update.event_ts),
+            "computed_at": _number_json(update.computed_at), "mode": update.mode,
+        }
+        return json.dumps(obj, separators=(",", ":"), allow_nan=False).encode("utf-8")
+    if fmt != "binary":
+        raise ValueError(f"Expected fmt 'json' or 'binary' (got {fmt!r})")
+    node_id, model, mode = (s.encode("utf-8") for s in (update.id, update.model, update.mode))
+    if len(node_id) > 0xFFFF or len(model) > 0xFFFF or len(mode) > 0xFF or len(values) > 0xFFFFFFFF:
+        raise ValueError(f"Expected id/model < 64 KiB and mode < 256 bytes (node {update.id!r})")
+    header = _HEADER.pack(BINARY_MAGIC, int(update.version), float(update.event_ts),
+                          float(update.computed_at), len(values), len(node_id), len(model), len(mode))
+    return b"".join((header, node_id, model, mode, values.tobytes()))
+
+
+def _decode_binary(data: bytes) -> EmbeddingUpdate:
+    if len(data) < _HEADER.size:
+        raise InvalidUpdate("truncated", f"binary update is {len(data)} bytes, the header alone is {_HEADER.size}")
+    _, version, event_ts, computed_at, dim, id_len, model_len, mode_len = _HEADER.unpack_from(data)
+    start = _HEADER.size + id_len + model_len + mode_len
+    if len(data) != start + 4 * dim:
+        raise InvalidUpdate("truncated", f"binary update is {len(data)} bytes, its header says {start + 4 * dim}")
+    try:
+        node_id = bytes(data[_HEADER.size:_HEADER.size + id_len]).decode("utf-8")
+        model = bytes(data[_HEADER.size + id_len:_HEADER.size + id_len + model_len]).decode("utf-8")
+        mode = bytes(data[start - mode_len:start]).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidUpdate("not_utf8", str(exc)) from None
+    embedding = np.frombuffer(data, dtype="<f4", count=dim, offset=start)
+    try:
+        return EmbeddingUpdate(node_id, model, version, embedding, event_ts, computed_at, mode)
+    except ValueError as exc:
+        raise InvalidUpdate("bad_field", str(exc)) from None
+
+
+def _decode_json(data: bytes) -> EmbeddingUpdate:
+    try:
+        obj = json.loads(data)
+    except (ValueError, RecursionError) as exc:
+        raise InvalidUpdate("not_json", str(exc)[:200]) from None
+    if not isinstance(obj, dict):
+        raise InvalidUpdate("not_object", f"expected a JSON object (got {type(obj).__name__})")
+    missing = [k for k in _JSON_KEYS if k not in obj]
+    if missing:
+        raise InvalidUpdate("missing_field", f"update needs {', '.join(missing)}")
+    embedding = obj["embedding"]
+    numbers = (obj["event_ts"], obj["computed_at"], *embedding) if isinstance(embedding, list) else ()
+    if not isinstance(embedding, list) or any(
+            isinstance(x, bool) or not isinstance(x, (int, float)) for x in numbers):
+        raise InvalidUpdate("bad_type", "embedding must be a list of numbers and the timestamps numbers")
+    try:
+        return EmbeddingUpdate(obj["id"], obj["model"], obj["version"], tuple(float(x) for x in embedding),
+                               float(obj["event_ts"]), float(obj["computed_at"]), obj["mode"])
+    except (ValueError, OverflowError) as exc:
+        raise InvalidUpdate("bad_field", str(exc)) from None
+
+
+def decode_update(data: bytes | bytearray | memoryview) -> EmbeddingUpdate:
+    """Decode an update in either encoding (told apart by the first byte).
+
+    Args:
+        data: a message value. A tombstone (``None``) is not an update: test
+            it with :func:`is_tombstone` first.
+
+    Raises:
+        InvalidUpdate: the bytes are not an update in a known encoding.
+    """
+    if data is None:
+        raise InvalidUpdate("tombstone", "value is None: the node was deleted (see is_tombstone)")
+    data = bytes(data)
+    if not data:
+        raise InvalidUpdate("empty", "value is empty")
+    if data[0] == BINARY_MAGIC:
+        return _decode_binary(data)
+    return _decode_json(data)
+
+
+def tombstone(node_id: str, version: int | None = None) -> tuple[bytes, None, list[tuple[str, bytes]]]:
+    """The message that withdraws a deleted node's embedding.
+
+    Args:
+        node_id: the deleted node.
+        version: the node's next version, sent in the ``gnnstream.version`` header.
+
+    Returns:
+        ``(key, None, headers)`` ready for ``Producer.send(topic, key, value, headers)``.
+    """
+    headers = [] if version is None else [(VERSION_HEADER, str(int(version)).encode("ascii"))]
+    return update_key(node_id), None, headers
+
+
+def is_tombstone(value: bytes | None) -> bool:
+    """True for the value of a tombstone (the node was deleted)."""
+    return value is None

@@ -1,0 +1,131 @@
+"""Embedded broker lifecycle: start, stop, pause, resume, errors, foreground command."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from stream.broker import EmbeddedBroker, _metadata_ok, _port_is_free, free_port
+from stream.exceptions import BrokerBinaryNotFound, BrokerError, BrokerPortInUse
+
+pytestmark = pytest.mark.broker
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie still answers kill(0): look at its state
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def test_start_pause_resume_stop(tmp_path: Path) -> None:
+    log = tmp_path / "broker.log"
+    broker = EmbeddedBroker(log_path=log)
+    with pytest.raises(BrokerError, match="not started"):
+        broker.bootstrap  # noqa: B018
+    with broker:
+        port, pid = broker.port, broker.pid
+        assert broker.bootstrap == f"127.0.0.1:{port}"
+        assert broker.running and _alive(pid)
+        assert _metadata_ok(port)
+        broker.pause()
+        assert "paused" in repr(broker)
+        assert not _metadata_ok(port, timeout_s=0.3)  # connected, but nobody answers
+        broker.resume()
+        assert _metadata_ok(port)
+    assert not broker.running and broker.pid is None
+    assert not _alive(pid)
+    assert _port_is_free(port)
+    assert log.exists()  # a log file given by the caller is kept
+    assert broker.stop() is None  # stopping twice is harmless
+
+
+def test_stop_while_paused_and_own_log_removed() -> None:
+    broker = EmbeddedBroker().start()
+    pid, log = broker.pid, broker.log_path
+    assert log is not None and log.exists()
+    broker.pause()
+    t0 = time.monotonic()
+    assert broker.stop() == 0
+    assert time.monotonic() - t0 < 5
+    assert not _alive(pid)
+    assert not log.exists()
+
+
+def test_port_in_use_is_a_clear_error(broker: EmbeddedBroker) -> None:
+    with pytest.raises(BrokerPortInUse, match=f"port {broker.port}.*already in use"):
+        EmbeddedBroker(broker.port).start()
+
+
+def test_explicit_port_and_bad_port() -> None:
+    port = free_port()
+    with EmbeddedBroker(port) as b:
+        assert b.bootstrap == f"127.0.0.1:{port}"
+    with pytest.raises(ValueError, match="port"):
+        EmbeddedBroker(70000)
+
+
+def test_missing_binary_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("CALF_TANSU_BIN", str(tmp_path / "no-such-tansu"))
+    with pytest.raises(BrokerBinaryNotFound, match="no-such-tansu"):
+        EmbeddedBroker().start()
+
+
+def test_pause_requires_running() -> None:
+    with pytest.raises(BrokerError, match="not running"):
+        EmbeddedBroker().pause()
+
+
+def test_foreground_prints_bootstrap_and_stops_on_ctrl_c() -> None:
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", f"import sys; from stream.broker import run_broker_foreground; "
+                               f"sys.exit(run_broker_foreground({port}))"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline().strip()
+        assert line == f"127.0.0.1:{port}"
+        assert _metadata_ok(port)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(10) == 0
+        deadline = time.monotonic() + 5
+        while not _port_is_free(port) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _port_is_free(port)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="uses PR_SET_PDEATHSIG")
+def test_broker_dies_with_a_killed_parent() -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import time; from stream.broker import EmbeddedBroker; "
+                               "b = EmbeddedBroker().start(); print(b.pid, flush=True); time.sleep(60)"],
+        cwd=REPO, stdout=subprocess.PIPE, text=True)
+    try:
+        child = int(proc.stdout.readline())
+        assert _alive(child)
+        proc.kill()
+        proc.wait()
+        deadline = time.monotonic() + 5
+        while _alive(child) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(child)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -1,0 +1,138 @@
+"""Embedding-update codec: JSON and binary round trips, layout, tombstones."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from stream.exceptions import InvalidUpdate
+from stream.updates import (
+    BINARY_MAGIC,
+    VERSION_HEADER,
+    EmbeddingUpdate,
+    decode_update,
+    encode_update,
+    is_tombstone,
+    tombstone,
+    update_key,
+)
+
+
+def make(embedding=(0.25, -1.5, 3.0), **kw) -> EmbeddingUpdate:
+    fields = dict(id="a1", model="sage:3", version=7, embedding=embedding, event_ts=1700000000.0,
+                  computed_at=1700000001.25, mode="full")
+    fields.update(kw)
+    return EmbeddingUpdate(**fields)
+
+
+def test_json_is_exactly_the_documented_shape() -> None:
+    data = encode_update(make())
+    assert data == (b'{"id":"a1","model":"sage:3","version":7,"embedding":[0.25,-1.5,3.0],'
+                    b'"event_ts":1700000000,"computed_at":1700000001.25,"mode":"full"}')
+    assert list(json.loads(data)) == ["id", "model", "version", "embedding", "event_ts", "computed_at", "mode"]
+
+
+def test_json_round_trip_from_float32_array_is_exact() -> None:
+    values = np.array([0.1, -2.5, 1e-8, 3.4e38], dtype=np.float32)
+    update = make(embedding=values, mode="cold_start", event_ts=12.5)
+    back = decode_update(encode_update(update))
+    assert back == update
+    assert isinstance(back.embedding, tuple)
+    assert np.array_equal(np.asarray(back.embedding, dtype=np.float32), values)
+    assert (back.mode, back.event_ts, back.version) == ("cold_start", 12.5, 7)
+
+
+def test_binary_round_trip_and_layout() -> None:
+    update = make(embedding=np.array([1.0, -0.5], dtype=np.float32), id="n\u00e9", version=2**40)
+    data = encode_update(update, fmt="binary")
+    assert data[0] == BINARY_MAGIC == 0xE1
+    assert struct.unpack(">Q", data[1:9]) == (2**40,)
+    assert struct.unpack(">dd", data[9:25]) == (1700000000.0, 1700000001.25)
+    assert struct.unpack(">IHHB", data[25:34]) == (2, 3, 6, 4)
+    assert data[34:47] == "n\u00e9".encode() + b"sage:3" + b"full"
+    assert data[47:] == struct.pack("<2f", 1.0, -0.5)
+    assert len(data) == 34 + 3 + 6 + 4 + 4 * 2
+    back = decode_update(data)
+    assert back == update
+    assert back.embedding.dtype == np.float32 and not back.embedding.flags.writeable
+
+
+def test_binary_rounds_float64_to_float32() -> None:
+    back = decode_update(encode_update(make(embedding=[0.1, 1 / 3]), fmt="binary"))
+    assert np.allclose(back.embedding, [0.1, 1 / 3], atol=1e-7)
+    assert back.embedding.tolist() == np.array([0.1, 1 / 3], dtype=np.float32).tolist()
+
+
+def test_empty_embedding_round_trips() -> None:
+    update = make(embedding=())
+    assert decode_update(encode_update(update)) == update
+    assert decode_update(encode_update(update, fmt="binary")) == update
+
+
+def test_tombstone_helper() -> None:
+    key, value, headers = tombstone("a1", version=8)
+    assert (key, value, headers) == (b"a1", None, [(VERSION_HEADER, b"8")])
+    assert tombstone("x") == (b"x", None, [])
+    assert is_tombstone(value) and not is_tombstone(b"{}")
+    assert update_key("n\u00e9") == "n\u00e9".encode()
+    with pytest.raises(InvalidUpdate) as info:
+        decode_update(None)  # type: ignore[arg-type]
+    assert info.value.reason == "tombstone"
+
+
+@pytest.mark.parametrize(
+    ("data", "reason"),
+    [
+        (b"", "empty"),
+        (b"\xe1\x00\x01", "truncated"),
+        (encode_update(make(), fmt="binary")[:-1], "truncated"),
+        (encode_update(make(), fmt="binary") + b"\x00", "truncated"),
+        (b"not json", "not_json"),
+        (b"[1,2]", "not_object"),
+        (b'{"id":"a"}', "missing_field"),
+        (encode_update(make()).replace(b"[0.25,", b"[true,"), "bad_type"),
+        (encode_update(make()).replace(b'"version":7', b'"version":-1'), "bad_field"),
+        (encode_update(make()).replace(b'"id":"a1"', b'"id":""'), "bad_field"),
+    ],
+)
+def test_decode_errors(data: bytes, reason: str) -> None:
+    with pytest.raises(InvalidUpdate) as info:
+        decode_update(data)
+    assert info.value.reason == reason
+
+
+def test_constructor_and_encoder_checks() -> None:
+    with pytest.raises(ValueError, match="version"):
+        make(version=True)
+    with pytest.raises(ValueError, match="1-D"):
+        make(embedding=np.zeros((2, 2)))
+    with pytest.raises(ValueError, match="mode"):
+        make(mode="")
+    with pytest.raises(ValueError, match="finite"):
+        encode_update(make(embedding=[float("nan")]))
+    with pytest.raises(ValueError, match="finite"):
+        encode_update(make(embedding=[float("inf")]), fmt="binary")
+    with pytest.raises(ValueError, match="fmt"):
+        encode_update(make(), fmt="xml")  # type: ignore[arg-type]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    node_id=st.text(min_size=1, max_size=30),
+    version=st.integers(0, 2**64 - 1),
+    values=st.lists(st.floats(allow_nan=False, allow_infinity=False, width=32), max_size=16),
+    event_ts=st.floats(0, 4e9),
+)
+def test_round_trip_property(node_id: str, version: int, values: list[float], event_ts: float) -> None:
+    try:
+        node_id.encode("utf-8")
+    except UnicodeEncodeError:
+        return
+    update = make(id=node_id, version=version, embedding=values, event_ts=event_ts)
+    assert decode_update(encode_update(update)) == update
+    assert decode_update(encode_update(update, fmt="binary")) == update
