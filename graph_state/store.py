@@ -649,9 +649,13 @@ class GraphStore:
         del it
         return out
 
-    def feature_rows(self, iids: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
-        """Features of ``iids`` as a float32 matrix and a has-features mask (zeros where absent)."""
-        dim = self.feature_dim or 0
+    def feature_rows(self, iids: Sequence[int], dim: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Features of ``iids`` as a float32 matrix and a has-features mask (zeros where absent).
+
+        Args:
+            dim: the row width to return while the store has no features yet.
+        """
+        dim = self.feature_dim or dim or 0
         out = np.zeros((len(iids), dim), dtype=np.float32)
         has = np.zeros(len(iids), dtype=bool)
         if not iids or not dim:

@@ -212,7 +212,7 @@ class Engine:
         return stats
 
     def _full_inputs(self, targets: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
-        feats, _ = self.store.feature_rows(targets.tolist())
+        feats, _ = self.store.feature_rows(targets.tolist(), self.tables.dims[0])
         return self._dense_lookup(targets, feats)
 
     @staticmethod

@@ -111,7 +111,7 @@ class EmbeddingTables:
 
     def _read(self, layer: int, iids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         if layer == 0:
-            return self.store.feature_rows(iids.tolist())
+            return self.store.feature_rows(iids.tolist(), self.dims[0])
         out = np.zeros((len(iids), self.dims[layer]), dtype=np.float32)
         present = np.zeros(len(iids), dtype=bool)
         raws = self.store.column("emb").get([keys.layer_key(layer, int(i)) for i in iids])

@@ -1,0 +1,536 @@
+"""Integration tests of the streaming worker against the embedded broker.
+
+Every test uses fresh uuid topic names, group ids and state directories. The
+workload is the first ~3,000 Bitcoin OTC ratings turned into events
+(``workers.datasets.snap_events``). "Exact" means, after the worker stopped:
+
+* ``gnnstream verify --state S`` exits 0 (stored == from-scratch, 1e-4);
+* the latest published embedding (highest ``version``) of every node equals
+  the stored final one from ``gnnstream embeddings`` to 1e-5, and every node
+  of the graph was published;
+* the store's edges and features equal the final state of the produced events,
+  and its offsets equal the high watermark of each partition.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import pytest
+
+from stream.broker import EmbeddedBroker, free_port
+from stream.clients import Record
+from stream.deadletter import DeadLetter
+from stream.events import EdgeUpsert, NodeUpsert, encode_event, event_key
+from stream.kafka import ensure_topics
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "soc-sign-bitcoinotc.csv"
+N_EVENTS = 3_000  # the first 3,000 events (edges plus derived node_upsert events)
+PARTITIONS = 4
+GNNSTREAM = Path(sys.executable).with_name("gnnstream")
+JOIN_TIMEOUT_S = 90.0
+
+
+# ---------------------------------------------------------------------- workload
+@pytest.fixture(scope="module")
+def events() -> list:
+    if not DATA.is_file():
+        pytest.fail(f"Bitcoin OTC data missing: expected {DATA} (SNAP soc-sign-bitcoinotc.csv, see "
+                    f"shared/data/README.md)")
+    from workers.datasets import read_snap, snap_events
+    evs = list(itertools.islice(snap_events(read_snap(DATA)[:N_EVENTS]), N_EVENTS))
+    assert len(evs) == N_EVENTS
+    return evs
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    from model import init_model_dir
+    d = tmp_path_factory.mktemp("model") / "sage"
+    init_model_dir(str(d), arch="sage", in_dim=8, hidden=16, out_dim=8, layers=2, fanouts=[10, 5], seed=0)
+    return str(d)
+
+
+def expected_graph(evs: list) -> tuple[dict[tuple[str, str], tuple[float, float]], dict[str, tuple[float, ...]]]:
+    """Final edges ``{(src, dst): (weight, ts)}`` and features of an upsert-only stream."""
+    edges: dict[tuple[str, str], tuple[float, float]] = {}
+    feats: dict[str, tuple[float, ...]] = {}
+    for ev in evs:
+        if isinstance(ev, EdgeUpsert):
+            edges[(ev.src, ev.dst)] = (ev.weight, ev.ts)
+        elif isinstance(ev, NodeUpsert):
+            feats[ev.id] = ev.features
+        else:  # pragma: no cover - snap_events makes upserts only
+            raise AssertionError(ev)
+    return edges, feats
+
+
+# ---------------------------------------------------------------------- kafka helpers
+def _kafka_producer(bootstrap: str):
+    from kafka import KafkaProducer
+    return KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5, max_request_size=4 << 20,
+                         client_id="test-producer")
+
+
+def produce(bootstrap: str, topic: str, messages: list[tuple[bytes | None, bytes | None]]) -> list[tuple[int, int]]:
+    """Send ``(key, value)`` messages in order; returns the ``(partition, offset)`` of each."""
+    producer = _kafka_producer(bootstrap)
+    try:
+        futures = [producer.send(topic, key=k, value=v) for k, v in messages]
+        producer.flush(60)
+        metas = [f.get(timeout=30) for f in futures]
+    finally:
+        producer.close(5)
+    return [(m.partition, m.offset) for m in metas]
+
+
+def event_messages(evs: list) -> list[tuple[bytes, bytes]]:
+    return [(event_key(ev), encode_event(ev)) for ev in evs]
+
+
+def high_watermarks(placed: list[tuple[int, int]], topic: str) -> dict[tuple[str, int], int]:
+    hw: dict[tuple[str, int], int] = {}
+    for p, o in placed:
+        hw[(topic, p)] = max(hw.get((topic, p), 0), o + 1)
+    return hw
+
+
+def read_topic(bootstrap: str, topic: str, partitions: int, idle_s: float = 2.0,
+               timeout_s: float = 60.0) -> list[Record]:
+    """Every message of ``topic`` (manual assignment, no group), until ``idle_s`` without news."""
+    from kafka import KafkaConsumer, TopicPartition
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None,
+                             auto_offset_reset="earliest", client_id="test-reader")
+    tps = [TopicPartition(topic, p) for p in range(partitions)]
+    consumer.assign(tps)
+    consumer.seek_to_beginning(*tps)
+    out: list[Record] = []
+    deadline = time.monotonic() + timeout_s
+    last = time.monotonic()
+    try:
+        while time.monotonic() - last < idle_s and time.monotonic() < deadline:
+            batch = consumer.poll(timeout_ms=300, max_records=5000)
+            for tp, msgs in batch.items():
+                for m in msgs:
+                    out.append(Record(m.topic, m.partition, m.offset, m.key, m.value, m.timestamp,
+                                      tuple((k, v) for k, v in (m.headers or ()))))
+                if msgs:
+                    last = time.monotonic()
+    finally:
+        consumer.close()
+    return out
+
+
+def latest_published(bootstrap: str, topic: str) -> dict[str, Any]:
+    from stream.updates import decode_update
+    latest: dict[str, Any] = {}
+    for r in read_topic(bootstrap, topic, PARTITIONS):
+        assert r.value is not None, f"unexpected tombstone for {r.key!r} (no deletes were produced)"
+        u = decode_update(r.value)
+        assert r.key == u.id.encode()
+        if u.id not in latest or u.version > latest[u.id].version:
+            latest[u.id] = u
+    return latest
+
+
+# ---------------------------------------------------------------------- worker helpers
+class Names:
+    def __init__(self, tmp_path: Path):
+        tag = uuid.uuid4().hex[:10]
+        self.events = f"ev-{tag}"
+        self.output = f"emb-{tag}"
+        self.dlq = f"dlq-{tag}"
+        self.group = f"g-{tag}"
+        self.state = str(tmp_path / f"state-{tag}")
+
+
+def worker_cmd(bootstrap: str, n: Names, model: str, port: int, *extra: str) -> list[str]:
+    return [str(GNNSTREAM), "run", "--bootstrap", bootstrap, "--state", n.state, "--model", model,
+            "--events-topic", n.events, "--output-topic", n.output, "--dlq-topic", n.dlq, "--group", n.group,
+            "--metrics-port", str(port), "--batch-size", "200", "--partitions", str(PARTITIONS), *extra]
+
+
+def start_worker(cmd: list[str], log: Path) -> subprocess.Popen:
+    env = dict(os.environ, GNNSTREAM_NO_PROGRESS="1")
+    fh = open(log, "ab")
+    try:
+        return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=fh, env=env)
+    finally:
+        fh.close()
+
+
+def health(port: int) -> dict[str, Any] | None:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as resp:
+            return json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return json.loads(exc.read())
+    except (OSError, ValueError):
+        return None
+
+
+def scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        return resp.read().decode()
+
+
+def metric_values(text: str, name: str) -> dict[str, float]:
+    """``{labels: value}`` of the samples called exactly ``name``."""
+    out = {}
+    for line in text.splitlines():
+        m = re.match(rf"^{re.escape(name)}(\{{[^}}]*\}})? (\S+)$", line)
+        if m:
+            out[m.group(1) or ""] = float(m.group(2))
+    return out
+
+
+def wait_for(cond, timeout_s: float, what: str, proc: subprocess.Popen | None = None, log: Path | None = None):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = cond()
+        if value:
+            return value
+        if proc is not None and proc.poll() is not None:
+            tail = log.read_text()[-3000:] if log else ""
+            pytest.fail(f"worker exited with {proc.returncode} while waiting for {what}:\n{tail}")
+        time.sleep(0.1)
+    tail = log.read_text()[-3000:] if log else ""
+    pytest.fail(f"timed out after {timeout_s}s waiting for {what}:\n{tail}")
+
+
+def stop_worker(proc: subprocess.Popen, log: Path, timeout_s: float = 60.0) -> dict[str, Any]:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        out, _ = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        pytest.fail(f"worker ignored SIGTERM for {timeout_s}s:\n{log.read_text()[-3000:]}")
+    assert proc.returncode == 0, f"worker exit code {proc.returncode}:\n{log.read_text()[-3000:]}"
+    return json.loads(out)
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, GNNSTREAM_NO_PROGRESS="1")
+    return subprocess.run([str(GNNSTREAM), *args], capture_output=True, text=True, env=env, timeout=120)
+
+
+def assert_exact(bootstrap: str, n: Names, evs: list, hw: dict[tuple[str, int], int], tmp_path: Path,
+                 use_cli: bool = False) -> None:
+    """The full "exact output" check (worker must be stopped)."""
+    from graph_state.store import GraphStore
+    want_edges, want_feats = expected_graph(evs)
+    with GraphStore(n.state) as store:
+        assert store.offsets() == hw, "stored offsets differ from the high watermarks"
+        got_edges = {(s, d): (w, ts) for s, d, w, ts in store.edges()}
+        assert got_edges == want_edges
+        nodes = set(store.nodes())
+        assert nodes == {x for e in want_edges for x in e} | set(want_feats)
+        for node, f in want_feats.items():
+            np.testing.assert_allclose(store.features(node), np.asarray(f, dtype=np.float32), rtol=0, atol=0)
+    out = tmp_path / f"emb-{uuid.uuid4().hex[:6]}.jsonl"
+    if use_cli:
+        res = cli("verify", "--state", n.state)
+        assert res.returncode == 0, f"verify failed:\n{res.stdout}\n{res.stderr}"
+        assert json.loads(res.stdout)["ok"] is True
+        res = cli("embeddings", "--state", n.state, "--out", str(out))
+        assert res.returncode == 0, res.stderr
+    else:  # the same functions in-process (saves two torch imports)
+        from workers.offline import export_embeddings, verify
+        summary = verify(n.state)
+        assert summary["ok"] is True, summary
+        with open(out, "w") as fh:
+            export_embeddings(n.state, fh)
+    stored = {}
+    for line in out.read_text().splitlines():
+        obj = json.loads(line)
+        stored[obj["id"]] = obj
+    assert set(stored) == nodes, "every node must have a stored embedding"
+    published = latest_published(bootstrap, n.output)
+    assert set(published) == nodes, (f"unpublished nodes: {sorted(nodes - set(published))[:10]}, "
+                                     f"published non-nodes: {sorted(set(published) - nodes)[:10]}")
+    for node, obj in stored.items():
+        u = published[node]
+        assert u.version == obj["version"], (node, u.version, obj["version"])
+        np.testing.assert_allclose(np.asarray(u.embedding), np.asarray(obj["embedding"]), rtol=0, atol=1e-5,
+                                   err_msg=f"node {node}")
+
+
+def run_until_applied(bootstrap: str, n: Names, model: str, tmp_path: Path, applied: int,
+                      invalid: int = 0, *extra: str) -> tuple[dict[str, Any], str, int]:
+    port = free_port()
+    log = tmp_path / "worker.log"
+    proc = start_worker(worker_cmd(bootstrap, n, model, port, *extra), log)
+    try:
+        wait_for(lambda: (h := health(port)) and h["applied"] >= applied and h["invalid"] >= invalid,
+                 JOIN_TIMEOUT_S, f"{applied} applied events", proc, log)
+        metrics = scrape(port)
+        assert proc.poll() is None
+        summary = stop_worker(proc, log)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return summary, metrics, proc.pid
+
+
+# ---------------------------------------------------------------------- tests
+def test_end_to_end_exact(broker: EmbeddedBroker, events: list, model_dir: str, tmp_path: Path) -> None:
+    n = Names(tmp_path)
+    ensure_topics(broker.bootstrap, {n.events: PARTITIONS, n.output: PARTITIONS, n.dlq: 1})
+    hw = high_watermarks(produce(broker.bootstrap, n.events, event_messages(events)), n.events)
+    summary, _, _ = run_until_applied(broker.bootstrap, n, model_dir, tmp_path, len(events))
+    assert summary["applied"] == len(events)
+    assert summary["invalid"] == 0
+    assert_exact(broker.bootstrap, n, events, hw, tmp_path, use_cli=True)
+
+
+def test_crash_restarts_exact(broker: EmbeddedBroker, events: list, model_dir: str, tmp_path: Path) -> None:
+    from graph_state.store import GraphStore
+    n = Names(tmp_path)
+    ensure_topics(broker.bootstrap, {n.events: PARTITIONS, n.output: PARTITIONS, n.dlq: 1})
+    hw = high_watermarks(produce(broker.bootstrap, n.events, event_messages(events)), n.events)
+    rng = random.Random(1234)
+    log = tmp_path / "worker.log"
+    kills = 0
+    consumed_before = 0
+    for attempt in range(8):
+        port = free_port()
+        # small batches so that a kill lands mid-stream
+        proc = start_worker(worker_cmd(broker.bootstrap, n, model_dir, port, "--batch-size", "40"), log)
+        try:
+            # kill at a random moment once this run has applied something new
+            wait_for(lambda: (h := health(port)) and h["applied"] > 0, JOIN_TIMEOUT_S, "first batch", proc, log)
+            time.sleep(rng.uniform(0.0, 0.6))
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+            kills += 1
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        with GraphStore(n.state) as store:
+            consumed = sum(store.offsets().values())
+        assert consumed >= consumed_before
+        consumed_before = consumed
+        if kills >= 3 and consumed < len(events):
+            break
+    assert kills >= 3
+    assert consumed_before < len(events), "the kills all came after the end of the stream"
+    remaining = len(events) - consumed_before
+    summary, metrics, _ = run_until_applied(broker.bootstrap, n, model_dir, tmp_path, remaining)
+    # the final run applied exactly what the store had not: none lost, none twice
+    assert summary["applied"] == remaining
+    assert sum(metric_values(metrics, "gnnstream_events_total").values()) == remaining
+    assert_exact(broker.bootstrap, n, events, hw, tmp_path)
+
+
+def _bad_messages(rng: random.Random) -> list[tuple[str, bytes | None, bytes | None]]:
+    """``(expected reason, key, value)`` of many kinds of malformed messages."""
+    def j(obj: Any) -> bytes:
+        return json.dumps(obj).encode()
+
+    kinds = [
+        ("not_json", lambda i: b'{"op":"edge_upsert","src":"x' + str(i).encode()),
+        ("not_utf8", lambda i: b'{"op":"edge_upsert","src":"\xff\xfe","dst":"b","ts":1}'),
+        ("bad_type", lambda i: j({"op": "edge_upsert", "src": f"b{i}", "dst": "c", "ts": "yesterday"})),
+        ("unknown_op", lambda i: j({"op": "edge_merge", "src": f"b{i}", "dst": "c", "ts": 1})),
+        ("missing_field", lambda i: j({"op": "edge_upsert", "src": f"b{i}", "ts": 1})),
+        ("unknown_field", lambda i: j({"op": "edge_upsert", "src": f"b{i}", "dst": "c", "ts": 1, "colour": 3})),
+        ("wrong_feature_length", lambda i: j({"op": "node_upsert", "id": f"b{i}", "ts": 1, "features": [0.5] * 3})),
+        ("not_finite", lambda i: b'{"op":"edge_upsert","src":"b%d","dst":"c","ts":1,"weight":NaN}' % i),
+        ("empty_id", lambda i: j({"op": "edge_upsert", "src": "", "dst": "c", "ts": 1})),
+        ("oversize", lambda i: j({"op": "node_upsert", "id": f"b{i}", "ts": 1, "features": [0.123456789] * 200})),
+        ("not_object", lambda i: j([{"op": "edge_upsert", "src": f"b{i}", "dst": "c", "ts": 1}])),
+        ("bad_type", lambda i: j({"op": "edge_upsert", "src": f"b{i}", "dst": "c", "ts": True})),
+        ("bad_ts", lambda i: j({"op": "edge_upsert", "src": f"b{i}", "dst": "c", "ts": -5})),
+        ("duplicate_field", lambda i: b'{"op":"edge_upsert","src":"b%d","src":"z","dst":"c","ts":1}' % i),
+        ("bad_id", lambda i: j({"op": "node_delete", "id": True, "ts": 1})),
+        ("bad_features", lambda i: j({"op": "node_upsert", "id": f"b{i}", "ts": 1, "features": []})),
+        ("empty", lambda i: b""),
+        ("empty", lambda i: None),  # tombstone
+    ]
+    out = []
+    for i in range(60):
+        for reason, make in kinds:
+            out.append((reason, f"bad{i}".encode(), make(i)))
+    rng.shuffle(out)
+    return out
+
+
+def test_bad_input_goes_to_dlq(broker: EmbeddedBroker, events: list, model_dir: str, tmp_path: Path) -> None:
+    n = Names(tmp_path)
+    ensure_topics(broker.bootstrap, {n.events: PARTITIONS, n.output: PARTITIONS, n.dlq: 1})
+    rng = random.Random(7)
+    bad = _bad_messages(rng)
+    assert len(bad) >= 1000 and len({r for r, _, _ in bad}) >= 10
+    # interleave: good ones keep their order, bad ones at random places
+    slots = sorted(rng.sample(range(len(events) + len(bad)), len(bad)))
+    stream: list[tuple[str | None, bytes | None, bytes | None]] = []
+    good_iter = iter(event_messages(events))
+    bad_iter = iter(bad)
+    slot_set = set(slots)
+    for pos in range(len(events) + len(bad)):
+        stream.append(next(bad_iter) if pos in slot_set else (None, *next(good_iter)))
+    placed = produce(broker.bootstrap, n.events, [(k, v) for _, k, v in stream])
+    hw = high_watermarks(placed, n.events)
+    expected_bad = {(n.events, p, o): (reason, k, v) for (reason, k, v), (p, o) in zip(stream, placed)
+                    if reason is not None}
+
+    port = free_port()
+    log = tmp_path / "worker.log"
+    proc = start_worker(worker_cmd(broker.bootstrap, n, model_dir, port, "--max-event-bytes", "2000"), log)
+    pid = proc.pid
+    try:
+        wait_for(lambda: (h := health(port)) and h["applied"] >= len(events) and h["invalid"] >= len(bad),
+                 JOIN_TIMEOUT_S, "all events applied and rejected", proc, log)
+        h = health(port)
+        assert h["ok"] is True and h["applied"] == len(events) and h["invalid"] == len(bad)
+        metrics = scrape(port)
+        assert proc.poll() is None and proc.pid == pid, "the worker must never stop on bad input"
+        summary = stop_worker(proc, log)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert summary["applied"] == len(events) and summary["invalid"] == len(bad)
+    invalid_metric = metric_values(metrics, "gnnstream_invalid_events_total")
+    assert sum(invalid_metric.values()) == len(bad)
+    assert sum(metric_values(metrics, "gnnstream_events_total").values()) == len(events)
+
+    letters = [DeadLetter.from_record(r) for r in read_topic(broker.bootstrap, n.dlq, 1)]
+    got = {}
+    for letter in letters:
+        src = (letter.topic, letter.partition, letter.offset)
+        assert src not in got, f"dead letter of {src} published twice"
+        got[src] = letter
+    assert set(got) == set(expected_bad), (f"missing {len(set(expected_bad) - set(got))}, "
+                                           f"unexpected {len(set(got) - set(expected_bad))}")
+    reasons = Counter()
+    for src, (reason, key, value) in expected_bad.items():
+        letter = got[src]
+        assert letter.reason == reason, (src, letter.reason, reason, value[:80] if value else value)
+        assert letter.key == key and letter.value == value, src
+        assert letter.detail
+        reasons[reason] += 1
+    assert len(reasons) >= 10
+    assert_exact(broker.bootstrap, n, events, hw, tmp_path)
+
+
+def test_broker_stall_recovers(events: list, model_dir: str, tmp_path: Path) -> None:
+    # a private broker: SIGSTOPping the session one could hurt other tests
+    with EmbeddedBroker() as private:
+        bootstrap = private.bootstrap
+        n = Names(tmp_path)
+        ensure_topics(bootstrap, {n.events: PARTITIONS, n.output: PARTITIONS, n.dlq: 1})
+        half = len(events) // 2
+        msgs = event_messages(events)
+        placed = produce(bootstrap, n.events, msgs[:half])
+        port = free_port()
+        log = tmp_path / "worker.log"
+        proc = start_worker(worker_cmd(bootstrap, n, model_dir, port, "--batch-size", "50"), log)
+        try:
+            wait_for(lambda: (h := health(port)) and h["applied"] > 0, JOIN_TIMEOUT_S, "first batch", proc, log)
+            private.pause()
+            try:
+                time.sleep(10)
+            finally:
+                private.resume()
+            placed += produce(bootstrap, n.events, msgs[half:])
+            wait_for(lambda: (h := health(port)) and h["applied"] >= len(events), 120, "all events after the stall",
+                     proc, log)
+            assert proc.poll() is None
+            summary = stop_worker(proc, log)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        assert summary["applied"] == len(events)
+        assert_exact(bootstrap, n, events, high_watermarks(placed, n.events), tmp_path)
+
+
+def test_metrics_and_health(broker: EmbeddedBroker, events: list, model_dir: str, tmp_path: Path) -> None:
+    from workers.settings import WorkerSettings
+    from workers.worker import Worker
+    n = Names(tmp_path)
+    ensure_topics(broker.bootstrap, {n.events: PARTITIONS, n.output: PARTITIONS, n.dlq: 1})
+    produce(broker.bootstrap, n.events, event_messages(events))
+    port = free_port()
+    worker = Worker(WorkerSettings(bootstrap=broker.bootstrap, state=n.state, model=model_dir,
+                                   events_topic=n.events, output_topic=n.output, dlq_topic=n.dlq, group=n.group,
+                                   partitions=PARTITIONS, batch_size=200, metrics_port=port))
+    result: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            result["summary"] = worker.run(max_idle_s=120)
+        except BaseException as exc:  # reported below
+            result["error"] = exc
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: "error" in result or ((h := health(port)) and h["applied"] >= len(events)
+                                               and h["published"] > 0), JOIN_TIMEOUT_S, "all events applied")
+        assert "error" not in result, repr(result.get("error"))
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as resp:
+            assert resp.status == 200
+            assert resp.headers["Content-Type"].startswith("application/json")
+            h = json.loads(resp.read())
+        assert h["ok"] is True and h["applied"] == len(events)
+        text = scrape(port)
+    finally:
+        worker.stop()
+        thread.join(60)
+    assert not thread.is_alive()
+    assert "error" not in result, repr(result.get("error"))
+    by_op = metric_values(text, "gnnstream_events_total")
+    want = Counter(ev.op for ev in events)
+    assert {re.search(r'op="([^"]+)"', k).group(1): v for k, v in by_op.items()} == want
+    assert sum(by_op.values()) == len(events)
+    for name in ("gnnstream_embedding_freshness_seconds_count", "gnnstream_apply_seconds_count",
+                 "gnnstream_recompute_seconds_count", "gnnstream_publish_seconds_count",
+                 "gnnstream_embeddings_published_total"):
+        values = metric_values(text, name)
+        assert values and sum(values.values()) > 0, name
+    assert sum(metric_values(text, "gnnstream_batches_total").values()) >= 1
+
+
+def test_first_batch_without_features(broker: EmbeddedBroker, model_dir: str, tmp_path: Path) -> None:
+    """A fresh state whose first batch holds only edges (no node_upsert yet) must not crash the worker.
+
+    Known bug: ``GraphStore.feature_dim`` is None until the first node_upsert, so
+    ``EmbeddingTables._read(0, ...)`` returns (n, 0) feature rows that cannot fill the (n, in_dim)
+    cache: ValueError in ``workers/tables.py`` ``get``. The worker dies, and since the dirty marks are
+    stored it dies again at every restart (crash loop) until someone edits the state.
+    """
+    from workers.settings import WorkerSettings
+    from workers.worker import Worker
+    n = Names(tmp_path)
+    ensure_topics(broker.bootstrap, {n.events: PARTITIONS, n.output: PARTITIONS, n.dlq: 1})
+    evs = [EdgeUpsert("a", "b", 1.0, 2.0), EdgeUpsert("b", "c", 2.0, 1.0)]
+    hw = high_watermarks(produce(broker.bootstrap, n.events, event_messages(evs)), n.events)
+    worker = Worker(WorkerSettings(bootstrap=broker.bootstrap, state=n.state, model=model_dir,
+                                   events_topic=n.events, output_topic=n.output, dlq_topic=n.dlq, group=n.group,
+                                   partitions=PARTITIONS, batch_size=200, metrics_port=0))
+    summary = worker.run(max_idle_s=8.0)
+    assert summary["applied"] == len(evs)
+    assert_exact(broker.bootstrap, n, evs, hw, tmp_path)
