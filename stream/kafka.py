@@ -125,7 +125,11 @@ class EventConsumer(ConsumerClient):
             offset to read for those it has stored (others start at the
             stored :meth:`seek_to` offset, the last delivered one, or earliest).
         on_revoke: called with partitions about to be taken away.
-        **config: other ``KafkaConsumer`` settings.
+        **config: other ``KafkaConsumer`` settings. ``auto_offset_reset=
+            "latest"`` makes partitions without a stored offset start at their
+            end instead of the earliest offset; the end is taken from the
+            high watermark of the first fetch (ListOffsets LATEST is wrong on
+            the embedded broker), and the records before it are skipped.
     """
 
     def __init__(self, bootstrap: str, topic: str | Sequence[str], group_id: str, *,
@@ -136,6 +140,8 @@ class EventConsumer(ConsumerClient):
         self._on_assign, self._on_revoke = on_assign, on_revoke
         self._next: dict[PartitionKey, int] = {}
         self._hook_error: BaseException | None = None
+        self._start_at_end = config.pop("auto_offset_reset", "earliest") == "latest"
+        self._to_end: set[PartitionKey] = set()  # start at end: waiting for the high watermark
         settings: dict[str, Any] = dict(
             bootstrap_servers=bootstrap, group_id=group_id, enable_auto_commit=False,
             auto_offset_reset="earliest", session_timeout_ms=session_timeout_ms,
@@ -159,15 +165,19 @@ class EventConsumer(ConsumerClient):
                 tp = TopicPartition(*key)
                 if offset is None:
                     self._client.seek_to_beginning(tp)
+                    if self._start_at_end:
+                        self._to_end.add(key)
                 else:
                     self._client.seek(tp, offset)
                     self._next[key] = offset
+            start = "latest" if self._start_at_end else "earliest"
             logger.info("assigned %s; resuming at %s", sorted(partitions),
-                        {k: self._next.get(k, "earliest") for k in sorted(partitions)})
+                        {k: self._next.get(k, start) for k in sorted(partitions)})
         except BaseException as exc:  # kafka-python would swallow it: re-raised by poll_batch
             self._hook_error = exc
 
     def _revoked(self, partitions: list[PartitionKey]) -> None:
+        self._to_end.difference_update(partitions)
         if partitions:
             logger.info("revoked %s", sorted(partitions))
         if self._on_revoke is not None:
@@ -183,6 +193,7 @@ class EventConsumer(ConsumerClient):
             if offset < 0:
                 raise ValueError(f"Expected an offset >= 0 for {key} (got {offset})")
             self._next[key] = offset
+            self._to_end.discard(key)
             if key in assigned:
                 self._client.seek(TopicPartition(*key), offset)
 
@@ -198,13 +209,31 @@ class EventConsumer(ConsumerClient):
             error, self._hook_error = self._hook_error, None
             raise StreamError(f"partition assignment hook failed for {self.topics}: {error!r}") from error
         records: list[Record] = []
+        skip = self._find_ends() if self._to_end else {}
         for tp, messages in batches.items():
+            end = skip.get((tp.topic, tp.partition))
+            if end is not None:
+                messages = [m for m in messages if m.offset >= end]
             for m in messages:
                 records.append(Record(m.topic, m.partition, m.offset, m.key, m.value, m.timestamp,
                                       tuple((k, v) for k, v in (m.headers or ()))))
             if messages:
                 self._next[(tp.topic, tp.partition)] = messages[-1].offset + 1
         return records
+
+    def _find_ends(self) -> dict[PartitionKey, int]:
+        """Move "start at end" partitions whose high watermark is now known to it."""
+        ends: dict[PartitionKey, int] = {}
+        for key in list(self._to_end):
+            tp = TopicPartition(*key)
+            high = self._client.highwater(tp)
+            if high is None:
+                ends[key] = 2**63 - 1  # nothing known yet: skip whatever came
+                continue
+            self._client.seek(tp, high)
+            self._next[key] = ends[key] = high
+            self._to_end.discard(key)
+        return ends
 
     def commit(self, offsets: Mapping[PartitionKey, int] | None = None) -> bool:
         """Commit next offsets (default: after the last delivered record); best effort."""
@@ -228,8 +257,10 @@ class EventConsumer(ConsumerClient):
         """
         result: dict[PartitionKey, int] = {}
         for tp in self._client.assignment():
-            high = self._client.highwater(tp)
             key = (tp.topic, tp.partition)
+            if key in self._to_end:  # end not known yet
+                continue
+            high = self._client.highwater(tp)
             position = self._next.get(key)
             if position is None:
                 try:

@@ -148,13 +148,13 @@ def test_fuzz_random_bytes(data: bytes) -> None:
     _check_decode(data)
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=250, deadline=None)
 @given(json_values)
 def test_fuzz_random_json_values(value: object) -> None:
     _check_decode(json.dumps(value))
 
 
-@settings(max_examples=600, deadline=None)
+@settings(max_examples=400, deadline=None)
 @given(near_events)
 def test_fuzz_near_valid_events(obj: dict) -> None:
     _check_decode(json.dumps(obj))

@@ -241,3 +241,28 @@ def test_restart_in_same_group_resumes_from_the_callers_store(broker: EmbeddedBr
         for r in consume(second, 15):
             seen.append((r.partition, r.offset))
     assert len(seen) == len(set(seen)) == 40  # every record once: no loss, no repeat
+
+
+def test_latest_starts_at_the_end_without_list_offsets(broker: EmbeddedBroker,
+                                                       unique_name: Callable[[str], str]) -> None:
+    """``auto_offset_reset="latest"`` finds the end from the high watermark."""
+    topic = unique_name("latest")
+    ensure_topics(broker.bootstrap, {topic: 2})
+    produce(broker.bootstrap, topic, [(i, b"old") for i in range(20)])
+    with EventConsumer(broker.bootstrap, topic, unique_name("g"), auto_offset_reset="latest",
+                       on_assign=lambda parts: {(topic, 1): 0}) as consumer:  # p1 stored, p0 not
+        records: list[Record] = []
+        deadline = time.monotonic() + 20
+        while (topic, 0) not in consumer.lag() and time.monotonic() < deadline:
+            records.extend(consumer.poll_batch(timeout_s=0.3))
+        assert consumer.lag()[(topic, 0)] == 0
+        produce(broker.bootstrap, topic, [(i, b"new") for i in range(20, 30)])
+        while sum(r.value == b"new" for r in records) < 10 and time.monotonic() < deadline:
+            records.extend(consumer.poll_batch(timeout_s=0.3))
+    p0 = [r for r in records if r.partition == 0]
+    p1_old = [r for r in records if r.partition == 1 and r.value == b"old"]
+    assert p0 and all(r.value == b"new" for r in p0)  # partition 0 skipped its old records
+    assert [r.offset for r in p0] == list(range(p0[0].offset, p0[0].offset + len(p0)))
+    assert [r.offset for r in p1_old] == list(range(len(p1_old)))  # partition 1 read from 0
+    assert p0[0].offset + len(p1_old) == 20  # p0 started exactly at its old end
+    assert sum(r.value == b"new" for r in records) == 10
