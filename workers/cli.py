@@ -142,6 +142,24 @@ def _tail(args: argparse.Namespace) -> int:
     return 0
 
 
+def _train(args: argparse.Namespace) -> int:
+    from workers.train import train_fraud_model
+    _print(train_fraud_model(args.events, args.out, train_fraction=args.train_fraction, hidden=args.hidden,
+                             out_dim=args.out_dim, fanouts=args.fanouts, seed=args.seed, epochs=args.epochs))
+    return 0
+
+
+def _score(args: argparse.Namespace) -> int:
+    import signal
+    from workers.scorer import FraudScorer
+    scorer = FraudScorer(args.bootstrap, args.model, in_topic=args.output_topic, out_topic=args.scores_topic,
+                         group=args.scorer_group)
+    signal.signal(signal.SIGTERM, scorer.stop)
+    signal.signal(signal.SIGINT, scorer.stop)
+    _print(scorer.run(max_idle_s=args.exit_when_idle))
+    return 0
+
+
 # ---------------------------------------------------------------------- parser
 def _state_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--state", required=True, metavar="DIR", help="graph state directory (RocksDB)")
@@ -255,6 +273,25 @@ def _streaming_commands(sub: Any) -> None:
     p.add_argument("--rate", type=float, default=0.0, help="events per second (default 0: as fast as possible)")
     p.add_argument("--limit", type=int, default=0, help="only the first N events")
     p.set_defaults(func=_produce)
+
+    p = sub.add_parser("train", help="train a GraphSAGE model and a logistic fraud head on Bitcoin OTC")
+    p.add_argument("--events", required=True, metavar="FILE.csv", help="SNAP signed-network CSV (Bitcoin OTC)")
+    p.add_argument("--out", required=True, metavar="MODEL_DIR", help="model directory to write (servable by run)")
+    p.add_argument("--train-fraction", type=float, default=0.7, help="first fraction of ratings by time (default 0.7)")
+    p.add_argument("--hidden", type=int, default=64)
+    p.add_argument("--out-dim", type=int, default=32)
+    p.add_argument("--fanouts", type=_fanouts, default=[25, 10])
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--epochs", type=int, default=300)
+    p.set_defaults(func=_train)
+
+    p = sub.add_parser("score", help="fraud scorer: consume embeddings, publish fraud scores")
+    add_worker_arguments(p, only=("bootstrap", "output_topic"))
+    p.add_argument("--model", required=True, metavar="DIR", help="model directory with head.json (gnnstream train)")
+    p.add_argument("--scores-topic", default="fraud-scores", help="topic scores are published to (default fraud-scores)")
+    p.add_argument("--scorer-group", default="gnnstream-fraud-scorer", help="consumer group of the scorer")
+    p.add_argument("--exit-when-idle", type=float, default=None, metavar="SECONDS")
+    p.set_defaults(func=_score)
 
     p = sub.add_parser("tail", help="print embedding updates readably")
     add_worker_arguments(p, only=("bootstrap", "output_topic"))

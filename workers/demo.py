@@ -1,9 +1,14 @@
 """``make demo``: the whole pipeline on real data, on one machine, without Docker.
 
-Starts the embedded broker, creates a GraphSAGE model directory, runs the
-worker in this process, replays the Bitcoin OTC trust network through Kafka,
-checks every stored embedding against a from-scratch computation and prints a
-readable summary (and the same as JSON in ``out/demo-summary.json``).
+1. train a GraphSAGE model and a logistic fraud head on the first 70 % (by
+   time) of the Bitcoin OTC ratings (reused from ``out/model`` on later runs);
+2. start the embedded Kafka broker, the worker and the fraud scorer;
+3. replay the whole Bitcoin OTC stream into ``graph-events`` at a steady rate;
+4. when everything is applied, published and scored: check every stored
+   embedding against a from-scratch computation, compute the scorer's ROC AUC
+   on held-out users (first rated in the last 30 %, never labelled in
+   training) and print a summary; plots go to ``out/freshness.png`` and
+   ``out/roc.png``, the numbers to ``out/demo-summary.json``.
 """
 
 from __future__ import annotations
@@ -19,12 +24,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from model import init_model_dir
+import numpy as np
+
 from stream.broker import EmbeddedBroker
 from stream.kafka import EventConsumer
+from workers.datasets import read_snap
 from workers.offline import verify
 from workers.replay import produce_file
+from workers.scorer import FraudScorer
 from workers.settings import WorkerSettings
+from workers.train import distrust_labels, roc_auc, roc_curve, train_fraud_model
 from workers.worker import Worker
 
 __all__ = ["main", "run_demo"]
@@ -34,94 +43,169 @@ logger = logging.getLogger(__name__)
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "soc-sign-bitcoinotc.csv"
 
 
-def _histogram_quantile(worker: Worker, name: str, q: float) -> float | None:
-    """Quantile estimated from a Prometheus histogram's cumulative buckets (upper bound)."""
-    for metric in worker.metrics.registry.collect():
-        if metric.name != name:
-            continue
-        buckets = [(float(s.labels["le"]), s.value) for s in metric.samples if s.name.endswith("_bucket")]
-        total = buckets[-1][1] if buckets else 0
-        if not total:
-            return None
-        for le, count in buckets:
-            if count >= q * total:
-                return le
-    return None
-
-
-def _count_dead_letters(bootstrap: str, topic: str) -> int:
-    consumer = EventConsumer(bootstrap, topic, f"demo-dlq-{os.getpid()}")
-    count, idle = 0, 0
+def _read_topic(bootstrap: str, topic: str, group: str) -> list:
+    consumer = EventConsumer(bootstrap, topic, group)
+    out, idle = [], 0
     try:
-        while idle < 3:
-            records = consumer.poll_batch(1000, 1.0)
-            count += len(records)
-            idle = 0 if records else idle + 1
+        while idle < 4:
+            records = consumer.poll_batch(5000, 1.0)
+            out.extend(records)
+            idle = 0 if records else idle + (1 if consumer.assignment() else 0)
     finally:
         consumer.close()
-    return count
+    return out
 
 
-def run_demo(data: Path, workdir: Path, limit: int = 0) -> dict[str, Any]:
+def _percentile(values: list[float], q: float) -> float | None:
+    return round(float(np.percentile(values, q)), 3) if values else None
+
+
+def _held_out(rows: list, train_fraction: float) -> dict[str, int]:
+    """Labels of users first rated after the training window (labels from all their ratings)."""
+    cut = int(len(rows) * train_fraction)
+    seen_in_train = {r.dst for r in rows[:cut]}
+    labels = distrust_labels(rows)
+    return {node: y for node, y in labels.items() if node not in seen_in_train}
+
+
+def _plots(out: Path, timeline: list[tuple[float, float]], fpr: np.ndarray | None, tpr: np.ndarray | None,
+           auc: float | None) -> list[str]:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    written = []
+    if timeline:
+        t0 = timeline[0][0]
+        fig, ax = plt.subplots(figsize=(7, 3.5))
+        ax.plot([t - t0 for t, _ in timeline], [lat for _, lat in timeline], ".", markersize=3)
+        ax.set_xlabel("seconds since the first publish")
+        ax.set_ylabel("publish − Kafka record time (s)")
+        ax.set_title("gnnstream freshness while replaying Bitcoin OTC")
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(out / "freshness.png", dpi=110)
+        plt.close(fig)
+        written.append(str(out / "freshness.png"))
+    if auc is None:
+        return written
+    fig, ax = plt.subplots(figsize=(4.5, 4.5))
+    ax.plot(fpr, tpr, label=f"fraud scorer (AUC {auc:.3f})")
+    ax.plot([0, 1], [0, 1], "--", color="grey", label="chance")
+    ax.set_xlabel("false positive rate")
+    ax.set_ylabel("true positive rate")
+    ax.set_title("Distrusted users, held-out (last 30 %)")
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(out / "roc.png", dpi=110)
+    plt.close(fig)
+    written.append(str(out / "roc.png"))
+    return written
+
+
+def run_demo(data: Path, out: Path, *, rate: float, limit: int = 0, epochs: int = 300,
+             retrain: bool = False) -> dict[str, Any]:
     if not data.exists():
         raise SystemExit(f"demo data not found at {data}; it ships in ../shared/data next to the repository")
-    shutil.rmtree(workdir, ignore_errors=True)
-    workdir.mkdir(parents=True)
-    model_dir = workdir / "model"
-    init_model_dir(model_dir, arch="sage", in_dim=8, hidden=64, out_dim=32, layers=2, fanouts=[25, 10],
-                   seed=0, name="otc-sage", version=1)
-    with EmbeddedBroker(log_path=workdir / "broker.log") as broker:
+    out.mkdir(parents=True, exist_ok=True)
+    model_dir = out / "model"
+    if retrain or not (model_dir / "train.json").exists():
+        shutil.rmtree(model_dir, ignore_errors=True)
+        print("training GraphSAGE + fraud head on the first 70% of the stream …", file=sys.stderr)
+        trained = train_fraud_model(data, model_dir, epochs=epochs)
+    else:
+        trained = json.loads((model_dir / "train.json").read_text())
+        print(f"reusing the model trained earlier in {model_dir}", file=sys.stderr)
+    run_dir = out / "run"
+    shutil.rmtree(run_dir, ignore_errors=True)
+    run_dir.mkdir()
+    with EmbeddedBroker(log_path=run_dir / "broker.log") as broker:
         print(f"embedded broker at {broker.bootstrap}", file=sys.stderr)
-        settings = WorkerSettings(bootstrap=broker.bootstrap, state=str(workdir / "state"), model=str(model_dir),
+        settings = WorkerSettings(bootstrap=broker.bootstrap, state=str(run_dir / "state"), model=str(model_dir),
                                   metrics_port=0, batch_size=1000, batch_wait_ms=100)
-        produced = produce_file(broker.bootstrap, str(data), fmt="snap", limit=limit,
-                                partitions=settings.partitions, topic=settings.events_topic)
         worker = Worker(settings)
+        scorer = FraudScorer(broker.bootstrap, model_dir, in_topic=settings.output_topic)
         summary: dict[str, Any] = {}
+        produced: dict[str, Any] = {}
+        threads = [
+            threading.Thread(target=lambda: summary.update(worker.run(max_idle_s=5.0)), name="worker"),
+            threading.Thread(target=lambda: scorer.run(max_idle_s=8.0), name="scorer"),
+        ]
         t0 = time.perf_counter()
-        thread = threading.Thread(target=lambda: summary.update(worker.run(max_idle_s=3.0)), name="worker")
-        thread.start()
-        while thread.is_alive():
-            thread.join(2.0)
+        for t in threads:
+            t.start()
+        produced.update(produce_file(broker.bootstrap, str(data), fmt="snap", limit=limit, rate=rate,
+                                     partitions=settings.partitions, topic=settings.events_topic))
+        while any(t.is_alive() for t in threads):
+            threads[0].join(2.0)
             h = worker.health
-            print(f"\rworker: {h.applied:,}/{produced['produced']:,} events applied, "
-                  f"{h.published:,} embeddings published", end="", file=sys.stderr)
+            print(f"\rworker: {h.applied:,}/{produced['produced']:,} events applied, {h.published:,} embeddings "
+                  f"published, scorer: {scorer.scored:,} scored", end="", file=sys.stderr)
+            if not threads[0].is_alive():
+                threads[1].join()
         print(file=sys.stderr)
-        seconds = time.perf_counter() - t0 - 3.0  # minus the idle wait that ends the run
-        dead = _count_dead_letters(broker.bootstrap, settings.dlq_topic)
-        fresh50 = _histogram_quantile(worker, "gnnstream_pipeline_latency_seconds", 0.5)
-        fresh99 = _histogram_quantile(worker, "gnnstream_pipeline_latency_seconds", 0.99)
+        seconds = time.perf_counter() - t0
+        dead = _read_topic(broker.bootstrap, settings.dlq_topic, f"demo-dlq-{os.getpid()}")
+        scores = _read_topic(broker.bootstrap, scorer.out_topic, f"demo-scores-{os.getpid()}")
+    latest: dict[str, dict[str, Any]] = {}
+    for r in scores:
+        if r.value is None:
+            latest.pop(r.key.decode(), None)
+            continue
+        s = json.loads(r.value)
+        if s["id"] not in latest or s["embedding_version"] >= latest[s["id"]]["embedding_version"]:
+            latest[s["id"]] = s
+    rows = read_snap(data)
+    held = {n: y for n, y in _held_out(rows, 0.7).items() if n in latest}
+    y = np.array(list(held.values()))
+    p = np.array([latest[n]["score"] for n in held])
+    try:
+        auc: float | None = roc_auc(y, p)
+    except ValueError:  # a short replay (--limit) may hold no held-out user of one class
+        auc = None
     check = verify(settings.state)
+    timeline = list(worker.latency_timeline)
+    latencies = [lat for _, lat in timeline]
+    plots = _plots(out, timeline, *(roc_curve(y, p) if auc is not None else (None, None)), auc)
     return {
         "events_produced": produced["produced"],
         "events_applied": summary.get("applied"),
+        "replay_rate_events_per_s": rate or None,
         "events_per_s": round((summary.get("applied") or 0) / max(seconds, 1e-9), 1),
         "embeddings_published": summary.get("published"),
-        "dead_letters": dead,
-        "pipeline_latency_p50_s_upper_bound": fresh50,
-        "pipeline_latency_p99_s_upper_bound": fresh99,
+        "scores_published": scorer.scored,
+        "dead_letters": len(dead),
+        "freshness_p50_s": _percentile(latencies, 50),
+        "freshness_p99_s": _percentile(latencies, 99),
         "nodes": check["nodes"],
-        "exact": check["ok"],
+        "embeddings_exact": check["ok"],
         "max_abs_error_vs_from_scratch": check["max_abs_error"],
+        "train_auc": trained.get("train_auc"),
+        "held_out_users": len(held),
+        "held_out_distrusted": int(y.sum()),
+        "held_out_roc_auc": None if auc is None else round(auc, 4),
+        "plots": plots,
     }
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m workers.demo", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m workers.demo", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=Path, default=DATA, help=f"SNAP CSV to replay (default {DATA})")
-    parser.add_argument("--workdir", type=Path, default=Path("out/demo"), help="scratch directory (default out/demo)")
+    parser.add_argument("--out", type=Path, default=Path("out"), help="output directory (default out/)")
+    parser.add_argument("--rate", type=float, default=400.0, help="replay rate in events/s (default 400; 0 = flat out)")
     parser.add_argument("--limit", type=int, default=0, help="replay only the first N events")
+    parser.add_argument("--epochs", type=int, default=300, help="training epochs (default 300)")
+    parser.add_argument("--retrain", action="store_true", help="train again even if out/model exists")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
-    result = run_demo(args.data, args.workdir, args.limit)
+    result = run_demo(args.data, args.out, rate=args.rate, limit=args.limit, epochs=args.epochs, retrain=args.retrain)
     print("\ngnnstream demo — Bitcoin OTC trust network replayed through Kafka")
     width = max(len(k) for k in result)
     for key, value in result.items():
         print(f"  {key.ljust(width)}  {value}")
-    Path("out").mkdir(exist_ok=True)
-    Path("out/demo-summary.json").write_text(json.dumps(result, indent=2))
+    (args.out / "demo-summary.json").write_text(json.dumps(result, indent=2))
     complete = result["events_applied"] == result["events_produced"] - result["dead_letters"]
-    return 0 if result["exact"] and complete and result["nodes"] else 1
+    return 0 if result["embeddings_exact"] and complete and result["nodes"] else 1
 
 
 if __name__ == "__main__":

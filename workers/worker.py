@@ -25,6 +25,7 @@ import logging
 import signal
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Any, Iterable
 
@@ -108,6 +109,8 @@ class Worker:
         self.health = _Health(started=time.time())
         self.store: GraphStore | None = None
         self.engine: Engine | None = None
+        # (publish time, publish time - oldest Kafka record time of the batch), newest last
+        self.latency_timeline: deque[tuple[float, float]] = deque(maxlen=100_000)
 
     # ------------------------------------------------------------------ lifecycle
     def stop(self, *_: Any) -> None:
@@ -269,6 +272,7 @@ class Worker:
             oldest = getattr(self, "_oldest_record_s", None)
             if oldest is not None:
                 self.metrics.pipeline.observe(max(0.0, now - oldest))
+                self.latency_timeline.append((now, max(0.0, now - oldest)))
                 self._oldest_record_s = None
 
     def _report_lag(self, consumer: EventConsumer) -> None:
