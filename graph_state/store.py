@@ -45,6 +45,11 @@ DIRTY_COUNT = 4
 DIRTY_DEGREE = 8
 
 _MIN_TOP = 32
+_F32_MAX = float(np.finfo(np.float32).max)
+
+
+def _is_finite_number(x: Any) -> bool:
+    return not isinstance(x, bool) and isinstance(x, (int, float, np.floating, np.integer)) and math.isfinite(x)
 
 
 @dataclass
@@ -136,8 +141,12 @@ class GraphStore:
         self._handles = {name: self._db.get_column_family_handle(name) for name in keys.COLUMN_FAMILIES}
         self._write_opts = WriteOptions()
         self._cache_nodes = cache_nodes
-        self.seed = self._init_meta_int("seed", seed, default=0)
-        self.feature_dim = self._init_meta_int("feature_dim", feature_dim, default=None)
+        try:
+            self.seed = self._init_meta_int("seed", seed, default=0)
+            self.feature_dim = self._init_meta_int("feature_dim", feature_dim, default=None)
+        except BaseException:
+            self.close()  # release the lock so a corrected retry can open it
+            raise
         stored = self._meta_get("fanouts")
         self.fanouts: tuple[int, ...] = tuple(stored) if stored else ()
         self._next_iid = self._meta_get("next_iid") or 0
@@ -224,8 +233,16 @@ class GraphStore:
         ks = tuple(sorted({check_fanout(k) for k in fanouts}))
         if ks == self.fanouts:
             return
-        self._cf["sampled"].delete_range(b"", b"\xff" * 20)
+        # Step 1 drops the index and the stored fanouts together, so a crash
+        # part-way leaves fanouts () and the next call rebuilds from scratch.
+        batch = _Batch(self._handles)
+        batch.wb.delete_range(b"", b"\xff" * 20, self._handles["sampled"])
+        self._meta_put("fanouts", [], batch)
+        self._db.write(batch.wb, self._write_opts)
+        old_size = self.top_size
         self.fanouts = ks
+        if self.top_size > old_size:
+            self._top.clear()  # cached prefixes are shorter than the new largest fanout
         batch = _Batch(self._handles)
         for i, iid in enumerate(self.node_iids()):
             top = [u for _, u in self._top_of(iid)]
@@ -390,16 +407,17 @@ class GraphStore:
             ts = ev.ts
             if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not math.isfinite(ts):
                 raise ValueError(f"Expected a finite ts (got {ts!r} in event {i})")
-            if op == "edge_upsert" and not math.isfinite(ev.weight):
-                raise ValueError(f"Expected a finite weight (got {ev.weight!r} in event {i})")
+            if op == "edge_upsert" and not _is_finite_number(ev.weight):
+                raise ValueError(f"Expected a finite weight (a number, got {ev.weight!r} in event {i})")
             if op == "node_upsert":
                 feats = ev.features
                 if dim is None:
                     dim = len(feats)
                 if len(feats) != dim or dim == 0:
                     raise ValueError(f"Expected {dim} features for node {ev.id!r} (got {len(feats)} in event {i})")
-                if not all(math.isfinite(x) for x in feats):
-                    raise ValueError(f"Expected finite features for node {ev.id!r} (got NaN or inf in event {i})")
+                if not all(_is_finite_number(x) and abs(x) <= _F32_MAX for x in feats):
+                    raise ValueError(f"Expected finite features (numbers within float32 range) for node {ev.id!r} "
+                                     f"(got {list(feats)[:8]!r} in event {i})")
         return dim
 
     # ------------------------------------------------------------------ apply
@@ -424,6 +442,8 @@ class GraphStore:
         dim = self._validate(events)
         current = self.offsets()
         for tp, off in (offsets or {}).items():
+            if isinstance(off, bool) or not isinstance(off, int) or off < 0:
+                raise ValueError(f"Expected a non-negative integer offset for {tp} (got {off!r})")
             if off < current.get(tp, 0):
                 raise OffsetRegressionError(f"offset of {tp[0]}[{tp[1]}] would move back from {current[tp]} to {off}")
         batch = _Batch(self._handles)
@@ -519,14 +539,27 @@ class GraphStore:
         node = None if v is None else self._node(v)
         if node is None:
             return
-        for _, u in list(self._iter_nbrs(v)):
-            u_name = self.name(u)
+        self._top_of(v)  # snapshot the sample before the delete
+        entries = list(self._iter_nbrs(v))
+        for key, u in entries:
+            u_name = key[16:].decode()
             for a, b in ((v, u), (u, v)):
                 if self._edge_exists(a, b):
                     self._set_edge(batch, a, b, None)
             un = self._node(u)
             self._put_node(u, un, batch)
-            self._link(v, ev.id, node, u, u_name, un, batch, result, touches, add=False)
+            touches.append((u, self._remove_nbr(u, u_name, v, ev.id, un, batch)))
+            result.degree_changed.add(u)
+        # v's own neighbour list goes in one range delete (linear in the degree overall)
+        batch.wb.delete_range(keys.nbr_prefix(v), keys.nbr_prefix(v + 1), self._handles["nbrs"])
+        pending = batch.pending_nbr[v]
+        for key, _ in entries:
+            pending[key] = None
+        self._top[v] = []
+        if entries:
+            touches.append((v, 0))
+            result.degree_changed.add(v)
+        node.degree = 0
         if self._edge_exists(v, v):
             self._set_edge(batch, v, v, None)
         self._put_node(v, None, batch)
@@ -684,10 +717,21 @@ class GraphStore:
         return [self.name(u) for _, u in self._iter_nbrs(iid)]
 
     def sample(self, name: str, k: int) -> list[str]:
-        """``S_k(v)`` in rank order (O(k))."""
+        """``S_k(v)`` in rank order: O(k) reads, never O(degree)."""
         check_fanout(k)
         iid = self.iid(name)
-        return [] if iid is None else [self.name(u) for u in self.sample_iids(iid, k)]
+        if iid is None or self._node(iid) is None:
+            return []
+        top = self._top.get(iid)
+        if top is not None and k <= self.top_size:
+            entries = top[:k]
+        else:
+            entries = []
+            for entry in self._iter_nbrs(iid):
+                if len(entries) >= k:
+                    break
+                entries.append(entry)
+        return [key[16:].decode() for key, _ in entries]
 
     def features(self, name: str) -> np.ndarray | None:
         iid = self.iid(name)

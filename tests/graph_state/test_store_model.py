@@ -1,0 +1,396 @@
+"""The RocksDB graph store against a networkx model of DESIGN.md.
+
+Property tests drive random event streams (hubs past the 32-entry in-memory
+rank prefix, self loops, reciprocal edges, deletes, cascading node deletes)
+through random batchings, cache drops and reopens, and compare every public
+read with :class:`GraphModel` after every batch.
+"""
+
+from __future__ import annotations
+
+from hashlib import blake2b
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, note, settings
+from hypothesis import strategies as st
+
+from graph_state.sampler import neighbor_rank, sample_neighbors
+from graph_state.store import GraphStore
+from stream.events import EdgeDelete, EdgeUpsert, NodeDelete, NodeUpsert
+from tests.graph_state._model import DIM, GraphModel, assert_store_matches, random_batches, ranked, raw_contents
+
+FANOUTS = (1, 3, 10)
+CHECK_KS = (0, 1, 3, 10, 32, 40)  # 32: the whole cached prefix; 40: read straight from RocksDB
+HUB = "hub"
+LEAVES = [f"n{i}" for i in range(44)] + ["é", "日本", "a:b", "x y", "0"]
+NAMES = [HUB, *LEAVES]
+
+_ts = st.integers(0, 2**31)
+_weight = st.floats(-1e6, 1e6, allow_nan=False)
+_feats = st.tuples(*[st.floats(-1e3, 1e3, allow_nan=False, width=32)] * DIM)
+_name = st.sampled_from(NAMES)
+_endpoint = st.one_of(st.just(HUB), _name)  # about half of the edge events touch the hub
+
+
+@st.composite
+def scenarios(draw, hub_min: int = 0, max_events: int = 80):
+    """Draw ``(seed, cache_nodes, events, batch sizes, actions between batches, fanout batch)``."""
+    events: list = []
+    upserted: list[tuple[str, str]] = []
+    for _ in range(draw(st.integers(1, max_events))):
+        op = draw(st.sampled_from(
+            ["up", "up", "up", "loop", "pair", "del", "del_known", "del_known", "node", "node", "node_del"]
+        ))
+        ts = draw(_ts)
+        if op == "up":
+            s, d = draw(_endpoint), draw(_endpoint)
+            events.append(EdgeUpsert(s, d, ts, draw(_weight)))
+            upserted.append((s, d))
+        elif op == "loop":
+            n = draw(_name)
+            events.append(EdgeUpsert(n, n, ts, draw(_weight)))
+        elif op == "pair":
+            s, d = draw(_endpoint), draw(_name)
+            events += [EdgeUpsert(s, d, ts, draw(_weight)), EdgeUpsert(d, s, ts, draw(_weight))]
+            upserted += [(s, d), (d, s)]
+        elif op == "del":
+            events.append(EdgeDelete(draw(_endpoint), draw(_endpoint), ts))
+        elif op == "del_known" and upserted:
+            s, d = draw(st.sampled_from(upserted))
+            events.append(EdgeDelete(s, d, ts))
+        elif op == "node":
+            events.append(NodeUpsert(draw(_name), ts, draw(_feats)))
+        elif op == "node_del":
+            events.append(NodeDelete(draw(st.sampled_from(LEAVES + [HUB] + ["never-seen"])), ts))
+    if hub_min:
+        # a contiguous burst of distinct hub edges, so the hub's degree passes hub_min right after it
+        leaves = draw(st.lists(st.sampled_from(LEAVES), min_size=hub_min, max_size=len(LEAVES), unique=True))
+        burst = [EdgeUpsert(HUB, leaf, draw(_ts), 1.0) if draw(st.booleans()) else EdgeUpsert(leaf, HUB, draw(_ts), 2.0)
+                 for leaf in leaves]
+        at = draw(st.integers(0, len(events)))
+        events[at:at] = burst
+    sizes = []
+    left = len(events)
+    while left > 0:
+        size = draw(st.integers(1, max(1, min(left, 40))))
+        sizes.append(size)
+        left -= size
+    actions = [draw(st.sampled_from(["none"] * 3 + ["invalidate"] * 2 + ["reopen", "reopen_noseed"])) for _ in sizes]
+    fanout_at = draw(st.integers(-1, len(sizes) - 1))  # set_fanouts before batch i (-1: at creation)
+    seed = draw(st.sampled_from([0, 1, 2**40 + 3]))
+    cache_nodes = draw(st.sampled_from([1, 5, 2_000_000]))
+    return seed, cache_nodes, events, sizes, actions, fanout_at
+
+
+def _open(path, seed, cache_nodes, with_seed=True):
+    return GraphStore(path, seed=seed if with_seed else None, cache_nodes=cache_nodes, lock_timeout=2)
+
+
+def _expected_event_changes(model: GraphModel, ev, ks) -> dict[int, set[str]]:
+    """Apply ``ev`` to ``model`` and return, per k, the nodes whose S_k it changed."""
+    if isinstance(ev, (EdgeUpsert, EdgeDelete)):
+        touched = {ev.src, ev.dst}
+    else:
+        touched = {ev.id} | model.nbrs(ev.id)
+    before = {(v, k): model.sample(v, k) for v in touched for k in ks}
+    model.apply(ev)
+    return {k: {v for v in touched if model.sample(v, k) != before[(v, k)]} for k in ks}
+
+
+def _run_scenario(tmp_path_factory, scenario, require_hub_over: int = 0) -> None:
+    seed, cache_nodes, events, sizes, actions, fanout_at = scenario
+    path = tmp_path_factory.mktemp("store")
+    store = _open(path, seed, cache_nodes)
+    model = GraphModel(seed)
+    if fanout_at < 0:
+        store.set_fanouts(FANOUTS)
+    names = set(NAMES) | {"never-seen"}
+    max_hub = 0
+    pos = 0
+    try:
+        for b, (size, action) in enumerate(zip(sizes, actions)):
+            if b == fanout_at:
+                store.set_fanouts(list(FANOUTS))
+            batch = events[pos:pos + size]
+            pos += size
+            start_samples = {(v, k): model.sample(v, k) for v in names for k in FANOUTS}
+            start_feats = {v: model.features.get(v) for v in names}
+            start_deg = {v: len(model.nbrs(v)) for v in names}
+            per_event = []
+            for ev in batch:
+                per_event.append(_expected_event_changes(model, ev, FANOUTS))
+                max_hub = max(max_hub, len(model.nbrs(HUB)))
+            result = store.apply(batch, {("graph-events", 0): pos})
+
+            # per-event and net change reports
+            for i, want in enumerate(per_event):
+                for k in FANOUTS:
+                    got = {store.name(x) for x in result.event_sample_changes(i, k)}
+                    assert got == want[k], f"event {i} ({batch[i]}) S_{k} changes"
+            for k in store.fanouts:
+                changed = {v for v in names if model.sample(v, k) != start_samples[(v, k)]}
+                assert {store.name(x) for x in result.sample_changed[k]} == changed, f"sample_changed[{k}]"
+                counts = {v for v in names if min(start_deg[v], k) != min(len(model.nbrs(v)), k)}
+                assert {store.name(x) for x in result.count_changed[k]} == counts, f"count_changed[{k}]"
+            feats_changed = {
+                v for v in names
+                if (start_feats[v] is None) != (model.features.get(v) is None)
+                or (start_feats[v] is not None and not np.array_equal(start_feats[v], model.features[v]))
+            }
+            assert feats_changed <= {store.name(x) for x in result.features_changed}
+            assert result.max_ts == max(float(ev.ts) for ev in batch)
+
+            assert_store_matches(store, model, names, CHECK_KS)
+            assert store.offsets() == {("graph-events", 0): pos}
+
+            if action == "invalidate":
+                store._invalidate_caches()
+            elif action.startswith("reopen"):
+                store.close()
+                store = _open(path, seed, cache_nodes, with_seed=action == "reopen")
+                assert store.seed == seed
+        assert_store_matches(store, model, names, CHECK_KS)
+    finally:
+        store.close()
+    note(f"max hub degree {max_hub}")
+    if require_hub_over:
+        assert max_hub > require_hub_over, "scenario generator did not build a big enough hub"
+
+
+_SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
+                                                         HealthCheck.data_too_large])
+
+
+@settings(max_examples=60, **_SETTINGS)
+@given(scenario=scenarios())
+def test_random_streams_match_model(tmp_path_factory, scenario):
+    _run_scenario(tmp_path_factory, scenario)
+
+
+@settings(max_examples=35, **_SETTINGS)
+@given(scenario=scenarios(hub_min=36, max_events=70))
+def test_hub_past_cached_prefix_matches_model(tmp_path_factory, scenario):
+    """A hub with more than 32 (cached prefix) and more than max(fanouts) neighbours."""
+    _run_scenario(tmp_path_factory, scenario, require_hub_over=max(32, *FANOUTS))
+
+
+# ---------------------------------------------------------------------- oracle self-check
+@given(v=st.text(min_size=1, max_size=5), us=st.sets(st.text(min_size=1, max_size=5), max_size=30),
+       seed=st.integers(0, 2**63), k=st.integers(0, 35))
+@settings(max_examples=200, deadline=None)
+def test_sampler_oracle_matches_rank_formula(v, us, seed, k):
+    assert sample_neighbors(seed, v, list(us) + list(us) + [v], k) == ranked(seed, v, us)[:k]
+    for u in list(us)[:3]:
+        assert neighbor_rank(seed, v, u) == int.from_bytes(
+            blake2b(f"{seed}:{v}:{u}".encode(), digest_size=8).digest(), "big")
+
+
+def test_rank_formula_known_value():
+    # Pinned so a change of the formula (encoding, separator, byte order) shows up here.
+    want = int.from_bytes(blake2b(b"0:a1:b2", digest_size=8).digest(), "big")
+    assert neighbor_rank(0, "a1", "b2") == want
+    assert neighbor_rank(1, "a1", "b2") != want
+
+
+# ---------------------------------------------------------------------- semantics
+@pytest.fixture
+def store(tmp_path):
+    s = GraphStore(tmp_path / "db", seed=0)
+    s.set_fanouts(FANOUTS)
+    yield s
+    s.close()
+
+
+def _feat(x: float) -> tuple[float, ...]:
+    return (x,) * DIM
+
+
+def test_delete_one_direction_keeps_neighbour_while_reverse_edge_remains(store):
+    store.apply([EdgeUpsert("u", "v", 1, 1.0), EdgeUpsert("v", "u", 2, 2.0)])
+    store.apply([EdgeDelete("u", "v", 3)])
+    assert store.neighbors("v") == ["u"] and store.neighbors("u") == ["v"]
+    assert store.degree("v") == 1
+    assert store.edge("u", "v") is None and store.edge("v", "u") == (2.0, 2.0)
+    assert store.sample("v", 1) == ["u"]
+    assert store.sampled_by(1, store.iid("u")) == [store.iid("v")]
+    store.apply([EdgeDelete("v", "u", 4)])
+    assert store.neighbors("v") == [] and store.neighbors("u") == []
+    assert store.exists("u") and store.exists("v"), "losing all edges must not remove a node"
+    assert store.sampled_by(1, store.iid("u")) == []
+
+
+def test_reciprocal_edges_count_once(store):
+    r = store.apply([EdgeUpsert("a", "b", 1), EdgeUpsert("b", "a", 1)])
+    assert store.degree("a") == store.degree("b") == 1
+    assert r.event_sample_changes(0, 1) == {store.iid("a"), store.iid("b")}
+    assert r.event_sample_changes(1, 1) == set(), "the reverse edge does not change N"
+
+
+def test_self_loop_creates_node_but_no_neighbour(store):
+    r = store.apply([EdgeUpsert("s", "s", 5, 0.5)])
+    assert store.exists("s") and store.neighbors("s") == [] and store.degree("s") == 0
+    assert list(store.edges()) == [("s", "s", 0.5, 5.0)]
+    assert r.event_sample_changes(0, 10) == set()
+    store.apply([EdgeUpsert("s", "t", 6), EdgeDelete("s", "s", 7)])
+    assert store.neighbors("s") == ["t"] and list(store.edges()) == [("s", "t", 1.0, 6.0)]
+
+
+def test_node_delete_cascades_and_edge_recreates_without_features(store):
+    store.apply([NodeUpsert("a", 1, _feat(0.5)), EdgeUpsert("a", "b", 1), EdgeUpsert("c", "a", 1),
+                 EdgeUpsert("a", "a", 1), NodeUpsert("b", 1, _feat(1.0))])
+    a = store.iid("a")
+    assert store.sampled_by(10, a) == sorted([store.iid("b"), store.iid("c")])
+    r = store.apply([NodeDelete("a", 2)])
+    assert not store.exists("a")
+    assert store.features("a") is None
+    assert list(store.edges()) == []
+    assert store.neighbors("b") == [] and store.neighbors("c") == [] and store.neighbors("a") == []
+    assert store.exists("b") and store.exists("c")
+    assert store.sampled_by(10, a) == [] and store.sampled_by(10, store.iid("b")) == []
+    assert r.event_sample_changes(0, 1) == {a, store.iid("b"), store.iid("c")}
+    assert a in r.deleted
+    np.testing.assert_array_equal(store.features("b"), np.full(DIM, 1.0, np.float32))
+    r = store.apply([EdgeUpsert("b", "a", 3)])
+    assert store.exists("a") and store.features("a") is None and not store.has_features_iid(store.iid("a"))
+    assert store.neighbors("a") == ["b"]
+    assert store.iid("a") in r.created
+    rows, has = store.feature_rows([store.iid("a"), store.iid("b")])
+    assert rows.dtype == np.float32 and rows.shape == (2, DIM)
+    assert has.tolist() == [False, True] and not rows[0].any()
+
+
+def test_deleting_absent_things_is_a_noop_and_creates_nothing(store):
+    store.apply([EdgeUpsert("a", "b", 1), NodeUpsert("c", 1, _feat(2.0))])
+    before = raw_contents(store)
+    r = store.apply([
+        EdgeDelete("x", "y", 2),  # both endpoints unknown
+        EdgeDelete("a", "x", 2),  # one endpoint unknown
+        EdgeDelete("b", "a", 2),  # both known, edge absent (only a->b exists)
+        EdgeDelete("a", "c", 2),
+        EdgeDelete("c", "c", 2),
+        NodeDelete("x", 2),
+        NodeDelete("never", 2),
+    ])
+    assert raw_contents(store) == before
+    for name in ("x", "y", "never"):
+        assert not store.exists(name) and store.iid(name) is None
+    assert sorted(store.nodes()) == ["a", "b", "c"]
+    assert all(r.event_sample_changes(i, 10) == set() for i in range(7))
+    # deleting an already-deleted node is a no-op too
+    store.apply([NodeDelete("c", 3)])
+    before = raw_contents(store)
+    store.apply([NodeDelete("c", 4), EdgeDelete("c", "a", 4)])
+    assert raw_contents(store) == before
+    assert not store.exists("c")
+
+
+def test_node_upsert_replaces_features_as_float32(store):
+    store.apply([NodeUpsert("a", 1, (0.1, 0.2, 0.3, 1e-40))])
+    store.apply([NodeUpsert("a", 2, (1.5, -2.5, 3.0, 4.0))])
+    np.testing.assert_array_equal(store.features("a"), np.array([1.5, -2.5, 3.0, 4.0], np.float32))
+    store._invalidate_caches()
+    np.testing.assert_array_equal(store.features("a"), np.array([1.5, -2.5, 3.0, 4.0], np.float32))
+    assert store.feature_dim == DIM
+
+
+def test_event_sample_changes_per_event_hand_made(tmp_path):
+    """Each event of one batch is reported exactly for the nodes whose S_k it changed."""
+    events = [EdgeUpsert("hub", f"n{i}", i) for i in range(40)]
+    events += [EdgeDelete("hub", f"n{i}", 50 + i) for i in range(0, 40, 3)]
+    events += [EdgeUpsert(f"n{i}", "hub", 100 + i) for i in range(0, 40, 6)]
+    events += [NodeDelete("n5", 200), EdgeUpsert("n5", "hub", 201), NodeDelete("hub", 202),
+               EdgeUpsert("hub", "n1", 203)]
+    store = GraphStore(tmp_path / "db", seed=3)
+    store.set_fanouts(FANOUTS)
+    model = GraphModel(3)
+    try:
+        result = store.apply(events)
+        for i, ev in enumerate(events):
+            want = _expected_event_changes(model, ev, (1, 3, 10, 32))
+            for k, names in want.items():
+                assert {store.name(x) for x in result.event_sample_changes(i, k)} == names, (i, ev, k)
+        assert_store_matches(store, model, {"hub", *(f"n{i}" for i in range(40))}, CHECK_KS)
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("cold", [False, True], ids=["warm", "cold"])
+@pytest.mark.parametrize("per_batch", [1, 7, 1000])
+def test_hub_refill_after_deleting_top_ranked(tmp_path, cold, per_batch):
+    """Deleting the best-ranked neighbours of a 100-neighbour hub refills S_k from RocksDB."""
+    store = GraphStore(tmp_path / "db", seed=11)
+    store.set_fanouts(FANOUTS)
+    model = GraphModel(11)
+    leaves = [f"l{i}" for i in range(100)]
+    names = {"hub", *leaves}
+    try:
+        events = [EdgeUpsert("hub", u, 1) if i % 2 else EdgeUpsert(u, "hub", 1) for i, u in enumerate(leaves)]
+        store.apply(events)
+        model.apply_all(events)
+        doomed = ranked(11, "hub", leaves)[:70]  # eats through the cached 32-prefix twice
+        dels = [EdgeDelete("hub", u, 2) if leaves.index(u) % 2 else NodeDelete(u, 2) for u in doomed]
+        for i in range(0, len(dels), per_batch):
+            if cold:
+                store._invalidate_caches()
+            store.apply(dels[i:i + per_batch])
+            model.apply_all(dels[i:i + per_batch])
+            assert store.sample("hub", 10) == model.sample("hub", 10)
+        assert store.degree("hub") == 30
+        assert_store_matches(store, model, names, CHECK_KS)
+        # and back up again
+        store.apply([EdgeUpsert("hub", u, 3) for u in doomed])
+        model.apply_all([EdgeUpsert("hub", u, 3) for u in doomed])
+        assert_store_matches(store, model, names, CHECK_KS)
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("k", [33, 50])
+def test_set_fanouts_above_cached_prefix(tmp_path, k):
+    """Raising the largest fanout past the cached 32-entry prefix must not truncate S_k.
+
+    Fails today: ``set_fanouts`` grows ``top_size`` but keeps the per-node prefix
+    cached at the old size, so ``sample(v, k)`` and the sampled-by index for the
+    new k stop at 32 entries until the caches are dropped.
+    """
+    store = GraphStore(tmp_path / "db", seed=0)
+    model = GraphModel(0)
+    try:
+        events = [EdgeUpsert("hub", f"n{i}", 1) for i in range(100)]
+        store.apply(events)  # caches hub's 32-entry prefix
+        model.apply_all(events)
+        store.set_fanouts([3, k])
+        assert store.sample("hub", k) == model.sample("hub", k)
+        rev = model.sampled_by(k)
+        for u in (f"n{i}" for i in range(100)):
+            assert sorted(store.name(x) for x in store.sampled_by(k, store.iid(u))) == sorted(rev.get(u, ()))
+        more = [EdgeUpsert("hub", f"m{i}", 2) for i in range(20)]
+        store.apply(more)
+        model.apply_all(more)
+        assert store.sample("hub", k) == model.sample("hub", k)
+    finally:
+        store.close()
+
+
+def test_deterministic_stream_matches_model_with_reopens(tmp_path):
+    """The crash test's event stream, applied in-process, matches the model batch by batch."""
+    batches = random_batches(seed=5, n_batches=30, batch_size=50)
+    path = tmp_path / "db"
+    store = GraphStore(path, seed=0)
+    store.set_fanouts(FANOUTS)
+    model = GraphModel(0)
+    names = {"hub", "never", *(f"v{i}" for i in range(60))}
+    try:
+        for i, batch in enumerate(batches):
+            store.apply(batch, {("events", 0): (i + 1) * 50})
+            model.apply_all(batch)
+            if i % 7 == 3:
+                store.close()
+                store = GraphStore(path)
+            if i % 5 == 0:
+                assert_store_matches(store, model, names, FANOUTS)
+        assert_store_matches(store, model, names, CHECK_KS)
+        assert max(len(model.nbrs("hub")), 0) > 10
+    finally:
+        store.close()
