@@ -45,6 +45,7 @@ DIRTY_COUNT = 4
 DIRTY_DEGREE = 8
 
 _MIN_TOP = 32
+_SAMPLED_CACHE_MAX = 4096  # larger sampled-by sets (hubs) are read from RocksDB each time
 _F32_MAX = float(np.finfo(np.float32).max)
 
 
@@ -154,6 +155,7 @@ class GraphStore:
         self._name: dict[int, str] = {}
         self._nodes: dict[int, _Node | None] = {}
         self._top: dict[int, list[tuple[bytes, int]]] = {}
+        self._sampled: dict[tuple[int, int], set[int]] = {}  # complete sampled-by sets of non-hubs
         self._batch: _Batch | None = None
 
     # ------------------------------------------------------------------ open/close
@@ -243,6 +245,7 @@ class GraphStore:
         self.fanouts = ks
         if self.top_size > old_size:
             self._top.clear()  # cached prefixes are shorter than the new largest fanout
+        self._sampled.clear()
         batch = _Batch(self._handles)
         for i, iid in enumerate(self.node_iids()):
             top = [u for _, u in self._top_of(iid)]
@@ -590,8 +593,14 @@ class GraphStore:
                     result.sample_changed[k].add(v)
                     for u in set(old) - set(new):
                         batch.delete("sampled", keys.sampled_key(k, u, v))
+                        cached = self._sampled.get((k, u))
+                        if cached is not None:
+                            cached.discard(v)
                     for u in set(new) - set(old):
                         batch.put("sampled", keys.sampled_key(k, u, v), b"")
+                        cached = self._sampled.get((k, u))
+                        if cached is not None:
+                            cached.add(v)
                 if min(deg_before, k) != min(deg_after, k):
                     result.count_changed[k].add(v)
         if not self.fanouts:
@@ -617,12 +626,15 @@ class GraphStore:
         self._name.clear()
         self._nodes.clear()
         self._top.clear()
+        self._sampled.clear()
         self._next_iid = self._meta_get("next_iid") or 0
         self.feature_dim = self._meta_get("feature_dim")
 
     def _trim_caches(self) -> None:
         if len(self._top) > self._cache_nodes:
             self._top.clear()
+        if len(self._sampled) > self._cache_nodes:
+            self._sampled.clear()
         if len(self._nodes) > self._cache_nodes:
             self._nodes.clear()
         if len(self._iid) > 2 * self._cache_nodes:
@@ -669,6 +681,9 @@ class GraphStore:
         Args:
             limit: stop after this many (to test a hub against a bound in O(bound)).
         """
+        cached = self._sampled.get((k, u))
+        if cached is not None:
+            return list(cached) if limit is None or len(cached) <= limit else list(cached)[:limit]
         prefix = keys.sampled_prefix(k, u)
         out: list[int] = []
         it = self._cf["sampled"].iter()
@@ -680,6 +695,8 @@ class GraphStore:
             out.append(keys.decode_sampled_key(key)[2])
             it.next()
         del it
+        if (limit is None or len(out) < limit) and len(out) <= _SAMPLED_CACHE_MAX:
+            self._sampled[(k, u)] = set(out)
         return out
 
     def feature_rows(self, iids: Sequence[int], dim: int | None = None) -> tuple[np.ndarray, np.ndarray]:

@@ -86,20 +86,28 @@ def check_layer_inputs(
             )
 
 
-def scatter_sum(src: Tensor, index: Tensor, num_targets: int) -> Tensor:
+def scatter_sum(src: Tensor, index: Tensor, num_targets: int, count: Tensor | None = None) -> Tensor:
     """Sum the rows of ``src`` onto their targets.
+
+    When ``index`` is sorted (rows grouped by target, as the engine builds
+    them) and ``count`` gives the group sizes, a segment reduction replaces
+    the scatter; it is several times faster on CPU and gives the same sums.
 
     Args:
         src: one row per neighbour.
         index: the target of every row.
         num_targets: ``B``.
+        count: the number of rows of every target (optional).
 
     Returns:
         ``out[b] = sum of src[e] over e with index[e] == b`` (zero when none).
 
     Shapes:
-        ``src: [E, *]``, ``index: [E]`` -> ``[B, *]``.
+        ``src: [E, *]``, ``index: [E]``, ``count: [B]`` -> ``[B, *]``.
     """
+    if (count is not None and not src.requires_grad and src.numel() > 0
+            and bool((index[1:] >= index[:-1]).all())):
+        return torch.segment_reduce(src, "sum", lengths=count, unsafe=True)
     out = src.new_zeros((num_targets, *src.shape[1:]))
     return out.index_add_(0, index, src)
 
@@ -118,7 +126,7 @@ def scatter_mean(src: Tensor, index: Tensor, count: Tensor) -> Tensor:
     Shapes:
         ``src: [E, D]``, ``index: [E]``, ``count: [B]`` -> ``[B, D]``.
     """
-    total = scatter_sum(src, index, count.numel())
+    total = scatter_sum(src, index, count.numel(), count)
     return total / count.clamp(min=1).to(src.dtype).unsqueeze(-1)
 
 

@@ -122,7 +122,7 @@ class GATLayer(nn.Module):
         score_self = F.leaky_relu(src_self + dst, self.negative_slope)
         score_nbr = F.leaky_relu(src_nbr + dst[index], self.negative_slope)
         alpha_self, alpha_nbr = scatter_softmax_with_self(score_self, score_nbr, index)
-        out = scatter_sum(alpha_nbr.unsqueeze(-1) * z_nbr, index, x_self.size(0))
+        out = scatter_sum(alpha_nbr.unsqueeze(-1) * z_nbr, index, x_self.size(0), self_count)
         out = out + alpha_self.unsqueeze(-1) * z_self
         out = out.reshape(-1, heads * dim) if self.concat else out.mean(dim=1)
         return out + self.bias

@@ -90,7 +90,7 @@ class GCNLayer(nn.Module):
         h_self = self.lin(x_self)
         h_nbr = self.lin(x_nbr)
         weight = inv_sqrt_nbr * inv_sqrt_self[index]
-        out = scatter_sum(h_nbr * weight.unsqueeze(-1), index, x_self.size(0))
+        out = scatter_sum(h_nbr * weight.unsqueeze(-1), index, x_self.size(0), self_count)
         out = out + h_self * (inv_sqrt_self * inv_sqrt_self).unsqueeze(-1)
         return out + self.bias
 
