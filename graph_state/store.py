@@ -227,6 +227,20 @@ class GraphStore:
             self._meta_put(name, chosen)
         return chosen
 
+    def set_feature_dim(self, dim: int) -> None:
+        """Fix the feature length (a model's input width) before any features arrive.
+
+        Raises:
+            StoreConfigError: if the store already holds features of another length.
+        """
+        if self.feature_dim is None:
+            self.feature_dim = self._init_meta_int("feature_dim", dim, default=None)
+        elif self.feature_dim != dim:
+            raise StoreConfigError(
+                f"store {self.path!r} holds {self.feature_dim}-dim features, not {dim}; "
+                f"use a model with in_dim {self.feature_dim} or a new --state directory"
+            )
+
     def set_fanouts(self, fanouts: Sequence[int]) -> None:
         """Choose the fanouts whose sampled-by index and dirty marks the store keeps.
 

@@ -306,14 +306,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if getattr(args, "seed", None) is None and args.command == "apply" and args.model:
-        from model import load_model_dir
-        args.seed = load_model_dir(args.model).config.seed
+    from graph_state.exceptions import GraphStateError
+    from model import ModelError
+    from workers.engine import EngineError
     try:
+        if getattr(args, "seed", None) is None and args.command == "apply" and args.model:
+            from model import load_model_dir
+            args.seed = load_model_dir(args.model).config.seed
         return args.func(args)
     except KeyboardInterrupt:
         return 130
-    except (ValueError, OSError) as exc:
+    except (ValueError, OSError, GraphStateError, ModelError, EngineError) as exc:
         if args.verbose:
             raise
         print(f"gnnstream: error: {exc}", file=sys.stderr)

@@ -25,6 +25,7 @@ the removal of the consumed marks go into one WriteBatch.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -42,6 +43,7 @@ __all__ = ["Engine", "RecomputeStats", "EngineError"]
 
 logger = logging.getLogger(__name__)
 
+DELETED = "deleted"  # mode of a withdrawn embedding (its meta keeps the version floor)
 DEFERRED_TAG = 0x8000  # dirty key tag 0x8000 + l: dependents of v at layer l are pending
 _ATOL = 1e-6
 _OUTBOX_SEQ = b"outbox_seq"
@@ -91,6 +93,9 @@ class Engine:
         self.fanouts: list[int] = list(cfg.fanouts)
         self.num_layers = len(self.fanouts)
         self.model_tag = f"{cfg.name}:{cfg.version}"
+        # what the stored embeddings were computed with: a different model, even under the same tag, needs a backfill
+        self.binding = json.dumps({"model": self.model_tag, "arch": cfg.arch, "weights_sha256": cfg.weights_sha256,
+                                   "fanouts": list(cfg.fanouts), "cold_start": cfg.cold_start}, sort_keys=True)
         self.gnn = model.model
         self.policy = model.cold_start
         self.plain = self.policy.name == "plain"
@@ -107,6 +112,7 @@ class Engine:
                 f"model {self.model_tag} expects {cfg.in_dim} input features but store "
                 f"{store.path!r} holds {store.feature_dim}-dim features"
             )
+        store.set_feature_dim(cfg.in_dim)
         store.set_fanouts(self.fanouts)
         dims = [cfg.in_dim]
         for layer in range(self.num_layers):
@@ -132,11 +138,12 @@ class Engine:
 
     # ------------------------------------------------------------------ binding
     def bound_model(self) -> str | None:
+        """``name:version`` of the model the stored embeddings belong to (None before a backfill)."""
         raw = self.store.column("meta").get(b"model")
-        return None if raw is None else raw.decode()
+        return None if raw is None else json.loads(raw)["model"]
 
     def needs_backfill(self) -> bool:
-        return self.bound_model() != self.model_tag
+        return self.store.column("meta").get(b"model") != self.binding.encode()
 
     # ------------------------------------------------------------------ one layer
     def _effective_samples(self, targets: np.ndarray, k: int) -> list[list[int]]:
@@ -206,7 +213,7 @@ class Engine:
             if progress:
                 progress(layer + 1)
         self._write_final(targets, h, publish=publish, stats=stats, event_ts=None, force=True)
-        self.store.column("meta").put(b"model", self.model_tag.encode())
+        self.store.column("meta").put(b"model", self.binding.encode())
         self.store.write((("dirty", key, None) for key in list(self.store.column("dirty").keys())))
         stats.seconds = time.perf_counter() - t0
         return stats
@@ -366,15 +373,20 @@ class Engine:
             if layer == self.num_layers - 1:
                 final_iids, final_rows = moved, rows[diff]
                 # a node whose mode changed is republished even if its vector did not move
-                mode_check = targets[~diff]
-                if len(mode_check):
-                    metas = store.column("embmeta").get([keys.encode_iid(int(i)) for i in mode_check])
-                    again = [i for i, (iid, raw) in enumerate(zip(mode_check.tolist(), metas))
-                             if raw is None or EmbeddingMeta.decode(raw).mode != self._mode(iid)]
-                    if again:
-                        idx = np.flatnonzero(~diff)[again]
-                        final_iids = np.concatenate([final_iids, targets[idx]])
-                        final_rows = np.concatenate([final_rows, rows[idx]])
+                recheck = set(targets[~diff].tolist())
+                recheck.update(v for v, f in inputs.items()
+                               if f & (DIRTY_INPUT | DIRTY_DEGREE) and v not in deleted and store.exists_iid(v))
+                recheck.difference_update(moved.tolist())
+                if recheck:
+                    ids = np.fromiter(sorted(recheck), dtype=np.int64)
+                    metas = store.column("embmeta").get([keys.encode_iid(int(i)) for i in ids])
+                    again = np.asarray([i for i, (iid, raw) in enumerate(zip(ids.tolist(), metas))
+                                        if raw is None or EmbeddingMeta.decode(raw).mode != self._mode(iid)],
+                                       dtype=np.int64)
+                    if len(again):
+                        current, present = self.tables.get(layer + 1, ids[again])
+                        final_iids = np.concatenate([final_iids, ids[again][present]])
+                        final_rows = np.concatenate([final_rows, current[present]])
                 stats.deleted = len(gone)
                 self._outputs_for_deleted(gone, puts, publish, stats)
         self._write_final(final_iids, final_rows, publish=publish, stats=stats, event_ts=event_ts, force=False, puts=puts)
@@ -401,12 +413,14 @@ class Engine:
         metas = self.store.column("embmeta").get([keys.encode_iid(i) for i in gone])
         now = time.time()
         for iid, raw in zip(gone, metas):
-            if raw is None:
+            old = None if raw is None else EmbeddingMeta.decode(raw)
+            if old is None or old.mode == DELETED:
                 continue
-            old = EmbeddingMeta.decode(raw)
-            puts.append(("embmeta", keys.encode_iid(iid), None))
+            # the meta stays as a version floor, so a re-created node keeps counting up
+            tomb = EmbeddingMeta(old.version + 1, old.event_ts, DELETED)
+            puts.append(("embmeta", keys.encode_iid(iid), tomb.encode()))
             if publish:
-                self._outbox(puts, OutboxEntry(self.store.name(iid), old.version + 1, old.event_ts, now, "deleted", None))
+                self._outbox(puts, OutboxEntry(self.store.name(iid), tomb.version, old.event_ts, now, DELETED, None))
                 stats.published += 1
 
     def deferred_age(self) -> float:

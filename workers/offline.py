@@ -171,7 +171,8 @@ def apply_events(state: str, model_dir: str | None, path: str, *, batch: int = 1
 def export_embeddings(state: str, out: TextIO) -> int:
     """``embeddings``: one JSON line per node with its final embedding."""
     with GraphStore(state) as store:
-        model_tag = (store.column("meta").get(b"model") or b"").decode()
+        raw_model = store.column("meta").get(b"model")
+        model_tag = json.loads(raw_model)["model"] if raw_model else ""
         layers = len(store.fanouts)
         emb = store.column("emb")
         count = 0
@@ -203,7 +204,8 @@ def verify(state: str, model_dir: str | None = None, atol: float = 1e-4) -> dict
         err = np.abs(stored - fresh).max(axis=1) if len(targets) else np.zeros(0)
         bad = int((err > atol).sum()) + missing
         worst = int(targets[int(err.argmax())]) if len(targets) else None
-        stray = sum(1 for key in store.column("embmeta").keys() if not store.exists_iid(keys.decode_iid(key)))
+        stray = sum(1 for key, raw in store.column("embmeta").items()
+                    if not store.exists_iid(keys.decode_iid(key)) and EmbeddingMeta.decode(raw).mode != "deleted")
         return {
             "ok": bad == 0 and stray == 0 and engine.pending() == 0,
             "nodes": int(len(targets)),

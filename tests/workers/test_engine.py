@@ -1,0 +1,531 @@
+"""The incremental engine against from-scratch and an independent PyG reference.
+
+Property tests (GraphSAGE, GCN, GAT): random event streams with a hub above
+the store's cached rank prefix, self loops, reciprocal edges, deletes and
+feature-less nodes, applied in random batches with random restarts and skipped
+recomputes, must end with stored embeddings equal to ``Engine.from_scratch``
+and to :mod:`tests.workers.reference`; the outbox must tell consumers the same.
+"""
+
+from __future__ import annotations
+
+import gc
+import random
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from graph_state import keys
+from graph_state.store import GraphStore
+from model import init_model_dir, load_model_dir
+from stream.events import EdgeDelete, EdgeUpsert, NodeDelete, NodeUpsert
+from tests.workers.reference import (
+    ATOL,
+    GraphFold,
+    assert_embeddings_close,
+    expected_modes,
+    fast_tempdir,
+    neighbourhoods,
+    rank,
+    reference_embeddings,
+)
+from workers.engine import Engine
+from workers.tables import EmbeddingMeta, decode_outbox
+
+SEED = 11
+DIM = 4
+FANOUTS = (3, 2)
+POOL = ["a", "b", "c", "d", "e", "f", "7", "42"]
+LEAVES = [f"l{i}" for i in range(48)]
+HUB = "hub"
+
+SETTINGS = settings(max_examples=25, deadline=None, derandomize=False,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+# name -> init_model_dir arguments
+MODELS: dict[str, dict[str, Any]] = {
+    "sage": dict(arch="sage"),
+    "gcn": dict(arch="gcn"),
+    "gat": dict(arch="gat", heads=2),
+    "sage_feature_only": dict(arch="sage", cold_start={"policy": "feature_only", "min_neighbours": 2}),
+    "gcn_feature_only": dict(arch="gcn", cold_start={"policy": "feature_only", "min_neighbours": 2}),
+    "gat_feature_only": dict(arch="gat", heads=2, cold_start={"policy": "feature_only", "min_neighbours": 3}),
+    # three layers, two of them sharing a fanout (and so the store's sample marks)
+    "gcn_3_layers": dict(arch="gcn", layers=3, fanouts=(2, 3, 2)),
+}
+
+
+@pytest.fixture
+def tmp_path() -> Any:
+    """RocksDB directories on tmpfs when available (overrides pytest's tmp_path here)."""
+    with fast_tempdir() as d:
+        yield Path(d)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _frozen_gc() -> Any:
+    """GraphStore.close() runs gc.collect(); with torch, PyG and hypothesis loaded a full collection
+    takes ~0.5 s. Freezing what exists before the tests keeps each close cheap."""
+    gc.collect()
+    gc.freeze()
+    yield
+    gc.unfreeze()
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("models")
+    out = {}
+    for name, extra in MODELS.items():
+        path = root / name
+        init_model_dir(path, **{**dict(in_dim=DIM, hidden=8, out_dim=6, layers=2, fanouts=FANOUTS, seed=SEED), **extra})
+        out[name] = path
+    return out
+
+
+# ---------------------------------------------------------------------- streams
+_floats = st.floats(-2.0, 2.0, allow_nan=False, allow_infinity=False, width=32)
+# An all-zero feature vector makes a node's h^0 equal to the cold-start zero vector; that case
+# has its own test (test_mode_changes_when_features_equal_the_zero_default), so it is kept
+# out of the streams here so that a failure points at one bug.
+_features = st.tuples(*[_floats] * DIM).filter(lambda f: any(x != 0 for x in f))
+_any_node = st.sampled_from(POOL + LEAVES[:8] + [HUB])
+_KINDS = ["edge", "edge", "edge", "reciprocal", "self_loop", "edge_delete", "edge_delete", "features",
+          "features", "node_delete", "hub_edge", "hub_edge", "hub_edge_delete", "leaf_delete", "hub_delete",
+          "hub_features"]
+
+
+@st.composite
+def _event_group(draw: Any) -> list[tuple]:
+    """One logical step as ``(op, ...)`` tuples (timestamps are added later)."""
+    kind = draw(st.sampled_from(_KINDS))
+    if kind == "edge":
+        return [("edge_upsert", draw(_any_node), draw(_any_node))]
+    if kind == "reciprocal":
+        a, b = draw(_any_node), draw(_any_node)
+        return [("edge_upsert", a, b), ("edge_upsert", b, a)]
+    if kind == "self_loop":
+        a = draw(_any_node)
+        return [("edge_upsert", a, a)]
+    if kind == "edge_delete":
+        return [("edge_delete", draw(_any_node), draw(_any_node))]
+    if kind == "features":
+        return [("node_upsert", draw(_any_node), draw(_features))]
+    if kind == "node_delete":
+        return [("node_delete", draw(_any_node))]
+    leaf = draw(st.sampled_from(LEAVES))
+    if kind == "hub_edge":
+        return [("edge_upsert", HUB, leaf) if draw(st.booleans()) else ("edge_upsert", leaf, HUB)]
+    if kind == "hub_edge_delete":
+        return [("edge_delete", HUB, leaf) if draw(st.booleans()) else ("edge_delete", leaf, HUB)]
+    if kind == "leaf_delete":
+        return [("node_delete", leaf)]
+    if kind == "hub_features":
+        return [("node_upsert", draw(st.sampled_from([HUB, leaf])), draw(_features))]
+    assert kind == "hub_delete"
+    return [("node_delete", HUB)]
+
+
+def _to_event(step: tuple, ts: int):
+    op = step[0]
+    if op == "edge_upsert":
+        return EdgeUpsert(step[1], step[2], ts, float(ts % 7) - 3.0)
+    if op == "edge_delete":
+        return EdgeDelete(step[1], step[2], ts)
+    if op == "node_upsert":
+        return NodeUpsert(step[1], ts, tuple(step[2]))
+    return NodeDelete(step[1], ts)
+
+
+def _nonzero(rnd: random.Random) -> tuple[float, ...]:
+    vec = [round(rnd.uniform(-2, 2), 3) for _ in range(DIM)]
+    if not any(vec):
+        vec[0] = 1.0
+    return tuple(vec)
+
+
+@st.composite
+def streams(draw: Any) -> dict[str, Any]:
+    """A random stream, its batching, and how the engine is driven."""
+    rnd = draw(st.randoms(use_true_random=False))
+    # A hub with more neighbours than the store's cached rank prefix (32) and the fanouts,
+    # some of them reciprocal, interleaved with random events touching the hub, leaves and a pool.
+    n_leaves = draw(st.integers(34, len(LEAVES)))
+    hub_steps = []
+    for leaf in LEAVES[:n_leaves]:
+        r = rnd.random()
+        if r < 0.45:
+            hub_steps.append([("edge_upsert", HUB, leaf)])
+        elif r < 0.9:
+            hub_steps.append([("edge_upsert", leaf, HUB)])
+        else:
+            hub_steps.append([("edge_upsert", HUB, leaf), ("edge_upsert", leaf, HUB)])
+        if rnd.random() < 0.3:
+            hub_steps.append([("node_upsert", leaf, _nonzero(rnd))])
+    random_steps = draw(st.lists(_event_group(), min_size=5, max_size=45))
+    steps = hub_steps + random_steps
+    # keep each group in place but interleave the hub prefix with the random steps
+    rnd.shuffle(steps)
+    flat = [s for group in steps for s in group]
+    events = [_to_event(step, 1000 + i) for i, step in enumerate(flat)]
+    batches, i = [], 0
+    while i < len(events):
+        size = rnd.choice([1, 2, 3, 5, 8, 13, 25, 60])
+        batches.append(events[i:i + size])
+        i += size
+    return {
+        "batches": batches,
+        "hub_bound": draw(st.sampled_from([3, 3, 50_000])),
+        "max_deferred_age": draw(st.sampled_from([0.0, 3600.0])),
+        # per batch: recompute after it (else marks accumulate), restart (close/reopen) after it
+        "recompute": [rnd.random() < 0.85 for _ in batches],
+        "restart": _at_most(rnd, len(batches), 2),
+    }
+
+
+def _at_most(rnd: random.Random, n: int, count: int) -> list[bool]:
+    picks = {rnd.randrange(n) for _ in range(rnd.randint(0, count))}
+    return [i in picks for i in range(n)]
+
+
+# ---------------------------------------------------------------------- helpers
+def _outbox(store: GraphStore) -> list:
+    return [decode_outbox(raw) for _, raw in store.column("outbox").items()]
+
+
+def _final_stored(engine: Engine) -> dict[str, np.ndarray]:
+    """Final embeddings read back from RocksDB (caches dropped first)."""
+    engine.tables.clear()
+    store = engine.store
+    iids = np.fromiter(store.node_iids(), dtype=np.int64)
+    rows, present = engine.tables.get(engine.num_layers, iids)
+    missing = [store.name(int(i)) for i in iids[~present]]
+    assert not missing, f"nodes without a stored final embedding: {missing[:10]}"
+    return {store.name(int(i)): rows[n] for n, i in enumerate(iids)}
+
+
+def _metas(store: GraphStore) -> dict[str, EmbeddingMeta]:
+    """Metadata of live embeddings (a deleted node keeps a "deleted" meta as its version floor)."""
+    metas = {store.name(keys.decode_iid(k)): EmbeddingMeta.decode(v) for k, v in store.column("embmeta").items()}
+    return {v: m for v, m in metas.items() if m.mode != "deleted"}
+
+
+def _from_scratch(engine: Engine) -> dict[str, np.ndarray]:
+    targets, rows = engine.from_scratch()
+    return {engine.store.name(int(i)): rows[n] for n, i in enumerate(targets)}
+
+
+def _check_outbox_versions(entries: list, seen: dict[str, tuple[int, str]]) -> None:
+    """Per node, versions strictly increase in outbox order (a re-created node is checked elsewhere)."""
+    for e in entries:
+        prev = seen.get(e.node)
+        if prev is not None and prev[1] != "deleted":
+            assert e.version > prev[0], f"node {e.node!r}: version {e.version} published after {prev[0]}"
+        seen[e.node] = (e.version, e.mode)
+
+
+def run_stream(model_dir: Path, batches: list[list], *, hub_bound: int = 50_000, max_deferred_age: float = 5.0,
+               recompute: list[bool] | None = None, restart: list[bool] | None = None) -> dict[str, Any]:
+    """Apply ``batches`` through store + engine, drain, and check every invariant; returns what it saw."""
+    model = load_model_dir(model_dir)
+    with fast_tempdir() as tmp:
+        path = Path(tmp) / "state"
+        store = GraphStore(path, seed=SEED)
+        try:
+            engine = Engine(store, model, hub_bound=hub_bound, max_deferred_age=max_deferred_age)
+            fold = GraphFold()
+            versions: dict[str, tuple[int, str]] = {}
+            read = deferred = 0
+            for n, batch in enumerate(batches):
+                store.apply(batch)
+                for ev in batch:
+                    fold.apply_event(ev)
+                if recompute is None or recompute[n]:
+                    deferred += engine.recompute(event_ts=max(ev.ts for ev in batch)).deferred
+                    entries = _outbox(store)
+                    _check_outbox_versions(entries[read:], versions)
+                    read = len(entries)
+                if restart is not None and restart[n]:
+                    store.close()
+                    store = GraphStore(path)
+                    engine = Engine(store, model, hub_bound=hub_bound, max_deferred_age=max_deferred_age)
+            engine.drain()
+            assert engine.pending() == 0
+            entries = _outbox(store)
+            _check_outbox_versions(entries[read:], versions)
+
+            # the store holds the folded graph
+            assert set(store.nodes()) == fold.nodes
+            assert {(s, d) for s, d, _, _ in store.edges()} == fold.edges
+
+            stored = _final_stored(engine)
+            scratch = _from_scratch(engine)
+            ref = reference_embeddings(fold.nodes, fold.edges, fold.features, model_dir)
+            assert_embeddings_close(scratch, ref, what="Engine.from_scratch vs PyG reference")
+            assert_embeddings_close(stored, scratch, what="stored vs Engine.from_scratch")
+            assert_embeddings_close(stored, ref, what="stored vs PyG reference")
+
+            # metadata: one per existing node, with the policy's mode
+            metas = _metas(store)
+            assert set(metas) == fold.nodes, f"stale or missing embmeta: {sorted(set(metas) ^ fold.nodes)[:10]}"
+            modes = expected_modes(fold, model_dir)
+            wrong = {v: (m.mode, modes[v]) for v, m in metas.items() if m.mode != modes[v]}
+            assert not wrong, f"(stored mode, expected mode): {wrong}"
+
+            # what a consumer keeping the last update per node ends up with
+            last: dict[str, Any] = {}
+            for e in entries:
+                last[e.node] = e
+            for v, e in last.items():
+                if v in fold.nodes:
+                    assert e.mode == modes[v], f"node {v!r}: last published mode {e.mode}, expected {modes[v]}"
+                    assert e.version == metas[v].version, f"node {v!r}: published v{e.version}, stored v{metas[v].version}"
+                    assert np.abs(e.embedding - stored[v]).max() <= ATOL, f"node {v!r}: last published embedding is stale"
+                else:
+                    assert e.mode == "deleted", f"deleted node {v!r}: last update is {e.mode}, not deleted"
+            never = sorted(fold.nodes - set(last))
+            assert not never, f"existing nodes never published: {never[:10]}"
+            return {"fold": fold, "stored": stored, "metas": metas, "outbox": entries, "deferred": deferred}
+        finally:
+            store.close()
+
+
+# ---------------------------------------------------------------------- property tests
+@pytest.mark.parametrize("name", list(MODELS))
+@SETTINGS
+@given(stream=streams())
+def test_incremental_equals_from_scratch_and_pyg(model_dirs: dict[str, Path], name: str, stream: dict) -> None:
+    seen = run_stream(model_dirs[name], stream["batches"], hub_bound=stream["hub_bound"],
+                      max_deferred_age=stream["max_deferred_age"], recompute=stream["recompute"],
+                      restart=stream["restart"])
+    event(f"hub_bound={stream['hub_bound']}: {'some' if seen['deferred'] else 'no'} propagation deferred")
+    event(f"restarts: {sum(stream['restart'])}, recompute skipped after some batch: {False in stream['recompute']}")
+
+
+def test_hub_deferral_is_exercised_and_converges(model_dirs: dict[str, Path], tmp_path: Path) -> None:
+    """A hub's feature change with hub_bound=3 is deferred (durably) and drain catches up exactly."""
+    model = load_model_dir(model_dirs["sage"])
+    rnd = random.Random(3)
+    feats = lambda: tuple(rnd.uniform(-1, 1) for _ in range(DIM))  # noqa: E731
+    events = [NodeUpsert(HUB, 1, feats())]
+    events += [EdgeUpsert(leaf, HUB, 2) for leaf in LEAVES[:40]]
+    events += [NodeUpsert(leaf, 3, feats()) for leaf in LEAVES[:40]]
+    update = NodeUpsert(HUB, 4, feats())
+    fold = GraphFold()
+    for ev in events + [update]:
+        fold.apply_event(ev)
+    with GraphStore(tmp_path / "s", seed=SEED) as store:
+        engine = Engine(store, model, hub_bound=3, max_deferred_age=3600.0)
+        store.apply(events)
+        engine.drain()
+        store.apply([update])
+        stats = engine.recompute()
+        assert stats.deferred > 0, "hub propagation was not deferred with hub_bound=3"
+        assert engine.pending() > 0, "a deferred propagation must stay durable until drained"
+        engine.recompute()  # max_deferred_age not reached: still deferred
+        assert engine.pending() > 0
+        engine.drain()
+        assert engine.pending() == 0
+        stored = _final_stored(engine)
+        assert_embeddings_close(stored, _from_scratch(engine), what="stored vs from_scratch after drain")
+        assert_embeddings_close(stored, reference_embeddings(fold.nodes, fold.edges, fold.features,
+                                                             model_dirs["sage"]))
+
+
+# ---------------------------------------------------------------------- pruning
+def _random_graph_events(n: int, m: int, seed: int) -> list:
+    rnd = random.Random(seed)
+    events = [NodeUpsert(f"v{i}", 1, tuple(rnd.uniform(-1, 1) for _ in range(DIM))) for i in range(n)]
+    for j in range(m):
+        a, b = rnd.randrange(n), rnd.randrange(n)
+        events.append(EdgeUpsert(f"v{a}", f"v{b}", 2 + j))
+    return events
+
+
+@pytest.mark.parametrize("name", ["sage", "gcn", "gat"])
+def test_one_edge_recomputes_a_small_neighbourhood(model_dirs: dict[str, Path], tmp_path: Path, name: str) -> None:
+    n = 200
+    events = _random_graph_events(n, 300, seed=5)
+    fold = GraphFold()
+    for ev in events:
+        fold.apply_event(ev)
+    nbrs = neighbourhoods(fold.nodes, fold.edges)
+    low = sorted(v for v in fold.nodes if 1 <= len(nbrs[v]) <= 2)
+    a = low[0]
+    b = next(u for u in low[1:] if u not in nbrs[a] and not (nbrs[a] & nbrs[u]))
+    model = load_model_dir(model_dirs[name])
+    with GraphStore(tmp_path / "s", seed=SEED) as store:
+        engine = Engine(store, model)
+        for i in range(0, len(events), 100):
+            store.apply(events[i:i + 100])
+            engine.recompute()
+        engine.drain()
+        assert store.num_nodes() == n
+        store.apply([EdgeUpsert(a, b, 10_000)])
+        stats = engine.recompute()
+        assert engine.pending() == 0
+        assert len(stats.recomputed) == 2  # one count per layer
+        assert 2 <= stats.recomputed[0] <= 12, stats
+        assert sum(stats.recomputed) <= 40, f"one edge between low-degree nodes recomputed {stats.recomputed} of {n}"
+        fold.apply_event(EdgeUpsert(a, b, 10_000))
+        stored = _final_stored(engine)
+        assert_embeddings_close(stored, _from_scratch(engine))
+        assert_embeddings_close(stored, reference_embeddings(fold.nodes, fold.edges, fold.features, model_dirs[name]))
+
+
+def test_unrelated_hub_edge_does_not_dirty_the_hub_sample(model_dirs: dict[str, Path], tmp_path: Path) -> None:
+    """A new neighbour of a hub that does not rank among its k smallest leaves S_k(hub) alone."""
+    model = load_model_dir(model_dirs["sage"])
+    events = [NodeUpsert(HUB, 1, (1.0, 0.0, 0.0, 0.0))] + [EdgeUpsert(leaf, HUB, 2) for leaf in LEAVES[:40]]
+    with GraphStore(tmp_path / "s", seed=SEED) as store:
+        engine = Engine(store, model)
+        store.apply(events)
+        engine.drain()
+        before = store.sample(HUB, max(FANOUTS))
+        worst = max(rank(SEED, HUB, u) for u in before)
+        newcomer = next(f"x{i}" for i in range(10_000) if rank(SEED, HUB, f"x{i}") > worst)
+        store.apply([EdgeUpsert(newcomer, HUB, 3)])
+        stats = engine.recompute()
+        assert store.sample(HUB, max(FANOUTS)) == before
+        # layer 1 recomputes the newcomer only (its own sample and input changed), not the hub
+        assert stats.recomputed[0] == 1, stats
+        assert_embeddings_close(_final_stored(engine), _from_scratch(engine))
+
+
+# ---------------------------------------------------------------------- cold start and modes
+def test_feature_only_policy_modes_and_exactness(model_dirs: dict[str, Path]) -> None:
+    model_dir = model_dirs["sage_feature_only"]
+    f = (0.5, -0.25, 1.0, 0.0)
+    batches = [
+        [NodeUpsert("x", 1, f), NodeUpsert("y", 1, f), NodeUpsert("z", 1, f), NodeUpsert("w", 1, f)],
+        [EdgeUpsert("x", "y", 2)],                       # x, y: degree 1 -> feature_only
+        [EdgeUpsert("y", "z", 3), EdgeUpsert("w", "y", 3), EdgeUpsert("q", "y", 3)],  # y: degree 4 -> full
+        [EdgeUpsert("q", "z", 4)],                       # q: no features, degree 2 -> cold_start
+    ]
+    seen = run_stream(model_dir, batches)
+    metas = seen["metas"]
+    assert metas["x"].mode == "feature_only"
+    assert metas["w"].mode == "feature_only"
+    assert metas["y"].mode == "full"
+    assert metas["z"].mode == "full"
+    assert metas["q"].mode == "cold_start"
+    # x aggregates nothing: its embedding only depends on its own features, like the isolated-by-policy w
+    assert np.abs(seen["stored"]["x"] - seen["stored"]["w"]).max() <= ATOL
+    # a mode change alone is republished: x gains a second neighbour
+    seen2 = run_stream(model_dir, batches + [[EdgeUpsert("x", "z", 5)]])
+    assert seen2["metas"]["x"].mode == "full"
+    published = [e.mode for e in seen2["outbox"] if e.node == "x"]
+    assert published[0] == "feature_only" and published[-1] == "full", published
+
+
+def test_plain_policy_reports_cold_start_for_nodes_without_features(model_dirs: dict[str, Path]) -> None:
+    f = (1.0, 2.0, -1.0, 0.5)
+    batches = [[NodeUpsert("a", 1, f), EdgeUpsert("a", "b", 1), EdgeUpsert("c", "a", 1)]]
+    seen = run_stream(model_dirs["gcn"], batches)
+    assert seen["metas"]["a"].mode == "full"
+    assert seen["metas"]["b"].mode == "cold_start"
+    assert seen["metas"]["c"].mode == "cold_start"
+    seen = run_stream(model_dirs["gcn"], batches + [[NodeUpsert("b", 2, f)]])
+    assert seen["metas"]["b"].mode == "full"
+    b_modes = [e.mode for e in seen["outbox"] if e.node == "b"]
+    assert b_modes[0] == "cold_start" and b_modes[-1] == "full"
+
+
+# ---------------------------------------------------------------------- deletes and versions
+def test_node_delete_withdraws_embedding_and_publishes_deleted(model_dirs: dict[str, Path], tmp_path: Path) -> None:
+    model = load_model_dir(model_dirs["gat"])
+    f = (0.1, 0.2, 0.3, 0.4)
+    with GraphStore(tmp_path / "s", seed=SEED) as store:
+        engine = Engine(store, model)
+        store.apply([NodeUpsert("a", 1, f), NodeUpsert("b", 1, f), EdgeUpsert("a", "b", 1), EdgeUpsert("b", "c", 1)])
+        engine.recompute()
+        b = store.iid("b")
+        before = EmbeddingMeta.decode(store.column("embmeta").get(keys.encode_iid(b)))
+        n_before = len(_outbox(store))
+        store.apply([NodeDelete("b", 5)])
+        stats = engine.recompute()
+        assert stats.deleted == 1
+        assert engine.pending() == 0
+        floor = EmbeddingMeta.decode(store.column("embmeta").get(keys.encode_iid(b)))
+        assert floor.mode == "deleted" and floor.version == before.version + 1  # the version floor stays
+        assert store.column("emb").get(keys.layer_key(engine.num_layers, b)) is None
+        new = _outbox(store)[n_before:]
+        gone = [e for e in new if e.node == "b"]
+        assert len(gone) == 1 and gone[0].mode == "deleted" and gone[0].embedding is None
+        assert gone[0].version > before.version
+        # a and c lost their only neighbour: republished, and exact
+        assert {e.node for e in new if e.mode != "deleted"} >= {"a", "c"}
+        stored = _final_stored(engine)
+        assert set(stored) == {"a", "c"}
+        assert_embeddings_close(stored, _from_scratch(engine))
+        assert_embeddings_close(stored, reference_embeddings({"a", "c"}, set(), {"a": f}, model_dirs["gat"]))
+
+
+def test_versions_strictly_increase_across_recomputes(model_dirs: dict[str, Path], tmp_path: Path) -> None:
+    model = load_model_dir(model_dirs["sage"])
+    rnd = random.Random(9)
+    feats = lambda: tuple(rnd.uniform(-1, 1) for _ in range(DIM))  # noqa: E731
+    with GraphStore(tmp_path / "s", seed=SEED) as store:
+        engine = Engine(store, model)
+        last: dict[str, int] = {}
+        for step in range(12):
+            store.apply([NodeUpsert("a", step, feats()), EdgeUpsert("a", f"n{step % 4}", step)])
+            engine.recompute()
+            metas = _metas(store)
+            for v, m in metas.items():
+                if v in last and v in {"a", f"n{step % 4}"}:
+                    assert m.version > last[v], f"{v}: version {m.version} after {last[v]}"
+                assert m.version >= last.get(v, 0)
+                last[v] = m.version
+        per_node: dict[str, list[int]] = defaultdict(list)
+        for e in _outbox(store):
+            per_node[e.node].append(e.version)
+        for v, vs in per_node.items():
+            assert vs == sorted(set(vs)), f"{v}: published versions {vs}"
+        assert per_node["a"][-1] == 12
+
+
+def test_recreated_node_versions_keep_increasing(model_dirs: dict[str, Path], tmp_path: Path) -> None:
+    """DESIGN: version is per node strictly increasing and consumers keep the highest.
+
+    After node_delete (published as version n+1, mode deleted), a re-created node's
+    first embedding must have a version above n+1, or consumers discard it.
+    """
+    model = load_model_dir(model_dirs["sage"])
+    f = (0.3, 0.1, -0.2, 0.9)
+    with GraphStore(tmp_path / "s", seed=SEED) as store:
+        engine = Engine(store, model)
+        store.apply([NodeUpsert("a", 1, f), EdgeUpsert("a", "b", 1)])
+        engine.recompute()
+        store.apply([NodeUpsert("a", 2, tuple(x + 1 for x in f))])
+        engine.recompute()
+        store.apply([NodeDelete("a", 3)])
+        engine.recompute()
+        store.apply([EdgeUpsert("a", "b", 4)])
+        engine.recompute()
+        versions = [(e.version, e.mode) for e in _outbox(store) if e.node == "a"]
+        assert [m for _, m in versions] == ["full", "full", "deleted", "cold_start"], versions
+        nums = [v for v, _ in versions]
+        assert nums == sorted(set(nums)), f"versions of re-created node 'a' go back: {versions}"
+
+
+def test_edges_only_stream(model_dirs: dict[str, Path]) -> None:
+    """DESIGN: a node with edges but no features gets a zero vector, also when no node has features yet."""
+    batches = [[EdgeUpsert("a", "b", 1), EdgeUpsert("b", "c", 1), EdgeUpsert("c", "a", 2)],
+               [NodeUpsert("a", 3, (1.0, 0.0, 0.5, -0.5))]]
+    seen = run_stream(model_dirs["sage"], batches)
+    assert seen["metas"]["b"].mode == "cold_start"
+
+
+def test_mode_changes_when_features_equal_the_zero_default(model_dirs: dict[str, Path]) -> None:
+    """A feature-less node (cold_start) that gets all-zero features is now ``full``, although its vector
+    is unchanged: the mode change alone must be stored and republished."""
+    batches = [[NodeUpsert("a", 1, (1.0, 1.0, 1.0, 1.0)), EdgeUpsert("b", "a", 1)],
+               [NodeUpsert("b", 2, (0.0, 0.0, 0.0, 0.0))]]
+    seen = run_stream(model_dirs["sage"], batches)
+    assert seen["metas"]["b"].mode == "full"
