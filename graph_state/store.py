@@ -801,9 +801,16 @@ class GraphStore:
         """The column-family view ``name`` (engine-owned families: dirty, emb, embmeta, outbox)."""
         return self._cf[name]
 
-    def write(self, puts: Iterable[tuple[str, bytes, bytes | None]]) -> None:
-        """Write ``(family, key, value-or-None-to-delete)`` triples in one WriteBatch."""
+    def write(self, puts: Iterable[tuple[str, bytes, bytes | None]], clear: Sequence[str] = ()) -> None:
+        """Write ``(family, key, value-or-None-to-delete)`` triples in one WriteBatch.
+
+        Args:
+            clear: families emptied first in the same batch, with one range
+                delete (cheap to iterate past, unlike a tombstone per key).
+        """
         batch = _Batch(self._handles)
+        for cf in clear:
+            batch.wb.delete_range(b"", b"\xff" * 32, self._handles[cf])
         for cf, key, value in puts:
             if value is None:
                 batch.delete(cf, key)

@@ -121,6 +121,7 @@ class Engine:
         self._uses_counts = [bool(getattr(c, "uses_neighbour_counts", False)) for c in self.gnn.convs]
         self._deferred_since: float | None = None
         self._capped = 0
+        self._metas: dict[int, EmbeddingMeta | None] = {}  # write-through cache of embmeta
         raw = store.column("meta").get(_OUTBOX_SEQ)
         self._seq = 0 if raw is None else keys.decode_iid(raw)
 
@@ -132,9 +133,9 @@ class Engine:
         return int(out.shape[1])
 
     def _outbox(self, puts: list, entry: OutboxEntry) -> None:
+        """Queue an outbox entry; the caller also puts the next sequence number (meta ``outbox_seq``)."""
         puts.append(("outbox", keys.U64.pack(self._seq), encode_outbox(entry)))
         self._seq += 1
-        puts.append(("meta", _OUTBOX_SEQ, keys.U64.pack(self._seq)))
 
     # ------------------------------------------------------------------ binding
     def bound_model(self) -> str | None:
@@ -201,7 +202,9 @@ class Engine:
         stats = RecomputeStats()
         targets = np.fromiter(self.store.node_iids(), dtype=np.int64)
         self.tables.clear()
+        self._metas.clear()
         prev = self._full_inputs(targets)
+        self.tables.set(0, targets, prev(targets))
         for layer in range(self.num_layers):
             h, sampled = self.compute_layer(layer, targets, prev)
             stats.sampled_neighbours += sampled
@@ -214,7 +217,7 @@ class Engine:
                 progress(layer + 1)
         self._write_final(targets, h, publish=publish, stats=stats, event_ts=None, force=True)
         self.store.column("meta").put(b"model", self.binding.encode())
-        self.store.write((("dirty", key, None) for key in list(self.store.column("dirty").keys())))
+        self.store.write((), clear=("dirty",))
         stats.seconds = time.perf_counter() - t0
         return stats
 
@@ -255,6 +258,17 @@ class Engine:
         return targets, h
 
     # ------------------------------------------------------------------ outputs
+    def _get_metas(self, iids: list[int]) -> list[EmbeddingMeta | None]:
+        """Stored metadata of ``iids`` (None where absent), through the in-memory cache."""
+        cache = self._metas
+        missing = [i for i in iids if i not in cache]
+        if missing:
+            if len(cache) > 4_000_000:
+                cache.clear()
+            for iid, raw in zip(missing, self.store.column("embmeta").get([keys.encode_iid(i) for i in missing])):
+                cache[iid] = None if raw is None else EmbeddingMeta.decode(raw)
+        return [cache[i] for i in iids]
+
     def _mode(self, iid: int) -> str:
         return self.policy.mode(self.store.has_features_iid(iid), self.store.degree_iid(iid))
 
@@ -262,21 +276,22 @@ class Engine:
                      event_ts: float | None, force: bool, puts: list | None = None) -> list:
         """Metadata (versions, modes) and outbox entries of final-layer rows."""
         puts = [] if puts is None else puts
-        metas = self.store.column("embmeta").get([keys.encode_iid(int(i)) for i in iids]) if len(iids) else []
+        metas = self._get_metas(iids.tolist())
         now = time.time()
-        for i, (iid, raw) in enumerate(zip(iids.tolist(), metas)):
-            old = EmbeddingMeta.decode(raw) if raw is not None else None
+        for i, (iid, old) in enumerate(zip(iids.tolist(), metas)):
             mode = self._mode(iid)
             ts = max(self.store.last_ts_iid(iid), event_ts or 0.0)
             meta = EmbeddingMeta((old.version if old else 0) + 1, ts, mode)
+            self._metas[iid] = meta
             puts.append(("embmeta", keys.encode_iid(iid), meta.encode()))
             if publish:
                 self._outbox(puts, OutboxEntry(self.store.name(iid), meta.version, ts, now, mode, rows[i]))
                 stats.published += 1
             if force and len(puts) >= 50_000:
-                self.store.write(puts)
+                self.store.write(puts + [("meta", _OUTBOX_SEQ, keys.U64.pack(self._seq))])
                 puts = []
         if force:
+            puts.append(("meta", _OUTBOX_SEQ, keys.U64.pack(self._seq)))
             self.store.write(puts)
             return []
         return puts
@@ -379,10 +394,9 @@ class Engine:
                 recheck.difference_update(moved.tolist())
                 if recheck:
                     ids = np.fromiter(sorted(recheck), dtype=np.int64)
-                    metas = store.column("embmeta").get([keys.encode_iid(int(i)) for i in ids])
-                    again = np.asarray([i for i, (iid, raw) in enumerate(zip(ids.tolist(), metas))
-                                        if raw is None or EmbeddingMeta.decode(raw).mode != self._mode(iid)],
-                                       dtype=np.int64)
+                    metas = self._get_metas(ids.tolist())
+                    again = np.asarray([i for i, (iid, meta) in enumerate(zip(ids.tolist(), metas))
+                                        if meta is None or meta.mode != self._mode(iid)], dtype=np.int64)
                     if len(again):
                         current, present = self.tables.get(layer + 1, ids[again])
                         final_iids = np.concatenate([final_iids, ids[again][present]])
@@ -390,18 +404,18 @@ class Engine:
                 stats.deleted = len(gone)
                 self._outputs_for_deleted(gone, puts, publish, stats)
         self._write_final(final_iids, final_rows, publish=publish, stats=stats, event_ts=event_ts, force=False, puts=puts)
-        for tag, entries in marks.items():
-            for iid in entries:
-                puts.append(("dirty", keys.dirty_key(tag, iid), None))
         for layer, nodes in new_deferred.items():
             for iid in nodes:
                 puts.append(("dirty", keys.dirty_key(DEFERRED_TAG + layer, iid), b"\x01"))
+        puts.append(("meta", _OUTBOX_SEQ, keys.U64.pack(self._seq)))
         try:
-            store.write(puts)
+            # every mark was read above and nothing applies events meanwhile: clear them all at once
+            store.write(puts, clear=("dirty",))
         except BaseException:
             self.tables.clear()
             raw = store.column("meta").get(_OUTBOX_SEQ)
             self._seq = 0 if raw is None else keys.decode_iid(raw)
+            self._metas.clear()
             raise
         stats.seconds = time.perf_counter() - t0
         stats.fanout_capped, self._capped = self._capped, 0
@@ -410,14 +424,13 @@ class Engine:
     def _outputs_for_deleted(self, gone: Sequence[int], puts: list, publish: bool, stats: RecomputeStats) -> None:
         if not gone:
             return
-        metas = self.store.column("embmeta").get([keys.encode_iid(i) for i in gone])
         now = time.time()
-        for iid, raw in zip(gone, metas):
-            old = None if raw is None else EmbeddingMeta.decode(raw)
+        for iid, old in zip(gone, self._get_metas(list(gone))):
             if old is None or old.mode == DELETED:
                 continue
             # the meta stays as a version floor, so a re-created node keeps counting up
             tomb = EmbeddingMeta(old.version + 1, old.event_ts, DELETED)
+            self._metas[iid] = tomb
             puts.append(("embmeta", keys.encode_iid(iid), tomb.encode()))
             if publish:
                 self._outbox(puts, OutboxEntry(self.store.name(iid), tomb.version, old.event_ts, now, DELETED, None))
