@@ -31,7 +31,6 @@ import argparse
 import cProfile
 import io
 import pstats
-import shutil
 import statistics
 import sys
 import tempfile
@@ -43,8 +42,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import (  # noqa: E402
-    FEATURE_DIM, FULL_EDGES, FULL_NODES, GcTimer, code_fingerprint, current_rss_mib, emit, log, machine_load,
-    make_graph, model_dir, open_loaded_store, peak_rss_mib,
+    close_run, FEATURE_DIM, FULL_EDGES, FULL_NODES, GcTimer, code_fingerprint, current_rss_mib, emit, log, machine_load,
+    make_graph, model_dir, open_loaded_store,
 )
 from graph_state import keys  # noqa: E402
 from graph_state.store import GraphStore  # noqa: E402
@@ -226,14 +225,8 @@ def main(argv: list[str] | None = None) -> dict:
             }
         finally:
             store.close()
-        result["peak_rss_mib"] = peak_rss_mib()
-        result["machine_load_at_end"] = machine_load()
     finally:
-        if args.keep:
-            log(f"kept {work}")
-            result["workdir"] = str(work)
-        else:
-            shutil.rmtree(work, ignore_errors=True)
+        close_run(result, work, args.keep)
     return result
 
 

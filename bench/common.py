@@ -40,6 +40,7 @@ from graph_state.store import GraphStore  # noqa: E402
 from stream.events import EdgeDelete, EdgeUpsert, NodeUpsert  # noqa: E402
 
 __all__ = [
+    "close_run",
     "FULL_NODES",
     "FULL_EDGES",
     "FEATURE_DIM",
@@ -403,3 +404,14 @@ def model_dir(path: str | os.PathLike[str], *, dim: int = FEATURE_DIM, fanouts: 
     init_model_dir(path, arch="sage", in_dim=dim, hidden=dim, out_dim=dim, layers=len(fanouts),
                    fanouts=list(fanouts), seed=seed, overwrite=True)
     return load_model_dir(path)
+
+
+def close_run(result: dict, work: Path, keep: bool) -> None:
+    """Record peak memory and load, then keep or remove the scratch directory."""
+    result["peak_rss_mib"] = peak_rss_mib()
+    result["machine_load_at_end"] = machine_load()
+    if keep:
+        log(f"kept {work}")
+        result["workdir"] = str(work)
+    else:
+        shutil.rmtree(work, ignore_errors=True)

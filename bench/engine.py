@@ -36,7 +36,6 @@ import argparse
 import cProfile
 import io
 import pstats
-import shutil
 import sys
 import tempfile
 import time
@@ -49,8 +48,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import (  # noqa: E402
-    FEATURE_DIM, FULL_EDGES, FULL_NODES, EdgeDelete, EdgeUpsert, GcTimer, NodeUpsert, Progress, SyntheticGraph,
-    code_fingerprint, current_rss_mib, emit, log, machine_load, make_graph, model_dir, open_loaded_store, peak_rss_mib,
+    close_run, FEATURE_DIM, FULL_EDGES, FULL_NODES, EdgeDelete, EdgeUpsert, GcTimer, NodeUpsert, Progress, SyntheticGraph,
+    code_fingerprint, current_rss_mib, emit, log, machine_load, make_graph, model_dir, open_loaded_store,
     percentile,
 )
 from graph_state import keys  # noqa: E402
@@ -476,14 +475,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if checks:
             targets["exact_after_updates_pass"] = all(c["ok"] for c in checks)
         result["targets"] = targets
-        result["peak_rss_mib"] = peak_rss_mib()
-        result["machine_load_at_end"] = machine_load()
     finally:
-        if args.keep:
-            log(f"kept {work}")
-            result["workdir"] = str(work)
-        else:
-            shutil.rmtree(work, ignore_errors=True)
+        close_run(result, work, args.keep)
     return result
 
 
