@@ -664,6 +664,13 @@ class GraphStore:
     def exists_iid(self, iid: int) -> bool:
         return self._node(iid) is not None
 
+    def node_info_iid(self, iid: int) -> tuple[int, bool, float]:
+        """``(degree, has_features, last event ts)`` of a node (zeros when absent)."""
+        node = self._node(iid)
+        if node is None:
+            return 0, False, 0.0
+        return node.degree, bool(node.flags & keys.FLAG_HAS_FEATURES), node.last_ts
+
     def degree_iid(self, iid: int) -> int:
         node = self._node(iid)
         return 0 if node is None else node.degree

@@ -37,7 +37,7 @@ import torch
 
 from graph_state import keys
 from graph_state.store import DIRTY_COUNT, DIRTY_DEGREE, DIRTY_INPUT, DIRTY_SAMPLE, GraphStore
-from workers.tables import EmbeddingMeta, EmbeddingTables, OutboxEntry, encode_outbox
+from workers.tables import EmbeddingMeta, EmbeddingTables, encode_outbox
 
 __all__ = ["Engine", "RecomputeStats", "EngineError"]
 
@@ -132,9 +132,9 @@ class Engine:
                                        torch.zeros(1, dtype=torch.int64), empty)
         return int(out.shape[1])
 
-    def _outbox(self, puts: list, entry: OutboxEntry) -> None:
-        """Queue an outbox entry; the caller also puts the next sequence number (meta ``outbox_seq``)."""
-        puts.append(("outbox", keys.U64.pack(self._seq), encode_outbox(entry)))
+    def _outbox(self, puts: list, record: bytes) -> None:
+        """Queue an outbox record; the caller also puts the next sequence number (meta ``outbox_seq``)."""
+        puts.append(("outbox", keys.U64.pack(self._seq), record))
         self._seq += 1
 
     # ------------------------------------------------------------------ binding
@@ -276,24 +276,29 @@ class Engine:
                      event_ts: float | None, force: bool, puts: list | None = None) -> list:
         """Metadata (versions, modes) and outbox entries of final-layer rows."""
         puts = [] if puts is None else puts
-        metas = self._get_metas(iids.tolist())
         now = time.time()
-        for i, (iid, old) in enumerate(zip(iids.tolist(), metas)):
-            mode = self._mode(iid)
-            ts = max(self.store.last_ts_iid(iid), event_ts or 0.0)
-            meta = EmbeddingMeta((old.version if old else 0) + 1, ts, mode)
-            self._metas[iid] = meta
-            puts.append(("embmeta", keys.encode_iid(iid), meta.encode()))
-            if publish:
-                self._outbox(puts, OutboxEntry(self.store.name(iid), meta.version, ts, now, mode, rows[i]))
-                stats.published += 1
-            if force and len(puts) >= 50_000:
-                self.store.write(puts + [("meta", _OUTBOX_SEQ, keys.U64.pack(self._seq))])
+        chunk = 50_000
+        for start in range(0, len(iids), chunk):
+            ids = iids[start:start + chunk].tolist()
+            metas = self._get_metas(ids)
+            versions, times, modes = [], [], []
+            for iid, old in zip(ids, metas):
+                degree, has_features, last_ts = self.store.node_info_iid(iid)
+                meta = EmbeddingMeta((old.version if old else 0) + 1, max(last_ts, event_ts or 0.0),
+                                     self.policy.mode(has_features, degree))
+                self._metas[iid] = meta
+                puts.append(("embmeta", keys.encode_iid(iid), meta.encode()))
+                versions.append(meta.version)
+                times.append(meta.event_ts)
+                modes.append(meta.mode)
+            if publish and ids:
+                names = [self.store.name(i) for i in ids]
+                self._outbox(puts, encode_outbox(names, versions, times, now, modes, rows[start:start + chunk]))
+                stats.published += len(ids)
+            if force:
+                puts.append(("meta", _OUTBOX_SEQ, keys.U64.pack(self._seq)))
+                self.store.write(puts)
                 puts = []
-        if force:
-            puts.append(("meta", _OUTBOX_SEQ, keys.U64.pack(self._seq)))
-            self.store.write(puts)
-            return []
         return puts
 
     # ------------------------------------------------------------------ incremental
@@ -425,6 +430,7 @@ class Engine:
         if not gone:
             return
         now = time.time()
+        names, versions, times = [], [], []
         for iid, old in zip(gone, self._get_metas(list(gone))):
             if old is None or old.mode == DELETED:
                 continue
@@ -432,9 +438,12 @@ class Engine:
             tomb = EmbeddingMeta(old.version + 1, old.event_ts, DELETED)
             self._metas[iid] = tomb
             puts.append(("embmeta", keys.encode_iid(iid), tomb.encode()))
-            if publish:
-                self._outbox(puts, OutboxEntry(self.store.name(iid), tomb.version, old.event_ts, now, DELETED, None))
-                stats.published += 1
+            names.append(self.store.name(iid))
+            versions.append(tomb.version)
+            times.append(tomb.event_ts)
+        if publish and names:
+            self._outbox(puts, encode_outbox(names, versions, times, now, [DELETED] * len(names), None))
+            stats.published += len(names)
 
     def deferred_age(self) -> float:
         """Seconds the oldest deferred hub propagation has waited (0 when none)."""

@@ -23,7 +23,8 @@ __all__ = ["EmbeddingTables", "EmbeddingMeta", "OutboxEntry", "encode_outbox", "
 logger = logging.getLogger(__name__)
 
 _META = struct.Struct(">Qd")  # version, event_ts; mode (ascii) follows
-_OUTBOX = struct.Struct(">QddHB")  # version, event_ts, computed_at, id length, mode length
+_OUTBOX = struct.Struct(">BIIdH")  # format, count, dim, computed_at, mode-table length
+_OUTBOX_FORMAT = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,22 +54,54 @@ class OutboxEntry:
     embedding: np.ndarray | None
 
 
-def encode_outbox(entry: OutboxEntry) -> bytes:
-    node = entry.node.encode()
-    mode = entry.mode.encode()
-    head = _OUTBOX.pack(entry.version, entry.event_ts, entry.computed_at, len(node), len(mode))
-    body = b"" if entry.embedding is None else np.asarray(entry.embedding, dtype="<f4").tobytes()
-    return head + node + mode + body
+def encode_outbox(nodes: Sequence[str], versions: Sequence[int], event_ts: Sequence[float], computed_at: float,
+                  modes: Sequence[str], rows: np.ndarray | None) -> bytes:
+    """One outbox record holding the updates of one recompute (``rows`` None: all deleted).
+
+    Layout: a header (format byte, count, dim, computed_at, mode-table length),
+    the mode table (ascii, comma-separated), then per-entry arrays: versions
+    (u64 BE), event times (f64 BE), mode indexes (u8), id lengths (u16 BE),
+    the ids (utf-8), and the embeddings (float32 LE, ``count x dim``).
+    """
+    table = sorted(set(modes))
+    index = {m: i for i, m in enumerate(table)}
+    table_bytes = ",".join(table).encode()
+    ids = [n.encode() for n in nodes]
+    dim = 0 if rows is None else rows.shape[1]
+    parts = [
+        _OUTBOX.pack(_OUTBOX_FORMAT, len(ids), dim, computed_at, len(table_bytes)), table_bytes,
+        np.asarray(versions, dtype=">u8").tobytes(), np.asarray(event_ts, dtype=">f8").tobytes(),
+        np.asarray([index[m] for m in modes], dtype="u1").tobytes(),
+        np.asarray([len(b) for b in ids], dtype=">u2").tobytes(), b"".join(ids),
+    ]
+    if rows is not None:
+        parts.append(np.ascontiguousarray(rows, dtype="<f4").tobytes())
+    return b"".join(parts)
 
 
-def decode_outbox(raw: bytes) -> OutboxEntry:
-    version, event_ts, computed_at, n_node, n_mode = _OUTBOX.unpack_from(raw)
+def decode_outbox(raw: bytes) -> list[OutboxEntry]:
+    """The entries of one outbox record, in order."""
+    fmt, count, dim, computed_at, table_len = _OUTBOX.unpack_from(raw)
+    if fmt != _OUTBOX_FORMAT:
+        raise ValueError(f"Expected outbox record format {_OUTBOX_FORMAT} (got {fmt})")
     at = _OUTBOX.size
-    node = raw[at:at + n_node].decode()
-    mode = raw[at + n_node:at + n_node + n_mode].decode()
-    body = raw[at + n_node + n_mode:]
-    emb = None if mode == "deleted" else np.frombuffer(body, dtype="<f4").copy()
-    return OutboxEntry(node, version, event_ts, computed_at, mode, emb)
+    table = raw[at:at + table_len].decode().split(",")
+    at += table_len
+    versions = np.frombuffer(raw, ">u8", count, at).tolist()
+    at += 8 * count
+    times = np.frombuffer(raw, ">f8", count, at).tolist()
+    at += 8 * count
+    modes = np.frombuffer(raw, "u1", count, at).tolist()
+    at += count
+    lengths = np.frombuffer(raw, ">u2", count, at).tolist()
+    at += 2 * count
+    ids = []
+    for n in lengths:
+        ids.append(raw[at:at + n].decode())
+        at += n
+    rows = np.frombuffer(raw, "<f4", count * dim, at).reshape(count, dim).copy() if dim else None
+    return [OutboxEntry(ids[i], versions[i], times[i], computed_at, table[modes[i]],
+                        None if rows is None else rows[i]) for i in range(count)]
 
 
 class EmbeddingTables:

@@ -65,17 +65,17 @@ class OutboxPublisher:
         sent_keys: list[bytes] = []
         entries = []
         for key, raw in self.store.column("outbox").items():
-            entry = decode_outbox(raw)
-            if entry.embedding is None:
-                k, v, headers = tombstone(entry.node, entry.version)
-                self.producer.send(self.topic, k, v, headers)
-            else:
-                update = EmbeddingUpdate(entry.node, self.model_tag, entry.version, entry.embedding,
-                                         entry.event_ts, entry.computed_at, entry.mode)
-                self.producer.send(self.topic, entry.node.encode(), encode_update(update, self.fmt))
+            for entry in decode_outbox(raw):
+                if entry.embedding is None:
+                    k, v, headers = tombstone(entry.node, entry.version)
+                    self.producer.send(self.topic, k, v, headers)
+                else:
+                    update = EmbeddingUpdate(entry.node, self.model_tag, entry.version, entry.embedding,
+                                             entry.event_ts, entry.computed_at, entry.mode)
+                    self.producer.send(self.topic, entry.node.encode(), encode_update(update, self.fmt))
+                entries.append(entry)
             sent_keys.append(key)
-            entries.append(entry)
-            if len(sent_keys) >= limit:
+            if len(entries) >= limit:
                 break
         if not sent_keys:
             return []

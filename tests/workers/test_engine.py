@@ -195,7 +195,7 @@ def _at_most(rnd: random.Random, n: int, count: int) -> list[bool]:
 
 # ---------------------------------------------------------------------- helpers
 def _outbox(store: GraphStore) -> list:
-    return [decode_outbox(raw) for _, raw in store.column("outbox").items()]
+    return [entry for _, raw in store.column("outbox").items() for entry in decode_outbox(raw)]
 
 
 def _final_stored(engine: Engine) -> dict[str, np.ndarray]:
