@@ -155,6 +155,7 @@ class GraphStore:
         self._name: dict[int, str] = {}
         self._nodes: dict[int, _Node | None] = {}
         self._top: dict[int, list[tuple[bytes, int]]] = {}
+        self._samples: dict[int, dict[int, list[int]]] = {}  # memo of S_k as iids, dropped when the prefix changes
         self._sampled: dict[tuple[int, int], set[int]] = {}  # complete sampled-by sets of non-hubs
         self._batch: _Batch | None = None
 
@@ -259,6 +260,7 @@ class GraphStore:
         self.fanouts = ks
         if self.top_size > old_size:
             self._top.clear()  # cached prefixes are shorter than the new largest fanout
+        self._samples.clear()
         self._sampled.clear()
         batch = _Batch(self._handles)
         for i, iid in enumerate(self.node_iids()):
@@ -389,6 +391,7 @@ class GraphStore:
         if truncated and key > top[-1][0]:
             return 1 << 62
         pos = bisect.bisect_left(top, (key,))
+        self._samples.pop(v, None)
         top.insert(pos, (key, u))
         if len(top) > self.top_size:
             top.pop()
@@ -402,6 +405,7 @@ class GraphStore:
         batch.pending_nbr[v][key] = None
         pos = bisect.bisect_left(top, (key,))
         if pos < len(top) and top[pos][0] == key:
+            self._samples.pop(v, None)
             del top[pos]
             self._refill(v, top, node.degree)
             return pos
@@ -573,6 +577,7 @@ class GraphStore:
         for key, _ in entries:
             pending[key] = None
         self._top[v] = []
+        self._samples.pop(v, None)
         if entries:
             touches.append((v, 0))
             result.degree_changed.add(v)
@@ -640,6 +645,7 @@ class GraphStore:
         self._name.clear()
         self._nodes.clear()
         self._top.clear()
+        self._samples.clear()
         self._sampled.clear()
         self._next_iid = self._meta_get("next_iid") or 0
         self.feature_dim = self._meta_get("feature_dim")
@@ -647,6 +653,7 @@ class GraphStore:
     def _trim_caches(self) -> None:
         if len(self._top) > self._cache_nodes:
             self._top.clear()
+            self._samples.clear()
         if len(self._sampled) > self._cache_nodes:
             self._sampled.clear()
         if len(self._nodes) > self._cache_nodes:
@@ -684,11 +691,20 @@ class GraphStore:
         return bool(node and node.flags & keys.FLAG_HAS_FEATURES)
 
     def sample_iids(self, iid: int, k: int) -> list[int]:
-        """``S_k`` of node ``iid`` as interned ids in rank order; O(k) reads."""
+        """``S_k`` of node ``iid`` as interned ids in rank order; O(k) reads.
+
+        The list may be shared with the store's memo: do not modify it.
+        """
+        memo = self._samples.get(iid)
+        if memo is not None and k in memo:
+            return memo[k]
         if self._node(iid) is None:
             return []
         if k <= self.top_size:
-            return [u for _, u in self._top_of(iid)[:k]]
+            out = [u for _, u in self._top_of(iid)[:k]]
+            if self._batch is None:
+                self._samples.setdefault(iid, {})[k] = out
+            return out
         out = []
         for _, u in self._iter_nbrs(iid):
             if len(out) >= k:
