@@ -157,7 +157,7 @@ def train_fraud_model(csv: str | Path, out: str | Path, *, train_fraction: float
         "model": f"{name}:{version}", "ratings": len(rows), "train_ratings": cut,
         "train_until_ts": rows[cut - 1].ts if cut else None, "train_nodes": len(names),
         "labelled": len(rows_labelled), "distrusted": int(y.sum()),
-        "train_auc": round(roc_auc(y.numpy(), train_scores), 4), "final_loss": round(float(loss), 4),
+        "train_auc": round(roc_auc(y.numpy(), train_scores), 4), "final_loss": round(loss.item(), 4),
         "epochs": epochs,
     }
     (out / "train.json").write_text(json.dumps(summary, indent=2))

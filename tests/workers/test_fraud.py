@@ -1,0 +1,105 @@
+"""Fraud scoring: training on Bitcoin OTC, the ROC AUC helper, and the scorer against the embedded broker."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from graph_state.store import GraphStore
+from model import load_model_dir
+from stream.kafka import EventConsumer, Producer, ensure_topics
+from stream.updates import EmbeddingUpdate, encode_update, tombstone
+from workers.datasets import read_snap, snap_events
+from workers.engine import Engine
+from workers.scorer import FraudScorer
+from workers.train import FraudHead, distrust_labels, load_head, roc_auc, train_fraud_model
+
+DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "soc-sign-bitcoinotc.csv"
+
+
+def _otc() -> Path:
+    if not DATA.exists():
+        pytest.fail(f"Bitcoin OTC data missing at {DATA}: the repository expects ../shared/data beside it")
+    return DATA
+
+
+def test_roc_auc_matches_hand_computed_values() -> None:
+    assert roc_auc(np.array([0, 0, 1, 1]), np.array([0.1, 0.4, 0.35, 0.8])) == pytest.approx(0.75)
+    assert roc_auc(np.array([1, 0]), np.array([0.9, 0.1])) == 1.0
+    assert roc_auc(np.array([1, 0]), np.array([0.1, 0.9])) == 0.0
+    assert roc_auc(np.array([1, 0, 1, 0]), np.array([0.5, 0.5, 0.5, 0.5])) == 0.5  # ties count half
+    with pytest.raises(ValueError, match="both classes"):
+        roc_auc(np.array([1, 1]), np.array([0.2, 0.3]))
+
+
+def test_distrust_labels_average_received_ratings() -> None:
+    rows = read_snap(_otc())[:2000]
+    labels = distrust_labels(rows)
+    received: dict[str, list[float]] = {}
+    for r in rows:
+        received.setdefault(r.dst, []).append(r.rating)
+    assert labels == {n: int(sum(v) / len(v) < 0) for n, v in received.items()}
+    assert 0 < sum(labels.values()) < len(labels)
+
+
+def test_trained_model_is_servable_and_head_scores(tmp_path: Path) -> None:
+    csv = tmp_path / "otc-head.csv"
+    csv.write_text("".join(line for _, line in zip(range(3000), _otc().open())))
+    summary = train_fraud_model(csv, tmp_path / "model", epochs=40, hidden=16, out_dim=8, fanouts=(5, 3))
+    assert summary["train_ratings"] == 2100 and summary["labelled"] > 100
+    assert 0.5 < summary["train_auc"] <= 1.0
+    loaded = load_model_dir(tmp_path / "model")
+    head = load_head(tmp_path / "model")
+    assert len(head.weights) == loaded.config.out_dim == 8
+    # the worker serves it: the engine backfills a store built from the same events
+    with GraphStore(tmp_path / "state", seed=loaded.config.seed) as store:
+        store.apply(list(snap_events(read_snap(csv))))
+        engine = Engine(store, loaded)
+        engine.backfill()
+        targets, rows = engine.from_scratch()
+        stored, present = engine.tables.get(engine.num_layers, targets)
+        assert present.all() and np.abs(stored - rows).max() < 1e-5
+    scores = head.score(rows)
+    assert scores.shape == (len(targets),) and np.all((scores > 0) & (scores < 1))
+
+
+def test_scorer_scores_every_published_embedding(broker, unique_name) -> None:
+    emb_topic, score_topic = unique_name("emb"), unique_name("scores")
+    ensure_topics(broker.bootstrap, {emb_topic: 2, score_topic: 2})
+    head = FraudHead((0.5, -1.0, 0.25), 0.1)
+    rng = np.random.default_rng(3)
+    updates = [EmbeddingUpdate(f"n{i % 40}", "m:1", i // 40 + 1, rng.normal(size=3).astype(np.float32),
+                               1000.0 + i, 2000.0 + i, "full") for i in range(200)]
+    with Producer(broker.bootstrap) as producer:
+        for u in updates:
+            producer.send(emb_topic, u.id.encode(), encode_update(u, "binary" if u.version % 2 else "json"))
+        key, value, headers = tombstone("gone", 7)
+        producer.send(emb_topic, key, value, headers)
+        producer.flush(30)
+    scorer = FraudScorer(broker.bootstrap, head, in_topic=emb_topic, out_topic=score_topic, group=unique_name("g"))
+    result: dict = {}
+    thread = threading.Thread(target=lambda: result.update(scorer.run(max_idle_s=4.0)))
+    thread.start()
+    thread.join(90)
+    assert not thread.is_alive(), "scorer did not stop when idle"
+    assert result == {"scored": 200, "deleted": 1}
+    consumer = EventConsumer(broker.bootstrap, score_topic, unique_name("read"))
+    got, idle = [], 0
+    try:
+        while idle < 3 and len(got) < 201:
+            records = consumer.poll_batch(500, 1.0)
+            got.extend(records)
+            idle = 0 if records else idle + (1 if consumer.assignment() else 0)
+    finally:
+        consumer.close()
+    scored = {(s["id"], s["embedding_version"]): s for s in (json.loads(r.value) for r in got if r.value is not None)}
+    assert set(scored) == {(u.id, u.version) for u in updates}
+    for u in updates:
+        expected = float(head.score(np.asarray(u.embedding)[None, :])[0])
+        assert scored[(u.id, u.version)]["score"] == pytest.approx(expected, abs=1e-6)
+        assert scored[(u.id, u.version)]["model"] == "m:1"
+    assert [r.key for r in got if r.value is None] == [b"gone"]
