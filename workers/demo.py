@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=Path, default=DATA, help=f"SNAP CSV to replay (default {DATA})")
     parser.add_argument("--out", type=Path, default=Path("out"), help="output directory (default out/)")
-    parser.add_argument("--rate", type=float, default=700.0, help="replay rate in events/s (default 700, about half the sustained rate; 0 = flat out)")
+    parser.add_argument("--rate", type=float, default=450.0, help="replay rate in events/s (default 450, well inside what the worker and scorer sustain together here; 0 = flat out)")
     parser.add_argument("--limit", type=int, default=0, help="replay only the first N events")
     parser.add_argument("--epochs", type=int, default=300, help="training epochs (default 300)")
     parser.add_argument("--retrain", action="store_true", help="train again even if out/model exists")
