@@ -198,6 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--retrain", action="store_true", help="train again even if out/model exists")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
+    logging.getLogger("kafka").setLevel(logging.ERROR)  # the client's event-loop timing notes are noise here
     result = run_demo(args.data, args.out, rate=args.rate, limit=args.limit, epochs=args.epochs, retrain=args.retrain)
     print("\ngnnstream demo — Bitcoin OTC trust network replayed through Kafka")
     width = max(len(k) for k in result)
