@@ -44,8 +44,6 @@ __all__ = [
     "layer_key",
     "dirty_key",
     "decode_dirty_key",
-    "layer_prefix",
-    "decode_layer_key",
     "NODE_RECORD",
     "EDGE_RECORD",
     "EMBMETA_HEAD",
@@ -123,12 +121,6 @@ def layer_key(layer: int, iid: int) -> bytes:
     return _BQ.pack(layer, iid)
 
 
-def layer_prefix(layer: int) -> bytes:
-    return bytes((layer,))
-
-
-def decode_layer_key(key: bytes) -> tuple[int, int]:
-    return _BQ.unpack(key)
 
 
 def dirty_key(k: int, iid: int) -> bytes:

@@ -682,10 +682,6 @@ class GraphStore:
         node = self._node(iid)
         return 0 if node is None else node.degree
 
-    def last_ts_iid(self, iid: int) -> float:
-        node = self._node(iid)
-        return 0.0 if node is None else node.last_ts
-
     def has_features_iid(self, iid: int) -> bool:
         node = self._node(iid)
         return bool(node and node.flags & keys.FLAG_HAS_FEATURES)

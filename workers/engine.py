@@ -138,11 +138,6 @@ class Engine:
         self._seq += 1
 
     # ------------------------------------------------------------------ binding
-    def bound_model(self) -> str | None:
-        """``name:version`` of the model the stored embeddings belong to (None before a backfill)."""
-        raw = self.store.column("meta").get(b"model")
-        return None if raw is None else json.loads(raw)["model"]
-
     def needs_backfill(self) -> bool:
         return self.store.column("meta").get(b"model") != self.binding.encode()
 
@@ -270,7 +265,8 @@ class Engine:
         return [cache[i] for i in iids]
 
     def _mode(self, iid: int) -> str:
-        return self.policy.mode(self.store.has_features_iid(iid), self.store.degree_iid(iid))
+        degree, has_features, _ = self.store.node_info_iid(iid)
+        return self.policy.mode(has_features, degree)
 
     def _write_final(self, iids: np.ndarray, rows: np.ndarray, *, publish: bool, stats: RecomputeStats,
                      event_ts: float | None, force: bool, puts: list | None = None) -> list:
@@ -373,9 +369,11 @@ class Engine:
                 deferred |= deferred_now[layer]
             new_deferred[layer] = deferred
             stats.deferred += len(deferred)
-            gone = [v for v in dirty if v in deleted or not store.exists_iid(v)]
-            targets = np.fromiter((v for v in dirty if v not in deleted and store.exists_iid(v)), dtype=np.int64)
-            targets.sort()
+            live: list[int] = []
+            gone: list[int] = []
+            for v in dirty:
+                (live if store.exists_iid(v) else gone).append(v)
+            targets = np.asarray(sorted(live), dtype=np.int64)
             rows, sampled = self.compute_layer(layer, targets, lambda ids, l=layer: self.tables.get(l, ids)[0])
             stats.sampled_neighbours += sampled
             old, present = self.tables.get(layer + 1, targets)

@@ -22,7 +22,7 @@ __all__ = ["EmbeddingTables", "EmbeddingMeta", "OutboxEntry", "encode_outbox", "
 
 logger = logging.getLogger(__name__)
 
-_META = struct.Struct(">Qd")  # version, event_ts; mode (ascii) follows
+_META = keys.EMBMETA_HEAD  # version, event_ts; mode (ascii) follows
 _OUTBOX = struct.Struct(">BIIdH")  # format, count, dim, computed_at, mode-table length
 _OUTBOX_FORMAT = 2
 
@@ -190,6 +190,3 @@ class EmbeddingTables:
             idx = np.asarray([i for i in iids if i < len(self._loaded[layer])], dtype=np.int64)
             self._loaded[layer][idx] = False
 
-    @staticmethod
-    def encode_row(row: np.ndarray) -> bytes:
-        return np.asarray(row, dtype="<f4").tobytes()
