@@ -45,7 +45,8 @@ DIRTY_COUNT = 4
 DIRTY_DEGREE = 8
 
 _MIN_TOP = 32
-_SAMPLED_CACHE_MAX = 4096  # larger sampled-by sets (hubs) are read from RocksDB each time
+_PAIR_BITS = 32  # the in-memory sampled-by index packs (u, v) as u << 32 | v
+_SAMPLED_KEY = np.dtype([("k", ">u2"), ("u", ">u8"), ("v", ">u8")])
 _F32_MAX = float(np.finfo(np.float32).max)
 
 
@@ -96,6 +97,108 @@ class ApplyResult:
         return {iid for iid, pos in self.event_touches[index] if pos < k}
 
 
+class _DenseSamples:
+    """``S_k`` of many nodes as a padded iid matrix (-1 where the sample is short).
+
+    Rows are filled on first read and dropped whenever the node's rank-ordered
+    prefix changes, so a valid row always equals :meth:`GraphStore.sample_iids`.
+    """
+
+    def __init__(self, k: int):
+        self.k = k
+        self.mat = np.full((0, k), -1, dtype=np.int64)
+        self.valid = np.zeros(0, dtype=bool)
+
+    def grow(self, size: int) -> None:
+        have = len(self.valid)
+        if size <= have:
+            return
+        new = max(size, 2 * have, 1024)
+        mat = np.full((new, self.k), -1, dtype=np.int64)
+        mat[:have] = self.mat
+        valid = np.zeros(new, dtype=bool)
+        valid[:have] = self.valid
+        self.mat, self.valid = mat, valid
+
+    def forget(self, v: int) -> None:
+        if v < len(self.valid):
+            self.valid[v] = False
+
+
+class _SampledIndex:
+    """The sampled-by relation of one fanout in memory: sorted ``u << 32 | v`` pairs.
+
+    ``sampled_by_k(u)`` is one contiguous slice, found by binary search, and
+    its size is known without reading it (a hub costs the same as a leaf).
+    """
+
+    def __init__(self, pairs: np.ndarray):
+        self.pairs = pairs
+
+    def update(self, removed: np.ndarray, added: np.ndarray) -> None:
+        pairs = self.pairs
+        if len(removed) and len(pairs):
+            pos = np.searchsorted(pairs, removed)
+            hit = pos < len(pairs)
+            hit[hit] = pairs[pos[hit]] == removed[hit]
+            pairs = np.delete(pairs, pos[hit])
+        if len(added):
+            added = np.unique(added)
+            pos = np.searchsorted(pairs, added)
+            new = pos >= len(pairs)
+            new[~new] = pairs[pos[~new]] != added[~new]
+            pairs = np.insert(pairs, pos[new], added[new])
+        self.pairs = pairs
+
+    def ranges(self, sources: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        lo = np.searchsorted(self.pairs, sources << _PAIR_BITS)
+        hi = np.searchsorted(self.pairs, (sources + 1) << _PAIR_BITS)
+        return lo, hi
+
+    def gather(self, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+        """The ``v`` of every pair in the slices ``[lo, hi)``."""
+        counts = hi - lo
+        total = int(counts.sum())
+        if total == 0:
+            return np.zeros(0, dtype=np.int64)
+        starts = np.repeat(lo - np.concatenate(([0], np.cumsum(counts)[:-1])), counts)
+        return self.pairs[starts + np.arange(total)] & ((1 << _PAIR_BITS) - 1)
+
+
+class _DenseNodes:
+    """Node records as arrays, for reading thousands of them at once.
+
+    ``degree`` is -1 for an absent node; ``known`` says which entries are filled.
+    Entries are written through at the end of every applied batch.
+    """
+
+    def __init__(self) -> None:
+        self.degree = np.zeros(0, dtype=np.int64)
+        self.flags = np.zeros(0, dtype=np.uint8)
+        self.last_ts = np.zeros(0, dtype=np.float64)
+        self.known = np.zeros(0, dtype=bool)
+
+    def grow(self, size: int) -> None:
+        have = len(self.known)
+        if size <= have:
+            return
+        new = max(size, 2 * have, 1024)
+        for name in ("degree", "flags", "last_ts", "known"):
+            old = getattr(self, name)
+            arr = np.zeros(new, dtype=old.dtype)
+            arr[:have] = old
+            setattr(self, name, arr)
+
+    def set(self, iid: int, node: "_Node | None") -> None:
+        if iid >= len(self.known):
+            self.grow(iid + 1)
+        if node is None:
+            self.degree[iid], self.flags[iid], self.last_ts[iid] = -1, 0, 0.0
+        else:
+            self.degree[iid], self.flags[iid], self.last_ts[iid] = node.degree, node.flags, node.last_ts
+        self.known[iid] = True
+
+
 class _Batch:
     """Writes of one batch plus the overlay needed to read them back."""
 
@@ -107,6 +210,8 @@ class _Batch:
         self.initial_degree: dict[int, int] = {}
         self.edges: dict[bytes, bool] = {}
         self.nodes: set[int] = set()
+        self.sampled_removed: dict[int, list[int]] = defaultdict(list)
+        self.sampled_added: dict[int, list[int]] = defaultdict(list)
 
     def put(self, cf: str, key: bytes, value: bytes) -> None:
         self.wb.put(key, value, self.handles[cf])
@@ -156,7 +261,9 @@ class GraphStore:
         self._nodes: dict[int, _Node | None] = {}
         self._top: dict[int, list[tuple[bytes, int]]] = {}
         self._samples: dict[int, dict[int, list[int]]] = {}  # memo of S_k as iids, dropped when the prefix changes
-        self._sampled: dict[tuple[int, int], set[int]] = {}  # complete sampled-by sets of non-hubs
+        self._sampled: dict[int, _SampledIndex] = {}  # the sampled-by index in memory, built on first use
+        self._dense_samples: dict[int, _DenseSamples] = {}  # S_k of many nodes at once, for the engine
+        self._dense_nodes = _DenseNodes()
         self._batch: _Batch | None = None
 
     # ------------------------------------------------------------------ open/close
@@ -391,7 +498,7 @@ class GraphStore:
         if truncated and key > top[-1][0]:
             return 1 << 62
         pos = bisect.bisect_left(top, (key,))
-        self._samples.pop(v, None)
+        self._forget_sample(v)
         top.insert(pos, (key, u))
         if len(top) > self.top_size:
             top.pop()
@@ -405,7 +512,7 @@ class GraphStore:
         batch.pending_nbr[v][key] = None
         pos = bisect.bisect_left(top, (key,))
         if pos < len(top) and top[pos][0] == key:
-            self._samples.pop(v, None)
+            self._forget_sample(v)
             del top[pos]
             self._refill(v, top, node.degree)
             return pos
@@ -490,6 +597,12 @@ class GraphStore:
             raise
         finally:
             self._batch = None
+        dense = self._dense_nodes
+        for iid in batch.nodes:
+            dense.set(iid, self._nodes[iid])
+        for k, index in self._sampled.items():
+            index.update(np.asarray(batch.sampled_removed.get(k, ()), dtype=np.int64),
+                         np.asarray(batch.sampled_added.get(k, ()), dtype=np.int64))
         self._trim_caches()
         return result
 
@@ -577,7 +690,7 @@ class GraphStore:
         for key, _ in entries:
             pending[key] = None
         self._top[v] = []
-        self._samples.pop(v, None)
+        self._forget_sample(v)
         if entries:
             touches.append((v, 0))
             result.degree_changed.add(v)
@@ -612,14 +725,10 @@ class GraphStore:
                     result.sample_changed[k].add(v)
                     for u in set(old) - set(new):
                         batch.delete("sampled", keys.sampled_key(k, u, v))
-                        cached = self._sampled.get((k, u))
-                        if cached is not None:
-                            cached.discard(v)
+                        batch.sampled_removed[k].append((u << _PAIR_BITS) | v)
                     for u in set(new) - set(old):
                         batch.put("sampled", keys.sampled_key(k, u, v), b"")
-                        cached = self._sampled.get((k, u))
-                        if cached is not None:
-                            cached.add(v)
+                        batch.sampled_added[k].append((u << _PAIR_BITS) | v)
                 if min(deg_before, k) != min(deg_after, k):
                     result.count_changed[k].add(v)
         if not self.fanouts:
@@ -640,6 +749,12 @@ class GraphStore:
             batch.put("dirty", key, bytes((flags | (old[0] if old else 0),)))
 
     # ------------------------------------------------------------------ caches
+    def _forget_sample(self, v: int) -> None:
+        """Drop the memoised samples of ``v`` (its rank-ordered prefix changed)."""
+        self._samples.pop(v, None)
+        for dense in self._dense_samples.values():
+            dense.forget(v)
+
     def _invalidate_caches(self) -> None:
         self._iid.clear()
         self._name.clear()
@@ -647,6 +762,8 @@ class GraphStore:
         self._top.clear()
         self._samples.clear()
         self._sampled.clear()
+        self._dense_samples.clear()
+        self._dense_nodes = _DenseNodes()
         self._next_iid = self._meta_get("next_iid") or 0
         self.feature_dim = self._meta_get("feature_dim")
 
@@ -654,8 +771,6 @@ class GraphStore:
         if len(self._top) > self._cache_nodes:
             self._top.clear()
             self._samples.clear()
-        if len(self._sampled) > self._cache_nodes:
-            self._sampled.clear()
         if len(self._nodes) > self._cache_nodes:
             self._nodes.clear()
         if len(self._iid) > 2 * self._cache_nodes:
@@ -708,15 +823,92 @@ class GraphStore:
             out.append(u)
         return out
 
+    def node_arrays(self, iids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(degree, flags, last_ts)`` of many nodes as arrays; degree is -1 where a node is absent."""
+        iids = np.asarray(iids, dtype=np.int64)
+        dense = self._dense_nodes
+        if len(iids) == 0:
+            return dense.degree[:0].copy(), dense.flags[:0].copy(), dense.last_ts[:0].copy()
+        dense.grow(int(iids.max()) + 1)
+        missing = iids[~dense.known[iids]]
+        if len(missing):
+            for iid in np.unique(missing).tolist():
+                dense.set(iid, self._node(iid))
+        return dense.degree[iids], dense.flags[iids], dense.last_ts[iids]
+
+    def sample_matrix(self, k: int, iids: np.ndarray) -> np.ndarray:
+        """``S_k`` of many nodes: an ``[len(iids), k]`` iid matrix in rank order, padded with -1.
+
+        Rows are cached (write-through: a row is dropped when the node's
+        sample changes), so a node read again costs no RocksDB read.
+        """
+        iids = np.asarray(iids, dtype=np.int64)
+        if self._batch is not None or k > self.top_size:
+            out = np.full((len(iids), k), -1, dtype=np.int64)
+            for row, v in enumerate(iids.tolist()):
+                s = self.sample_iids(v, k)
+                out[row, :len(s)] = s
+            return out
+        dense = self._dense_samples.get(k)
+        if dense is None:
+            dense = self._dense_samples[k] = _DenseSamples(k)
+        if len(iids):
+            dense.grow(int(iids.max()) + 1)
+            missing = iids[~dense.valid[iids]]
+            if len(missing):
+                mat = dense.mat
+                for v in np.unique(missing).tolist():
+                    s = self.sample_iids(v, k)
+                    mat[v, :len(s)] = s
+                    mat[v, len(s):] = -1
+                dense.valid[missing] = True
+        return dense.mat[iids]
+
+    def _sampled_index(self, k: int) -> _SampledIndex | None:
+        index = self._sampled.get(k)
+        if index is None and k in self.fanouts and self._next_iid < (1 << (_PAIR_BITS - 1)):
+            prefix = keys.sampled_prefix(k, 0)[:2]
+            raw = []
+            for key in self._cf["sampled"].keys(from_key=prefix):
+                if not key.startswith(prefix):
+                    break
+                raw.append(key)
+            rec = np.frombuffer(b"".join(raw), dtype=_SAMPLED_KEY)
+            pairs = (rec["u"].astype(np.int64) << _PAIR_BITS) | rec["v"].astype(np.int64)
+            index = self._sampled[k] = _SampledIndex(pairs)  # keys sort as (u, v): already in order
+        return index
+
     def sampled_by(self, k: int, u: int, limit: int | None = None) -> list[int]:
-        """Nodes ``v`` with ``u`` in ``S_k(v)`` (k must be one of the store's fanouts).
+        """Nodes ``v`` with ``u`` in ``S_k(v)`` in id order (k must be one of the store's fanouts).
 
         Args:
-            limit: stop after this many (to test a hub against a bound in O(bound)).
+            limit: return at most this many.
         """
-        cached = self._sampled.get((k, u))
-        if cached is not None:
-            return list(cached) if limit is None or len(cached) <= limit else list(cached)[:limit]
+        deps, _ = self.sampled_by_many(k, np.asarray([u], dtype=np.int64), None)
+        return deps[:limit].tolist() if limit is not None else deps.tolist()
+
+    def sampled_by_many(self, k: int, sources: np.ndarray, bound: int | None) -> tuple[np.ndarray, np.ndarray]:
+        """The union of ``sampled_by(k, u)`` over ``sources``, leaving out sources with more than ``bound``.
+
+        Returns:
+            ``(dependents, over)``: the dependents (with repeats) and the sources
+            left out for having more than ``bound`` dependents.
+        """
+        sources = np.asarray(sources, dtype=np.int64)
+        index = self._sampled_index(k)
+        if index is None:  # a fanout the store does not index, or ids too large to pack
+            deps, over = [], []
+            for u in sources.tolist():
+                got = self._scan_sampled(k, u, None if bound is None else bound + 1)
+                (over.append(u) if bound is not None and len(got) > bound else deps.extend(got))
+            return np.asarray(deps, dtype=np.int64), np.asarray(over, dtype=np.int64)
+        lo, hi = index.ranges(sources)
+        if bound is None:
+            return index.gather(lo, hi), sources[:0]
+        big = hi - lo > bound
+        return index.gather(lo[~big], hi[~big]), sources[big]
+
+    def _scan_sampled(self, k: int, u: int, limit: int | None) -> list[int]:
         prefix = keys.sampled_prefix(k, u)
         out: list[int] = []
         it = self._cf["sampled"].iter()
@@ -728,8 +920,6 @@ class GraphStore:
             out.append(keys.decode_sampled_key(key)[2])
             it.next()
         del it
-        if (limit is None or len(out) < limit) and len(out) <= _SAMPLED_CACHE_MAX:
-            self._sampled[(k, u)] = set(out)
         return out
 
     def feature_rows(self, iids: Sequence[int], dim: int | None = None) -> tuple[np.ndarray, np.ndarray]:

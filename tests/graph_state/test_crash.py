@@ -130,8 +130,9 @@ def test_sigkill_at_random_moments_leaves_a_batch_boundary(tmp_path, reference):
         if alive:
             os.kill(proc.pid, signal.SIGKILL)
         out, err = proc.communicate(timeout=60)
+        # the child may finish between poll() and kill(): then it exited cleanly
+        alive = proc.returncode == -signal.SIGKILL
         if alive:
-            assert proc.returncode == -signal.SIGKILL
             kills += 1
         else:
             assert proc.returncode == 0, err
