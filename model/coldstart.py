@@ -29,6 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import numpy as np
 from model.exceptions import InvalidModelConfig, UnknownColdStartPolicy
 
 __all__ = [
@@ -62,6 +63,19 @@ class ColdStartPolicy(ABC):
     def mode(self, has_features: bool, degree: int) -> str:
         """Return the ``mode`` published with the node's embedding."""
 
+    def uses_neighbours_many(self, degree: np.ndarray) -> np.ndarray:
+        """:meth:`uses_neighbours` of many nodes at once (a bool array)."""
+        return np.fromiter((self.uses_neighbours(d) for d in np.asarray(degree).tolist()), dtype=bool,
+                           count=len(degree))
+
+    def modes_many(self, has_features: np.ndarray, degree: np.ndarray) -> list[str]:
+        """:meth:`mode` of many nodes at once, one call per distinct ``(has_features, degree)``."""
+        has = np.asarray(has_features, dtype=np.int64)
+        deg = np.asarray(degree, dtype=np.int64)
+        combos, inverse = np.unique(deg * 2 + has, return_inverse=True)
+        names = [self.mode(bool(c & 1), int(c >> 1)) for c in combos.tolist()]
+        return [names[i] for i in inverse.tolist()]
+
     @abstractmethod
     def to_config(self) -> dict[str, Any]:
         """Return the JSON object that :func:`policy_from_config` turns back into this policy."""
@@ -80,6 +94,9 @@ class PlainPolicy(ColdStartPolicy):
     def uses_neighbours(self, degree: int) -> bool:
         """Always ``True``."""
         return True
+
+    def uses_neighbours_many(self, degree: np.ndarray) -> np.ndarray:
+        return np.ones(len(degree), dtype=bool)
 
     def mode(self, has_features: bool, degree: int) -> str:
         """``full`` if the node has features, else ``cold_start``."""
@@ -116,6 +133,9 @@ class FeatureOnlyPolicy(ColdStartPolicy):
     def uses_neighbours(self, degree: int) -> bool:
         """``degree >= min_neighbours``."""
         return degree >= self.min_neighbours
+
+    def uses_neighbours_many(self, degree: np.ndarray) -> np.ndarray:
+        return np.asarray(degree) >= self.min_neighbours
 
     def mode(self, has_features: bool, degree: int) -> str:
         """``feature_only`` below ``min_neighbours``, else as :class:`PlainPolicy`."""

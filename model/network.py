@@ -137,6 +137,30 @@ class GNN(nn.Module):
         out = self.convs[l](x_self, x_nbr, index, self_count, nbr_count)
         return out.relu() if l < self.num_layers - 1 else out
 
+    def layer_indexed(self, l: int, x_self: Tensor, table: Tensor, nbr_rows: Tensor, self_count: Tensor,
+                      nbr_count: Tensor) -> Tensor:
+        """:meth:`layer` with the neighbour inputs given as rows of ``table``.
+
+        Neighbour ``e`` is ``table[nbr_rows[e]]``; rows are grouped by target
+        in order (``self_count[b]`` rows for target ``b``). A layer that can
+        reduce straight from the table (GraphSAGE: an ``embedding_bag`` sum)
+        never materialises the ``[E, in_dim]`` neighbour matrix; the others
+        get it gathered. The result equals :meth:`layer` on the gathered rows.
+
+        Shapes:
+            ``x_self: [B, dims[l]]``, ``table: [N, dims[l]]``, ``nbr_rows: [E]``,
+            ``self_count: [B]``, ``nbr_count: [E]`` -> ``[B, dims[l+1]]``.
+        """
+        if not 0 <= l < self.num_layers:
+            raise ValueError(f"Expected a layer number in [0, {self.num_layers}) (got {l})")
+        conv = self.convs[l]
+        if hasattr(conv, "forward_indexed"):
+            out = conv.forward_indexed(x_self, table, nbr_rows, self_count, nbr_count)
+        else:
+            index = torch.repeat_interleave(torch.arange(x_self.size(0)), self_count)
+            out = conv(x_self, table.index_select(0, nbr_rows), index, self_count, nbr_count)
+        return out.relu() if l < self.num_layers - 1 else out
+
     def forward(self, x: Tensor, edge_index: Tensor | Sequence[Tensor]) -> Tensor:
         """Embed every node of a graph from its sampled edge list(s): the from-scratch reference.
 

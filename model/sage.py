@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 from typing import ClassVar
 
+import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from model.aggregate import check_layer_inputs, scatter_mean
@@ -81,6 +83,40 @@ class SAGELayer(nn.Module):
         """
         check_layer_inputs(type(self).__name__, self.in_dim, x_self, x_nbr, index, self_count, nbr_count)
         mean = scatter_mean(x_nbr, index, self_count)
+        return self.lin_l(mean) + self.lin_r(x_self)
+
+    def forward_indexed(
+        self,
+        x_self: Tensor,
+        table: Tensor,
+        nbr_rows: Tensor,
+        self_count: Tensor,
+        nbr_count: Tensor,
+    ) -> Tensor:
+        """:meth:`forward` with neighbour row ``e`` being ``table[nbr_rows[e]]``, grouped by target.
+
+        The neighbour sum is one ``embedding_bag`` over the table, so the
+        ``[E, in_dim]`` neighbour matrix is never built; sums are taken in
+        the same order as :meth:`forward`'s.
+
+        Shapes:
+            ``x_self: [B, in_dim]``, ``table: [N, in_dim]``, ``nbr_rows: [E]``,
+            ``self_count: [B]``, ``nbr_count: [E]`` -> ``[B, out_dim]``.
+        """
+        if x_self.dim() != 2 or x_self.size(1) != self.in_dim or table.dim() != 2 or table.size(1) != self.in_dim:
+            raise ValueError(f"{type(self).__name__}: Expected x_self [B, {self.in_dim}] and table [N, {self.in_dim}] "
+                             f"(got {list(x_self.shape)} and {list(table.shape)})")
+        if self_count.numel() != x_self.size(0) or int(self_count.sum()) != nbr_rows.numel():
+            raise ValueError(f"{type(self).__name__}: Expected self_count to sum to the {nbr_rows.numel()} "
+                             f"neighbour rows, one entry per target")
+        if x_self.size(0) == 0:
+            return x_self.new_zeros((0, self.out_dim))
+        offsets = torch.cumsum(self_count, 0) - self_count
+        if nbr_rows.numel():
+            total = F.embedding_bag(nbr_rows, table, offsets, mode="sum")
+        else:
+            total = x_self.new_zeros(x_self.shape)
+        mean = total / self_count.clamp(min=1).to(x_self.dtype).unsqueeze(-1)
         return self.lin_l(mean) + self.lin_r(x_self)
 
     def __repr__(self) -> str:

@@ -137,3 +137,24 @@ def test_model_package_is_pure_torch() -> None:
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             cwd=Path(__file__).resolve().parents[2])
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("arch", ["sage", "gcn", "gat"])
+def test_layer_indexed_equals_layer(arch: str) -> None:
+    """Neighbour rows given as table positions give the same output as gathered rows."""
+    torch.manual_seed(7)
+    model = GNN(arch, 6, 4, 4, 2, heads=2 if arch == "gat" else 1)
+    randomise_(model, seed=3)
+    table = torch.randn(40, 6)
+    counts = torch.tensor([3, 0, 1, 5, 2])
+    rows = torch.randint(0, 40, (int(counts.sum()),))
+    index = torch.repeat_interleave(torch.arange(5), counts)
+    x_self = table[torch.tensor([0, 7, 9, 11, 39])]
+    nbr_count = torch.randint(0, 4, (len(rows),))
+    want = model.layer(0, x_self, table[rows], index, counts, nbr_count)
+    got = model.layer_indexed(0, x_self, table, rows, counts, nbr_count)
+    assert got.shape == (5, 4)
+    assert torch.equal(got, want)
+    empty = model.layer_indexed(0, x_self[:2], table, rows[:0], torch.zeros(2, dtype=torch.long), nbr_count[:0])
+    assert torch.equal(empty, model.layer(0, x_self[:2], table[:0], rows[:0], torch.zeros(2, dtype=torch.long),
+                                          nbr_count[:0]))
