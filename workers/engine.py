@@ -29,15 +29,14 @@ import json
 import logging
 import time
 from dataclasses import dataclass, field
-from itertools import chain
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable
 
 import numpy as np
 import torch
 
 from graph_state import keys
 from graph_state.store import DIRTY_COUNT, DIRTY_DEGREE, DIRTY_INPUT, DIRTY_SAMPLE, GraphStore
-from workers.tables import EmbeddingMeta, EmbeddingTables, encode_outbox
+from workers.tables import EmbeddingTables, MetaTable, OutboxEntry, encode_outbox
 
 __all__ = ["Engine", "RecomputeStats", "EngineError"]
 
@@ -47,6 +46,11 @@ DELETED = "deleted"  # mode of a withdrawn embedding (its meta keeps the version
 DEFERRED_TAG = 0x8000  # dirty key tag 0x8000 + l: dependents of v at layer l are pending
 _ATOL = 1e-6
 _OUTBOX_SEQ = b"outbox_seq"
+_DIRTY_KEY = np.dtype([("tag", ">u2"), ("iid", ">u8")])  # keys.dirty_key as a record
+
+
+Rows = Callable[[np.ndarray], "tuple[np.ndarray, np.ndarray]"]
+"""Layer inputs by iid: ``rows(iids) -> (table, positions)``, ``table[positions[i]]`` being the row of ``iids[i]``."""
 
 
 class EngineError(RuntimeError):
@@ -114,6 +118,8 @@ class Engine:
             )
         store.set_feature_dim(cfg.in_dim)
         store.set_fanouts(self.fanouts)
+        for k in set(self.fanouts):  # build the in-memory sampled-by index now, not in the first batch
+            store.sampled_by_many(k, np.zeros(0, dtype=np.int64), None)
         dims = [cfg.in_dim]
         for layer in range(self.num_layers):
             dims.append(self._out_dim(layer, dims[-1]))
@@ -121,7 +127,8 @@ class Engine:
         self._uses_counts = [bool(getattr(c, "uses_neighbour_counts", False)) for c in self.gnn.convs]
         self._deferred_since: float | None = None
         self._capped = 0
-        self._metas: dict[int, EmbeddingMeta | None] = {}  # write-through cache of embmeta
+        self.meta = MetaTable(store)  # write-through cache of embmeta
+        self._deleted_code = self.meta.code(DELETED)
         raw = store.column("meta").get(_OUTBOX_SEQ)
         self._seq = 0 if raw is None else keys.decode_iid(raw)
 
@@ -142,21 +149,29 @@ class Engine:
         return self.store.column("meta").get(b"model") != self.binding.encode()
 
     # ------------------------------------------------------------------ one layer
-    def _effective_samples(self, targets: np.ndarray, k: int) -> list[list[int]]:
+    def _samples(self, targets: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(flat neighbour iids grouped by target in rank order, counts, target degrees)``.
+
+        A node the cold-start policy keeps off its neighbours gets an empty sample.
+        """
         store = self.store
-        if self.plain:
-            return [store.sample_iids(v, k) for v in targets.tolist()]
-        uses = self.policy.uses_neighbours
-        return [store.sample_iids(v, k) if uses(store.degree_iid(v)) else [] for v in targets.tolist()]
+        mat = store.sample_matrix(k, targets)
+        degree, _, _ = store.node_arrays(targets)
+        if not self.plain:
+            mat[~self.policy.uses_neighbours_many(np.maximum(degree, 0))] = -1
+        valid = mat >= 0
+        return mat[valid], valid.sum(axis=1), degree
 
-    def _effective_count(self, u: int, k: int) -> int:
-        deg = self.store.degree_iid(u)
-        if not self.plain and not self.policy.uses_neighbours(deg):
-            return 0
-        return min(deg, k)
+    def _neighbour_counts(self, nbrs: np.ndarray, k: int) -> np.ndarray:
+        """``|S_k(u)|`` of every neighbour row as the layer sees it (0 for a node kept off its neighbours)."""
+        degree = np.maximum(self.store.node_arrays(nbrs)[0], 0)
+        count = np.minimum(degree, k)
+        if not self.plain:
+            count[~self.policy.uses_neighbours_many(degree)] = 0
+        return count
 
-    def compute_layer(self, layer: int, targets: np.ndarray, inputs: Callable[[np.ndarray], np.ndarray]) -> tuple[np.ndarray, int]:
-        """``h^{layer+1}`` of ``targets`` (0-based layer index) from ``h^layer`` rows given by ``inputs``.
+    def compute_layer(self, layer: int, targets: np.ndarray, inputs: Rows) -> tuple[np.ndarray, int]:
+        """``h^{layer+1}`` of ``targets`` (0-based layer index) from the ``h^layer`` rows of ``inputs``.
 
         Returns:
             The new rows and the number of sampled neighbours read.
@@ -166,27 +181,19 @@ class Engine:
         sampled = 0
         for start in range(0, len(targets), self.chunk_nodes):
             chunk = targets[start:start + self.chunk_nodes]
-            samples = self._effective_samples(chunk, k)
-            counts = np.fromiter((len(s) for s in samples), dtype=np.int64, count=len(samples))
-            flat = np.fromiter(chain.from_iterable(samples), dtype=np.int64, count=int(counts.sum()))
+            flat, counts, degree = self._samples(chunk, k)
             sampled += len(flat)
-            full = np.flatnonzero(counts == k)
-            if len(full):
-                degree = self.store.degree_iid
-                self._capped += sum(1 for v in chunk[full].tolist() if degree(v) > k)
-            uniq, inverse = np.unique(np.concatenate([chunk, flat]), return_inverse=True)
-            rows = torch.from_numpy(inputs(uniq))
-            inv = torch.from_numpy(inverse)
-            x_self = rows[inv[: len(chunk)]]
-            x_nbr = rows[inv[len(chunk):]]
-            index = torch.from_numpy(np.repeat(np.arange(len(chunk), dtype=np.int64), counts))
-            self_count = torch.from_numpy(counts)
+            if k:
+                self._capped += int(np.count_nonzero((counts == k) & (degree > k)))
+            table, pos = inputs(np.concatenate([chunk, flat]))
+            self_count = torch.from_numpy(counts.astype(np.int64, copy=False))
             if self._uses_counts[layer]:
-                nbr_count = torch.tensor([self._effective_count(u, k) for u in flat.tolist()], dtype=torch.int64)
+                nbr_count = torch.from_numpy(self._neighbour_counts(flat, k))
             else:
                 nbr_count = torch.zeros(len(flat), dtype=torch.int64)
             with torch.no_grad():
-                h = self.gnn.layer(layer, x_self, x_nbr, index, self_count, nbr_count)
+                h = self.gnn.layer_indexed(layer, torch.from_numpy(table[pos[:len(chunk)]]), torch.from_numpy(table),
+                                           torch.from_numpy(pos[len(chunk):]), self_count, nbr_count)
             out[start:start + len(chunk)] = h.numpy()
         return out, sampled
 
@@ -197,9 +204,10 @@ class Engine:
         stats = RecomputeStats()
         targets = np.fromiter(self.store.node_iids(), dtype=np.int64)
         self.tables.clear()
-        self._metas.clear()
+        self.meta.clear()
         prev = self._full_inputs(targets)
-        self.tables.set(0, targets, prev(targets))
+        table, pos = prev(targets)
+        self.tables.set(0, targets, table[pos])
         for layer in range(self.num_layers):
             h, sampled = self.compute_layer(layer, targets, prev)
             stats.sampled_neighbours += sampled
@@ -216,31 +224,27 @@ class Engine:
         stats.seconds = time.perf_counter() - t0
         return stats
 
-    def _full_inputs(self, targets: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
+    def _full_inputs(self, targets: np.ndarray) -> Rows:
         feats, _ = self.store.feature_rows(targets.tolist(), self.tables.dims[0])
         return self._dense_lookup(targets, feats)
 
     @staticmethod
-    def _dense_lookup(targets: np.ndarray, rows: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
-        pos = np.full(int(targets.max()) + 1 if len(targets) else 0, -1, dtype=np.int64)
+    def _dense_lookup(targets: np.ndarray, rows: np.ndarray) -> Rows:
+        """Rows of ``targets`` as a :data:`Rows` source (zeros for any other iid)."""
+        pos = np.full(int(targets.max()) + 1 if len(targets) else 0, len(rows), dtype=np.int64)
         pos[targets] = np.arange(len(targets))
-        zero_row = np.zeros((1, rows.shape[1]), dtype=np.float32)
-        padded = np.concatenate([rows, zero_row])
+        padded = np.concatenate([rows, np.zeros((1, rows.shape[1]), dtype=np.float32)])
 
-        def lookup(iids: np.ndarray) -> np.ndarray:
-            idx = np.where(iids < len(pos), pos[np.minimum(iids, max(len(pos) - 1, 0))], -1)
-            return padded[np.where(idx >= 0, idx, len(rows))]
+        def lookup(iids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            inside = iids < len(pos)
+            return padded, np.where(inside, pos[np.where(inside, iids, 0)], len(rows))
 
         return lookup
 
     def _write_layer_rows(self, layer: int, iids: np.ndarray, rows: np.ndarray) -> None:
-        batch = []
-        for i, iid in enumerate(iids.tolist()):
-            batch.append(("emb", keys.layer_key(layer, iid), rows[i].tobytes()))
-            if len(batch) >= 50_000:
-                self.store.write(batch)
-                batch = []
-        self.store.write(batch)
+        step = 50_000
+        for start in range(0, len(iids), step):
+            self.store.write(self._row_puts(layer, iids[start:start + step], rows[start:start + step]))
 
     def from_scratch(self) -> tuple[np.ndarray, np.ndarray]:
         """Every node's final embedding computed in memory (nothing is written)."""
@@ -253,20 +257,9 @@ class Engine:
         return targets, h
 
     # ------------------------------------------------------------------ outputs
-    def _get_metas(self, iids: list[int]) -> list[EmbeddingMeta | None]:
-        """Stored metadata of ``iids`` (None where absent), through the in-memory cache."""
-        cache = self._metas
-        missing = [i for i in iids if i not in cache]
-        if missing:
-            if len(cache) > 4_000_000:
-                cache.clear()
-            for iid, raw in zip(missing, self.store.column("embmeta").get([keys.encode_iid(i) for i in missing])):
-                cache[iid] = None if raw is None else EmbeddingMeta.decode(raw)
-        return [cache[i] for i in iids]
-
-    def _mode(self, iid: int) -> str:
-        degree, has_features, _ = self.store.node_info_iid(iid)
-        return self.policy.mode(has_features, degree)
+    def _modes(self, iids: np.ndarray) -> list[str]:
+        degree, flags, _ = self.store.node_arrays(iids)
+        return self.policy.modes_many((flags & keys.FLAG_HAS_FEATURES) != 0, np.maximum(degree, 0))
 
     def _write_final(self, iids: np.ndarray, rows: np.ndarray, *, publish: bool, stats: RecomputeStats,
                      event_ts: float | None, force: bool, puts: list | None = None) -> list:
@@ -274,22 +267,18 @@ class Engine:
         puts = [] if puts is None else puts
         now = time.time()
         chunk = 50_000
+        meta = self.meta
         for start in range(0, len(iids), chunk):
-            ids = iids[start:start + chunk].tolist()
-            metas = self._get_metas(ids)
-            versions, times, modes = [], [], []
-            for iid, old in zip(ids, metas):
-                degree, has_features, last_ts = self.store.node_info_iid(iid)
-                meta = EmbeddingMeta((old.version if old else 0) + 1, max(last_ts, event_ts or 0.0),
-                                     self.policy.mode(has_features, degree))
-                self._metas[iid] = meta
-                puts.append(("embmeta", keys.encode_iid(iid), meta.encode()))
-                versions.append(meta.version)
-                times.append(meta.event_ts)
-                modes.append(meta.mode)
-            if publish and ids:
-                names = [self.store.name(i) for i in ids]
-                self._outbox(puts, encode_outbox(names, versions, times, now, modes, rows[start:start + chunk]))
+            ids = iids[start:start + chunk]
+            old_version, _, _ = meta.get(ids)
+            _, _, last_ts = self.store.node_arrays(ids)
+            modes = self._modes(ids)
+            versions = old_version + 1
+            times = np.maximum(last_ts, event_ts or 0.0)
+            meta.set(ids, versions, times, np.asarray([meta.code(m) for m in modes], dtype=np.int16))
+            puts.extend(("embmeta", key, value) for key, value in meta.encode(ids))
+            if publish and len(ids):
+                self._outbox(puts, encode_outbox(ids, now))
                 stats.published += len(ids)
             if force:
                 puts.append(("meta", _OUTBOX_SEQ, keys.U64.pack(self._seq)))
@@ -298,26 +287,27 @@ class Engine:
         return puts
 
     # ------------------------------------------------------------------ incremental
-    def _read_marks(self) -> dict[int, dict[int, int]]:
-        marks: dict[int, dict[int, int]] = {}
+    def _read_marks(self) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+        """Dirty marks by tag: ``{tag: (iids, flags)}``."""
+        ks, vs = [], []
         for key, value in self.store.column("dirty").items():
-            tag, iid = keys.decode_dirty_key(key)
-            marks.setdefault(tag, {})[iid] = value[0]
-        return marks
+            ks.append(key)
+            vs.append(value[:1])
+        if not ks:
+            return {}
+        rec = np.frombuffer(b"".join(ks), dtype=_DIRTY_KEY)
+        tags, iids = rec["tag"].astype(np.int64), rec["iid"].astype(np.int64)
+        flags = np.frombuffer(b"".join(vs), dtype=np.uint8)
+        return {int(t): (iids[tags == t], flags[tags == t]) for t in np.unique(tags).tolist()}
 
     def pending(self) -> int:
         """Number of dirty marks waiting (0 when everything is up to date)."""
         return sum(1 for _ in self.store.column("dirty").keys())
 
-    def _dependents(self, k: int, sources: Iterable[int], deferred: set[int], allow_defer: bool) -> set[int]:
-        out: set[int] = set()
-        for u in sources:
-            deps = self.store.sampled_by(k, u, limit=self.hub_bound + 1 if allow_defer else None)
-            if allow_defer and len(deps) > self.hub_bound:
-                deferred.add(u)
-                continue
-            out.update(deps)
-        return out
+    def _dependents(self, k: int, sources: np.ndarray, deferred: list[np.ndarray], allow_defer: bool) -> np.ndarray:
+        deps, over = self.store.sampled_by_many(k, sources, self.hub_bound if allow_defer else None)
+        deferred.append(over)
+        return deps
 
     def recompute(self, event_ts: float | None = None, publish: bool = True, drain: bool = False) -> RecomputeStats:
         """Process every dirty mark; return what was recomputed.
@@ -333,83 +323,73 @@ class Engine:
         if not marks:
             return stats
         store = self.store
-        inputs = marks.get(0, {})
-        deferred_now = {l: set(marks.get(DEFERRED_TAG + l, {})) for l in range(self.num_layers)}
-        has_deferred = any(deferred_now.values())
+        none = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.uint8))
+        input_ids, input_flags = marks.get(0, none)
+        deferred_now = {l: marks.get(DEFERRED_TAG + l, none)[0] for l in range(self.num_layers)}
+        has_deferred = any(len(d) for d in deferred_now.values())
         if has_deferred and self._deferred_since is None:
             self._deferred_since = time.monotonic()
         if has_deferred and (drain or time.monotonic() - self._deferred_since >= self.max_deferred_age):
             take_deferred, self._deferred_since = True, None
         else:
             take_deferred = not has_deferred
-        deleted = {v for v, f in inputs.items() if f & DIRTY_INPUT and not store.exists_iid(v)}
-        degree_changed = {v for v, f in inputs.items() if f & DIRTY_DEGREE}
-        changed = {v for v, f in inputs.items() if f & DIRTY_INPUT}
-        self.tables.invalidate(0, list(changed))
+        degree_changed = input_ids[(input_flags & DIRTY_DEGREE) != 0]
+        changed = input_ids[(input_flags & DIRTY_INPUT) != 0]
+        self.tables.invalidate(0, changed)
         puts: list[tuple[str, bytes, bytes | None]] = []
-        new_deferred: dict[int, set[int]] = {}
+        new_deferred: dict[int, np.ndarray] = {}
         final_iids = np.zeros(0, dtype=np.int64)
         final_rows = np.zeros((0, self.tables.dims[-1]), dtype=np.float32)
         for layer in range(self.num_layers):
             k = self.fanouts[layer]
-            kmarks = marks.get(k, {})
-            deferred: set[int] = set()
-            dirty = {v for v, f in kmarks.items() if f & DIRTY_SAMPLE}
-            dirty |= changed
-            dirty |= self._dependents(k, changed, deferred, allow_defer=not drain)
+            mark_ids, mark_flags = marks.get(k, none)
+            deferred: list[np.ndarray] = []
+            allow = not drain
+            dirty = [mark_ids[(mark_flags & DIRTY_SAMPLE) != 0], changed, self._dependents(k, changed, deferred, allow)]
             if self._uses_counts[layer]:
-                counted = [v for v, f in kmarks.items() if f & DIRTY_COUNT]
-                dirty |= self._dependents(k, counted, deferred, allow_defer=not drain)
+                dirty.append(self._dependents(k, mark_ids[(mark_flags & DIRTY_COUNT) != 0], deferred, allow))
             if not self.plain:
-                dirty |= degree_changed
-                dirty |= self._dependents(k, degree_changed, deferred, allow_defer=not drain)
+                dirty += [degree_changed, self._dependents(k, degree_changed, deferred, allow)]
             if take_deferred:
-                dirty |= self._dependents(k, deferred_now[layer], set(), allow_defer=False)
+                dirty.append(self._dependents(k, deferred_now[layer], [], allow_defer=False))
             else:
-                deferred |= deferred_now[layer]
-            new_deferred[layer] = deferred
-            stats.deferred += len(deferred)
-            live: list[int] = []
-            gone: list[int] = []
-            for v in dirty:
-                (live if store.exists_iid(v) else gone).append(v)
-            targets = np.asarray(sorted(live), dtype=np.int64)
-            rows, sampled = self.compute_layer(layer, targets, lambda ids, l=layer: self.tables.get(l, ids)[0])
+                deferred.append(deferred_now[layer])
+            new_deferred[layer] = np.unique(np.concatenate(deferred))
+            stats.deferred += len(new_deferred[layer])
+            dirty_ids = np.unique(np.concatenate(dirty))
+            alive = store.node_arrays(dirty_ids)[0] >= 0
+            targets, gone = dirty_ids[alive], dirty_ids[~alive]
+            rows, sampled = self.compute_layer(layer, targets, lambda ids, l=layer: self.tables.index(l, ids))
             stats.sampled_neighbours += sampled
             old, present = self.tables.get(layer + 1, targets)
             diff = ~present | (np.abs(rows - old).max(axis=1, initial=0.0) > _ATOL) if len(targets) else np.zeros(0, dtype=bool)
-            moved = targets[diff]
-            self.tables.set(layer + 1, moved, rows[diff])
-            for iid, row in zip(moved.tolist(), rows[diff]):
-                puts.append(("emb", keys.layer_key(layer + 1, iid), row.tobytes()))
-            for iid in gone:
-                puts.append(("emb", keys.layer_key(layer + 1, iid), None))
-            self.tables.set(layer + 1, np.asarray(gone, dtype=np.int64), None)
+            moved, moved_rows = targets[diff], rows[diff]
+            self.tables.set(layer + 1, moved, moved_rows)
+            puts.extend(self._row_puts(layer + 1, moved, moved_rows))
+            puts.extend(self._row_puts(layer + 1, gone, None))
+            self.tables.set(layer + 1, gone, None)
             stats.recomputed.append(len(targets))
             stats.changed.append(len(moved))
-            changed = set(moved.tolist()) | set(gone)
+            changed = np.concatenate([moved, gone])
             if layer == self.num_layers - 1:
-                final_iids, final_rows = moved, rows[diff]
+                final_iids, final_rows = moved, moved_rows
                 # a node whose mode changed is republished even if its vector did not move
-                recheck = set(targets[~diff].tolist())
-                recheck.update(v for v, f in inputs.items()
-                               if f & (DIRTY_INPUT | DIRTY_DEGREE) and v not in deleted and store.exists_iid(v))
-                recheck.difference_update(moved.tolist())
-                if recheck:
-                    ids = np.fromiter(sorted(recheck), dtype=np.int64)
-                    metas = self._get_metas(ids.tolist())
-                    again = np.asarray([i for i, (iid, meta) in enumerate(zip(ids.tolist(), metas))
-                                        if meta is None or meta.mode != self._mode(iid)], dtype=np.int64)
+                touched = input_ids[(input_flags & (DIRTY_INPUT | DIRTY_DEGREE)) != 0]
+                recheck = np.setdiff1d(np.union1d(targets[~diff], touched), moved)
+                recheck = recheck[store.node_arrays(recheck)[0] >= 0]
+                if len(recheck):
+                    _, _, stored_mode = self.meta.get(recheck)
+                    now_mode = np.asarray([self.meta.code(m) for m in self._modes(recheck)], dtype=np.int16)
+                    again = recheck[stored_mode != now_mode]
                     if len(again):
-                        current, present = self.tables.get(layer + 1, ids[again])
-                        final_iids = np.concatenate([final_iids, ids[again][present]])
+                        current, present = self.tables.get(layer + 1, again)
+                        final_iids = np.concatenate([final_iids, again[present]])
                         final_rows = np.concatenate([final_rows, current[present]])
                 stats.deleted = len(gone)
                 self._outputs_for_deleted(gone, puts, publish, stats)
         self._write_final(final_iids, final_rows, publish=publish, stats=stats, event_ts=event_ts, force=False, puts=puts)
         for layer, nodes in new_deferred.items():
-            for iid in nodes:
-                puts.append(("dirty", keys.dirty_key(DEFERRED_TAG + layer, iid), b"\x01"))
+            puts.extend(("dirty", keys.dirty_key(DEFERRED_TAG + layer, iid), b"\x01") for iid in nodes.tolist())
         puts.append(("meta", _OUTBOX_SEQ, keys.U64.pack(self._seq)))
         try:
             # every mark was read above and nothing applies events meanwhile: clear them all at once
@@ -418,30 +398,56 @@ class Engine:
             self.tables.clear()
             raw = store.column("meta").get(_OUTBOX_SEQ)
             self._seq = 0 if raw is None else keys.decode_iid(raw)
-            self._metas.clear()
+            self.meta.clear()
             raise
         stats.seconds = time.perf_counter() - t0
         stats.fanout_capped, self._capped = self._capped, 0
         return stats
 
-    def _outputs_for_deleted(self, gone: Sequence[int], puts: list, publish: bool, stats: RecomputeStats) -> None:
-        if not gone:
+    @staticmethod
+    def _row_puts(layer: int, iids: np.ndarray, rows: np.ndarray | None) -> list[tuple[str, bytes, bytes | None]]:
+        """``emb`` writes of ``rows`` (None: deletes) for ``iids`` at ``layer``."""
+        key = np.empty(len(iids), dtype=[("l", "u1"), ("i", ">u8")])
+        key["l"], key["i"] = layer, iids
+        kb = key.tobytes()
+        if rows is None:
+            return [("emb", kb[9 * i:9 * i + 9], None) for i in range(len(iids))]
+        width = rows.shape[1] * 4
+        rb = np.ascontiguousarray(rows, dtype="<f4").tobytes()
+        return [("emb", kb[9 * i:9 * i + 9], rb[width * i:width * (i + 1)]) for i in range(len(iids))]
+
+    def _outputs_for_deleted(self, gone: np.ndarray, puts: list, publish: bool, stats: RecomputeStats) -> None:
+        if not len(gone):
             return
-        now = time.time()
-        names, versions, times = [], [], []
-        for iid, old in zip(gone, self._get_metas(list(gone))):
-            if old is None or old.mode == DELETED:
+        version, event_ts, mode = self.meta.get(gone)
+        # the meta stays as a version floor, so a re-created node keeps counting up
+        withdraw = (mode >= 0) & (mode != self._deleted_code)
+        ids, versions, times = gone[withdraw], version[withdraw] + 1, event_ts[withdraw]
+        if not len(ids):
+            return
+        self.meta.set(ids, versions, times, np.full(len(ids), self._deleted_code, dtype=np.int16))
+        puts.extend(("embmeta", key, value) for key, value in self.meta.encode(ids))
+        if publish:
+            self._outbox(puts, encode_outbox(ids, time.time()))
+            stats.published += len(ids)
+
+    def outbox_entries(self, iids: np.ndarray, computed_at: float) -> list[OutboxEntry]:
+        """What to publish for the nodes of an outbox record: their stored state now.
+
+        A node without stored metadata (none was ever computed) is left out;
+        a withdrawn node comes back with mode ``deleted`` and no embedding.
+        """
+        iids = np.asarray(iids, dtype=np.int64)
+        version, event_ts, mode = self.meta.get(iids)
+        rows, present = self.tables.get(self.num_layers, iids)
+        name, names = self.store.name, self.meta.names
+        out = []
+        for i, (iid, code) in enumerate(zip(iids.tolist(), mode.tolist())):
+            if code < 0 or (code != self._deleted_code and not present[i]):
                 continue
-            # the meta stays as a version floor, so a re-created node keeps counting up
-            tomb = EmbeddingMeta(old.version + 1, old.event_ts, DELETED)
-            self._metas[iid] = tomb
-            puts.append(("embmeta", keys.encode_iid(iid), tomb.encode()))
-            names.append(self.store.name(iid))
-            versions.append(tomb.version)
-            times.append(tomb.event_ts)
-        if publish and names:
-            self._outbox(puts, encode_outbox(names, versions, times, now, [DELETED] * len(names), None))
-            stats.published += len(names)
+            out.append(OutboxEntry(name(iid), int(version[i]), float(event_ts[i]), computed_at, names[code],
+                                   None if code == self._deleted_code else rows[i]))
+        return out
 
     def deferred_age(self) -> float:
         """Seconds the oldest deferred hub propagation has waited (0 when none)."""

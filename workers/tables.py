@@ -18,13 +18,13 @@ import numpy as np
 from graph_state import keys
 from graph_state.store import GraphStore
 
-__all__ = ["EmbeddingTables", "EmbeddingMeta", "OutboxEntry", "encode_outbox", "decode_outbox"]
+__all__ = ["EmbeddingTables", "MetaTable", "EmbeddingMeta", "OutboxEntry", "encode_outbox", "decode_outbox"]
 
 logger = logging.getLogger(__name__)
 
 _META = keys.EMBMETA_HEAD  # version, event_ts; mode (ascii) follows
-_OUTBOX = struct.Struct(">BIIdH")  # format, count, dim, computed_at, mode-table length
-_OUTBOX_FORMAT = 2
+_OUTBOX = struct.Struct(">BId")  # format, count, computed_at
+_OUTBOX_FORMAT = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +44,7 @@ class EmbeddingMeta:
 
 @dataclass(frozen=True, slots=True)
 class OutboxEntry:
-    """One embedding update waiting to be published (``embedding`` None = node deleted)."""
+    """One embedding update to publish (``embedding`` None = node deleted)."""
 
     node: str
     version: int
@@ -54,54 +54,25 @@ class OutboxEntry:
     embedding: np.ndarray | None
 
 
-def encode_outbox(nodes: Sequence[str], versions: Sequence[int], event_ts: Sequence[float], computed_at: float,
-                  modes: Sequence[str], rows: np.ndarray | None) -> bytes:
-    """One outbox record holding the updates of one recompute (``rows`` None: all deleted).
+def encode_outbox(iids: np.ndarray, computed_at: float) -> bytes:
+    """One outbox record: the interned ids whose final embedding (or deletion) a recompute committed.
 
-    Layout: a header (format byte, count, dim, computed_at, mode-table length),
-    the mode table (ascii, comma-separated), then per-entry arrays: versions
-    (u64 BE), event times (f64 BE), mode indexes (u8), id lengths (u16 BE),
-    the ids (utf-8), and the embeddings (float32 LE, ``count x dim``).
+    The record names nodes only. The publisher sends each node's state as
+    stored when it publishes, which is that commit's or a newer one: every
+    message pairs a version with its own vector, and the newest version of a
+    node is always among the messages sent. Layout: a header (format byte,
+    count, computed_at) and the ids (u64 big-endian).
     """
-    table = sorted(set(modes))
-    index = {m: i for i, m in enumerate(table)}
-    table_bytes = ",".join(table).encode()
-    ids = [n.encode() for n in nodes]
-    dim = 0 if rows is None else rows.shape[1]
-    parts = [
-        _OUTBOX.pack(_OUTBOX_FORMAT, len(ids), dim, computed_at, len(table_bytes)), table_bytes,
-        np.asarray(versions, dtype=">u8").tobytes(), np.asarray(event_ts, dtype=">f8").tobytes(),
-        np.asarray([index[m] for m in modes], dtype="u1").tobytes(),
-        np.asarray([len(b) for b in ids], dtype=">u2").tobytes(), b"".join(ids),
-    ]
-    if rows is not None:
-        parts.append(np.ascontiguousarray(rows, dtype="<f4").tobytes())
-    return b"".join(parts)
+    iids = np.asarray(iids, dtype=np.int64)
+    return _OUTBOX.pack(_OUTBOX_FORMAT, len(iids), computed_at) + iids.astype(">u8").tobytes()
 
 
-def decode_outbox(raw: bytes) -> list[OutboxEntry]:
-    """The entries of one outbox record, in order."""
-    fmt, count, dim, computed_at, table_len = _OUTBOX.unpack_from(raw)
+def decode_outbox(raw: bytes) -> tuple[float, np.ndarray]:
+    """``(computed_at, iids)`` of one outbox record."""
+    fmt, count, computed_at = _OUTBOX.unpack_from(raw)
     if fmt != _OUTBOX_FORMAT:
         raise ValueError(f"Expected outbox record format {_OUTBOX_FORMAT} (got {fmt})")
-    at = _OUTBOX.size
-    table = raw[at:at + table_len].decode().split(",")
-    at += table_len
-    versions = np.frombuffer(raw, ">u8", count, at).tolist()
-    at += 8 * count
-    times = np.frombuffer(raw, ">f8", count, at).tolist()
-    at += 8 * count
-    modes = np.frombuffer(raw, "u1", count, at).tolist()
-    at += count
-    lengths = np.frombuffer(raw, ">u2", count, at).tolist()
-    at += 2 * count
-    ids = []
-    for n in lengths:
-        ids.append(raw[at:at + n].decode())
-        at += n
-    rows = np.frombuffer(raw, "<f4", count * dim, at).reshape(count, dim).copy() if dim else None
-    return [OutboxEntry(ids[i], versions[i], times[i], computed_at, table[modes[i]],
-                        None if rows is None else rows[i]) for i in range(count)]
+    return computed_at, np.frombuffer(raw, ">u8", count, _OUTBOX.size).astype(np.int64)
 
 
 class EmbeddingTables:
@@ -171,6 +142,21 @@ class EmbeddingTables:
             self._loaded[layer][missing] = True
         return self._rows[layer][iids], self._present[layer][iids]
 
+    def index(self, layer: int, iids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(table, positions)`` with ``table[positions[i]]`` the row of ``iids[i]`` (zeros where absent).
+
+        The table is the cache itself when ``iids`` fit in it (no copy), else
+        a fresh array of the requested rows.
+        """
+        iids = np.asarray(iids, dtype=np.int64)
+        if len(iids) and self._grow(layer, int(iids.max()) + 1):
+            missing = iids[~self._loaded[layer][iids]]
+            if len(missing):
+                self.get(layer, missing)
+            return self._rows[layer], iids
+        rows, _ = self.get(layer, iids)
+        return rows, np.arange(len(iids), dtype=np.int64)
+
     def set(self, layer: int, iids: np.ndarray, rows: np.ndarray | None) -> None:
         """Update cached rows (``rows`` None removes them); the caller writes RocksDB."""
         iids = np.asarray(iids, dtype=np.int64)
@@ -184,9 +170,91 @@ class EmbeddingTables:
             self._present[layer][iids] = True
         self._loaded[layer][iids] = True
 
-    def invalidate(self, layer: int, iids: Sequence[int]) -> None:
+    def invalidate(self, layer: int, iids: Sequence[int] | np.ndarray) -> None:
         """Forget cached rows so the next read goes to RocksDB (after feature writes)."""
-        if len(iids) and len(self._loaded[layer]):
-            idx = np.asarray([i for i in iids if i < len(self._loaded[layer])], dtype=np.int64)
-            self._loaded[layer][idx] = False
+        idx = np.asarray(iids, dtype=np.int64)
+        if len(idx) and len(self._loaded[layer]):
+            self._loaded[layer][idx[idx < len(self._loaded[layer])]] = False
 
+
+
+class MetaTable:
+    """Versions, event times and modes of the final embeddings, as arrays.
+
+    A write-through cache of the ``embmeta`` column family for reading and
+    updating thousands of nodes at once; unknown entries are read from
+    RocksDB on first use. A node without stored metadata has version 0 and
+    mode code -1.
+    """
+
+    def __init__(self, store: GraphStore):
+        self.store = store
+        self.names: list[str] = []
+        self._codes: dict[str, int] = {}
+        self.clear()
+
+    def clear(self) -> None:
+        self.version = np.zeros(0, dtype=np.int64)
+        self.event_ts = np.zeros(0, dtype=np.float64)
+        self.mode = np.zeros(0, dtype=np.int16)
+        self.known = np.zeros(0, dtype=bool)
+
+    def code(self, mode: str) -> int:
+        """The small integer standing for ``mode`` in :attr:`mode`."""
+        c = self._codes.get(mode)
+        if c is None:
+            c = self._codes[mode] = len(self.names)
+            self.names.append(mode)
+        return c
+
+    def _grow(self, size: int) -> None:
+        have = len(self.known)
+        if size <= have:
+            return
+        new = max(size, 2 * have, 1024)
+        for name in ("version", "event_ts", "mode", "known"):
+            old = getattr(self, name)
+            arr = np.zeros(new, dtype=old.dtype)
+            arr[:have] = old
+            setattr(self, name, arr)
+        self.mode[have:] = -1
+
+    def get(self, iids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(version, event_ts, mode code)`` of ``iids``."""
+        iids = np.asarray(iids, dtype=np.int64)
+        if len(iids) == 0:
+            return self.version[:0].copy(), self.event_ts[:0].copy(), self.mode[:0].copy()
+        self._grow(int(iids.max()) + 1)
+        missing = np.unique(iids[~self.known[iids]])
+        if len(missing):
+            raws = self.store.column("embmeta").get([keys.encode_iid(i) for i in missing.tolist()])
+            for iid, raw in zip(missing.tolist(), raws):
+                if raw is None:
+                    self.version[iid], self.event_ts[iid], self.mode[iid] = 0, 0.0, -1
+                else:
+                    meta = EmbeddingMeta.decode(raw)
+                    self.version[iid], self.event_ts[iid] = meta.version, meta.event_ts
+                    self.mode[iid] = self.code(meta.mode)
+            self.known[missing] = True
+        return self.version[iids], self.event_ts[iids], self.mode[iids]
+
+    def set(self, iids: np.ndarray, version: np.ndarray, event_ts: np.ndarray, mode: np.ndarray) -> None:
+        """Record new metadata (the caller writes RocksDB)."""
+        iids = np.asarray(iids, dtype=np.int64)
+        if len(iids) == 0:
+            return
+        self._grow(int(iids.max()) + 1)
+        self.version[iids], self.event_ts[iids], self.mode[iids] = version, event_ts, mode
+        self.known[iids] = True
+
+    def encode(self, iids: np.ndarray) -> list[tuple[bytes, bytes]]:
+        """``(key, value)`` pairs of the ``embmeta`` rows of ``iids`` as currently held."""
+        iids = np.asarray(iids, dtype=np.int64)
+        head = np.empty(len(iids), dtype=[("v", ">u8"), ("t", ">f8")])
+        head["v"], head["t"] = self.version[iids], self.event_ts[iids]
+        hb = head.tobytes()
+        kb = iids.astype(">u8").tobytes()
+        tails = [m.encode() for m in self.names]
+        size = _META.size
+        return [(kb[8 * i:8 * i + 8], hb[size * i:size * (i + 1)] + tails[c])
+                for i, c in enumerate(self.mode[iids].tolist())]

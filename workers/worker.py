@@ -27,7 +27,9 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
+
+import numpy as np
 
 from graph_state import keys
 from graph_state.store import GraphStore
@@ -40,7 +42,7 @@ from workers.engine import Engine
 from workers.metrics import MetricsServer, WorkerMetrics
 from workers.offline import open_engine
 from workers.settings import WorkerSettings
-from workers.tables import decode_outbox
+from workers.tables import OutboxEntry, decode_outbox
 
 __all__ = ["Worker", "OutboxPublisher"]
 
@@ -48,37 +50,45 @@ logger = logging.getLogger(__name__)
 
 
 class OutboxPublisher:
-    """Sends outbox entries to Kafka and deletes them once the flush succeeded."""
+    """Sends outbox entries to Kafka and deletes them once the flush succeeded.
 
-    def __init__(self, store: GraphStore, producer: Producer, topic: str, model_tag: str, fmt: str = "json"):
+    Args:
+        resolve: ``(iids, computed_at) -> entries``, the stored state of the
+            nodes an outbox record names (:meth:`Engine.outbox_entries`).
+    """
+
+    def __init__(self, store: GraphStore, producer: Producer, topic: str, model_tag: str,
+                 resolve: Callable[[np.ndarray, float], list[OutboxEntry]], fmt: str = "json"):
         self.store = store
         self.producer = producer
         self.topic = topic
         self.model_tag = model_tag
+        self.resolve = resolve
         self.fmt = fmt
 
     def pending(self) -> int:
         return sum(1 for _ in self.store.column("outbox").keys())
 
-    def publish(self, limit: int = 50_000, flush_timeout_s: float = 30.0) -> list[Any]:
-        """Publish up to ``limit`` entries; returns them (raises on delivery failure)."""
+    def publish(self, limit: int = 50_000, flush_timeout_s: float = 30.0) -> list[OutboxEntry]:
+        """Publish up to about ``limit`` entries; returns them (raises on delivery failure)."""
         sent_keys: list[bytes] = []
-        entries = []
+        entries: list[OutboxEntry] = []
         for key, raw in self.store.column("outbox").items():
-            for entry in decode_outbox(raw):
-                if entry.embedding is None:
-                    k, v, headers = tombstone(entry.node, entry.version)
-                    self.producer.send(self.topic, k, v, headers)
-                else:
-                    update = EmbeddingUpdate(entry.node, self.model_tag, entry.version, entry.embedding,
-                                             entry.event_ts, entry.computed_at, entry.mode)
-                    self.producer.send(self.topic, entry.node.encode(), encode_update(update, self.fmt))
-                entries.append(entry)
+            computed_at, iids = decode_outbox(raw)
+            entries.extend(self.resolve(iids, computed_at))
             sent_keys.append(key)
             if len(entries) >= limit:
                 break
         if not sent_keys:
             return []
+        for entry in entries:
+            if entry.embedding is None:
+                k, v, headers = tombstone(entry.node, entry.version)
+                self.producer.send(self.topic, k, v, headers)
+            else:
+                update = EmbeddingUpdate(entry.node, self.model_tag, entry.version, entry.embedding,
+                                         entry.event_ts, entry.computed_at, entry.mode)
+                self.producer.send(self.topic, entry.node.encode(), encode_update(update, self.fmt))
         self.producer.flush(flush_timeout_s)
         self.store.write(("outbox", key, None) for key in sent_keys)
         return entries
@@ -140,7 +150,8 @@ class Worker:
                 logger.info("state %s: first use of model %s, running backfill", s.state, engine.model_tag)
                 engine.backfill(publish=True)
             producer = Producer(s.bootstrap)
-            publisher = OutboxPublisher(store, producer, s.output_topic, engine.model_tag, s.output_format)
+            publisher = OutboxPublisher(store, producer, s.output_topic, engine.model_tag, engine.outbox_entries,
+                                        s.output_format)
             dlq = DeadLetterWriter(producer, s.dlq_topic)
             stats = engine.recompute(publish=True)  # what a crash left dirty
             self._publish(publisher)

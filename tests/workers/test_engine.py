@@ -194,8 +194,20 @@ def _at_most(rnd: random.Random, n: int, count: int) -> list[bool]:
 
 
 # ---------------------------------------------------------------------- helpers
-def _outbox(store: GraphStore) -> list:
-    return [entry for _, raw in store.column("outbox").items() for entry in decode_outbox(raw)]
+class _Publisher:
+    """What the worker's publisher sends: outbox records read after each recompute, resolved then."""
+
+    def __init__(self) -> None:
+        self.entries: list = []
+        self._read: set[bytes] = set()
+
+    def collect(self, engine: Engine) -> list:
+        for key, raw in engine.store.column("outbox").items():
+            if key not in self._read:
+                self._read.add(key)
+                computed_at, iids = decode_outbox(raw)
+                self.entries.extend(engine.outbox_entries(iids, computed_at))
+        return self.entries
 
 
 def _final_stored(engine: Engine) -> dict[str, np.ndarray]:
@@ -241,13 +253,14 @@ def run_stream(model_dir: Path, batches: list[list], *, hub_bound: int = 50_000,
             fold = GraphFold()
             versions: dict[str, tuple[int, str]] = {}
             read = deferred = 0
+            pub = _Publisher()
             for n, batch in enumerate(batches):
                 store.apply(batch)
                 for ev in batch:
                     fold.apply_event(ev)
                 if recompute is None or recompute[n]:
                     deferred += engine.recompute(event_ts=max(ev.ts for ev in batch)).deferred
-                    entries = _outbox(store)
+                    entries = pub.collect(engine)
                     _check_outbox_versions(entries[read:], versions)
                     read = len(entries)
                 if restart is not None and restart[n]:
@@ -256,7 +269,7 @@ def run_stream(model_dir: Path, batches: list[list], *, hub_bound: int = 50_000,
                     engine = Engine(store, model, hub_bound=hub_bound, max_deferred_age=max_deferred_age)
             engine.drain()
             assert engine.pending() == 0
-            entries = _outbox(store)
+            entries = pub.collect(engine)
             _check_outbox_versions(entries[read:], versions)
 
             # the store holds the folded graph
@@ -446,7 +459,8 @@ def test_node_delete_withdraws_embedding_and_publishes_deleted(model_dirs: dict[
         engine.recompute()
         b = store.iid("b")
         before = EmbeddingMeta.decode(store.column("embmeta").get(keys.encode_iid(b)))
-        n_before = len(_outbox(store))
+        pub = _Publisher()
+        n_before = len(pub.collect(engine))
         store.apply([NodeDelete("b", 5)])
         stats = engine.recompute()
         assert stats.deleted == 1
@@ -454,7 +468,7 @@ def test_node_delete_withdraws_embedding_and_publishes_deleted(model_dirs: dict[
         floor = EmbeddingMeta.decode(store.column("embmeta").get(keys.encode_iid(b)))
         assert floor.mode == "deleted" and floor.version == before.version + 1  # the version floor stays
         assert store.column("emb").get(keys.layer_key(engine.num_layers, b)) is None
-        new = _outbox(store)[n_before:]
+        new = pub.collect(engine)[n_before:]
         gone = [e for e in new if e.node == "b"]
         assert len(gone) == 1 and gone[0].mode == "deleted" and gone[0].embedding is None
         assert gone[0].version > before.version
@@ -472,10 +486,12 @@ def test_versions_strictly_increase_across_recomputes(model_dirs: dict[str, Path
     feats = lambda: tuple(rnd.uniform(-1, 1) for _ in range(DIM))  # noqa: E731
     with GraphStore(tmp_path / "s", seed=SEED) as store:
         engine = Engine(store, model)
+        pub = _Publisher()
         last: dict[str, int] = {}
         for step in range(12):
             store.apply([NodeUpsert("a", step, feats()), EdgeUpsert("a", f"n{step % 4}", step)])
             engine.recompute()
+            pub.collect(engine)
             metas = _metas(store)
             for v, m in metas.items():
                 if v in last and v in {"a", f"n{step % 4}"}:
@@ -483,7 +499,7 @@ def test_versions_strictly_increase_across_recomputes(model_dirs: dict[str, Path
                 assert m.version >= last.get(v, 0)
                 last[v] = m.version
         per_node: dict[str, list[int]] = defaultdict(list)
-        for e in _outbox(store):
+        for e in pub.entries:
             per_node[e.node].append(e.version)
         for v, vs in per_node.items():
             assert vs == sorted(set(vs)), f"{v}: published versions {vs}"
@@ -500,15 +516,13 @@ def test_recreated_node_versions_keep_increasing(model_dirs: dict[str, Path], tm
     f = (0.3, 0.1, -0.2, 0.9)
     with GraphStore(tmp_path / "s", seed=SEED) as store:
         engine = Engine(store, model)
-        store.apply([NodeUpsert("a", 1, f), EdgeUpsert("a", "b", 1)])
-        engine.recompute()
-        store.apply([NodeUpsert("a", 2, tuple(x + 1 for x in f))])
-        engine.recompute()
-        store.apply([NodeDelete("a", 3)])
-        engine.recompute()
-        store.apply([EdgeUpsert("a", "b", 4)])
-        engine.recompute()
-        versions = [(e.version, e.mode) for e in _outbox(store) if e.node == "a"]
+        pub = _Publisher()
+        for batch in ([NodeUpsert("a", 1, f), EdgeUpsert("a", "b", 1)], [NodeUpsert("a", 2, tuple(x + 1 for x in f))],
+                      [NodeDelete("a", 3)], [EdgeUpsert("a", "b", 4)]):
+            store.apply(batch)
+            engine.recompute()
+            pub.collect(engine)
+        versions = [(e.version, e.mode) for e in pub.entries if e.node == "a"]
         assert [m for _, m in versions] == ["full", "full", "deleted", "cold_start"], versions
         nums = [v for v, _ in versions]
         assert nums == sorted(set(nums)), f"versions of re-created node 'a' go back: {versions}"
