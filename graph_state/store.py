@@ -26,13 +26,13 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
-from rocksdict import Options, Rdict, WriteBatch, WriteOptions
+from rocksdict import BlockBasedOptions, Cache, Options, Rdict, WriteBatch, WriteOptions
 
 from graph_state import keys
 from graph_state.exceptions import OffsetRegressionError, StoreConfigError, StoreLockedError
 from graph_state.sampler import check_fanout, neighbor_rank
 
-__all__ = ["GraphStore", "ApplyResult", "DIRTY_INPUT", "DIRTY_SAMPLE", "DIRTY_COUNT", "DIRTY_DEGREE"]
+__all__ = ["GraphStore", "ApplyResult", "RowBlock", "DIRTY_INPUT", "DIRTY_SAMPLE", "DIRTY_COUNT", "DIRTY_DEGREE"]
 
 logger = logging.getLogger(__name__)
 
@@ -45,9 +45,19 @@ DIRTY_COUNT = 4
 DIRTY_DEGREE = 8
 
 _MIN_TOP = 32
+_BLOCK_CACHE_BYTES = 256 << 20
 _PAIR_BITS = 32  # the in-memory sampled-by index packs (u, v) as u << 32 | v
 _SAMPLED_KEY = np.dtype([("k", ">u2"), ("u", ">u8"), ("v", ">u8")])
 _F32_MAX = float(np.finfo(np.float32).max)
+
+
+def _finite_features(feats: Sequence[Any]) -> bool:
+    """Every entry a real number (not a bool) within float32 range."""
+    if not all(type(x) is float or type(x) is int for x in feats):
+        if not all(_is_finite_number(x) for x in feats):
+            return False
+    arr = np.asarray(feats, dtype=np.float64)
+    return bool(np.isfinite(arr).all() and (np.abs(arr) <= _F32_MAX).all())
 
 
 def _is_finite_number(x: Any) -> bool:
@@ -119,10 +129,6 @@ class _DenseSamples:
         valid = np.zeros(new, dtype=bool)
         valid[:have] = self.valid
         self.mat, self.valid = mat, valid
-
-    def forget(self, v: int) -> None:
-        if v < len(self.valid):
-            self.valid[v] = False
 
 
 class _SampledIndex:
@@ -199,6 +205,31 @@ class _DenseNodes:
         self.known[iid] = True
 
 
+@dataclass(frozen=True)
+class RowBlock:
+    """Many fixed-width writes to one column family, packed: key ``i`` is
+    ``keys[i*key_size:(i+1)*key_size]``; value ``i`` likewise, or a delete
+    when ``values`` is None."""
+
+    family: str
+    keys: bytes
+    key_size: int
+    values: bytes | None
+    value_size: int = 0
+
+    def write_to(self, wb: WriteBatch, handle: Any) -> None:
+        ks, kb, vs, vb = self.key_size, self.keys, self.value_size, self.values
+        n = len(kb) // ks if ks else 0
+        if vb is None:
+            delete = wb.delete
+            for i in range(n):
+                delete(kb[i * ks:(i + 1) * ks], handle)
+        else:
+            put = wb.put
+            for i in range(n):
+                put(kb[i * ks:(i + 1) * ks], vb[i * vs:(i + 1) * vs], handle)
+
+
 class _Batch:
     """Writes of one batch plus the overlay needed to read them back."""
 
@@ -206,9 +237,10 @@ class _Batch:
         self.wb = WriteBatch(raw_mode=True)
         self.handles = handles
         self.pending_nbr: dict[int, dict[bytes, int | None]] = defaultdict(dict)
-        self.initial_top: dict[int, list[int]] = {}
+        self.initial_top: dict[int, list[tuple[bytes, int]]] = {}  # copies of the cached prefixes
         self.initial_degree: dict[int, int] = {}
         self.edges: dict[bytes, bool] = {}
+        self.stored_edges: dict[bytes, bool] = {}  # prefetched: does the edge exist before the batch
         self.nodes: set[int] = set()
         self.sampled_removed: dict[int, list[int]] = defaultdict(list)
         self.sampled_added: dict[int, list[int]] = defaultdict(list)
@@ -272,7 +304,8 @@ class GraphStore:
         opts = Options(raw_mode=True)
         opts.create_if_missing(True)
         opts.create_missing_column_families(True)
-        cfs = {name: Options(raw_mode=True) for name in keys.COLUMN_FAMILIES}
+        cache = Cache(_BLOCK_CACHE_BYTES)
+        cfs = {name: GraphStore._family_options(cache) for name in keys.COLUMN_FAMILIES}
         deadline = time.monotonic() + lock_timeout
         while True:
             try:
@@ -286,6 +319,18 @@ class GraphStore:
                         f"gnnstream process using it (one process per store)"
                     ) from exc
                 time.sleep(0.1)
+
+    @staticmethod
+    def _family_options(cache: Cache) -> Options:
+        """Bloom filters (most edge and id lookups are for keys that do not exist) and a shared block cache."""
+        table = BlockBasedOptions()
+        table.set_bloom_filter(10, False)
+        table.set_block_cache(cache)
+        opts = Options(raw_mode=True)
+        opts.set_block_based_table_factory(table)
+        opts.set_memtable_prefix_bloom_ratio(0.05)
+        opts.set_memtable_whole_key_filtering(True)
+        return opts
 
     def close(self) -> None:
         """Flush and close the database (safe to call twice)."""
@@ -472,7 +517,7 @@ class GraphStore:
                     break
             self._top[v] = top
         if self._batch is not None and v not in self._batch.initial_top:
-            self._batch.initial_top[v] = [u for _, u in top]
+            self._batch.initial_top[v] = top[:]
             node = self._node(v)
             self._batch.initial_degree[v] = node.degree if node else 0
         return top
@@ -543,7 +588,7 @@ class GraphStore:
                     dim = len(feats)
                 if len(feats) != dim or dim == 0:
                     raise ValueError(f"Expected {dim} features for node {ev.id!r} (got {len(feats)} in event {i})")
-                if not all(_is_finite_number(x) and abs(x) <= _F32_MAX for x in feats):
+                if not _finite_features(feats):
                     raise ValueError(f"Expected finite features (numbers within float32 range) for node {ev.id!r} "
                                      f"(got {list(feats)[:8]!r} in event {i})")
         return dim
@@ -581,6 +626,7 @@ class GraphStore:
             if dim != self.feature_dim:
                 self.feature_dim = dim
                 self._meta_put("feature_dim", dim, batch)
+            self._prefetch(events, batch)
             for ev in events:
                 touches: list[tuple[int, int]] = []
                 result.event_touches.append(touches)
@@ -606,6 +652,36 @@ class GraphStore:
         self._trim_caches()
         return result
 
+    def _prefetch(self, events: Sequence[Any], batch: _Batch) -> None:
+        """Read the ids, node records and edges a batch will look at with one multi-get each."""
+        names: dict[str, None] = {}
+        for ev in events:
+            if ev.op in ("edge_upsert", "edge_delete"):
+                names[ev.src] = names[ev.dst] = None
+            else:
+                names[ev.id] = None
+        unknown = [n for n in names if n not in self._iid]
+        if unknown:
+            for name, raw in zip(unknown, self._cf["ids"].get([n.encode() for n in unknown])):
+                if raw is not None:
+                    iid = keys.decode_iid(raw)
+                    self._iid[name] = iid
+                    self._name[iid] = name
+        known = self._iid
+        cold = [known[n] for n in names if n in known and known[n] not in self._nodes]
+        if cold:
+            for iid, raw in zip(cold, self._cf["nodes"].get([keys.encode_iid(i) for i in cold])):
+                self._nodes[iid] = None if raw is None else _Node(*keys.NODE_RECORD.unpack(raw))
+        pairs: dict[bytes, None] = {}
+        for ev in events:
+            if ev.op in ("edge_upsert", "edge_delete"):
+                s, d = known.get(ev.src), known.get(ev.dst)
+                if s is not None and d is not None:
+                    pairs[keys.edge_key(s, d)] = pairs[keys.edge_key(d, s)] = None
+        if pairs:
+            wanted = list(pairs)
+            batch.stored_edges = {k: raw is not None for k, raw in zip(wanted, self._cf["edges"].get(wanted))}
+
     def _touch(self, name: str, ts: float, batch: _Batch, result: ApplyResult) -> tuple[int, _Node]:
         iid = self._intern(name, batch)
         node = self._node(iid)
@@ -622,10 +698,12 @@ class GraphStore:
 
     def _edge_exists(self, src: int, dst: int) -> bool:
         key = keys.edge_key(src, dst)
-        pending = self._batch.edges  # type: ignore[union-attr]
-        if key in pending:
-            return pending[key]
-        return self._cf["edges"].get(key) is not None
+        batch = self._batch
+        assert batch is not None
+        if key in batch.edges:
+            return batch.edges[key]
+        stored = batch.stored_edges.get(key)
+        return self._cf["edges"].get(key) is not None if stored is None else stored
 
     def _set_edge(self, batch: _Batch, src: int, dst: int, record: bytes | None) -> None:
         key = keys.edge_key(src, dst)
@@ -714,11 +792,25 @@ class GraphStore:
         for k in self.fanouts:
             result.sample_changed[k] = set()
             result.count_changed[k] = set()
-        for v, before in batch.initial_top.items():
+        refreshed: list[int] = []
+        refreshed_rows: list[list[int]] = []
+        width = max((d.k for d in self._dense_samples.values()), default=0)
+        for v, before_top in batch.initial_top.items():
             node = self._nodes.get(v)
-            after = [u for _, u in self._top.get(v, [])] if node is not None else []
+            after_top = self._top.get(v, []) if node is not None else []
             deg_before = batch.initial_degree.get(v, 0)
             deg_after = node.degree if node is not None else 0
+            if before_top == after_top:
+                if deg_before != deg_after:
+                    for k in self.fanouts:
+                        if min(deg_before, k) != min(deg_after, k):
+                            result.count_changed[k].add(v)
+                continue
+            before = [u for _, u in before_top]
+            after = [u for _, u in after_top]
+            if width:
+                refreshed.append(v)
+                refreshed_rows.append(after[:width] + [-1] * (width - len(after)))
             for k in self.fanouts:
                 old, new = before[:k], after[:k]
                 if old != new:
@@ -731,6 +823,12 @@ class GraphStore:
                         batch.sampled_added[k].append((u << _PAIR_BITS) | v)
                 if min(deg_before, k) != min(deg_after, k):
                     result.count_changed[k].add(v)
+        if refreshed:  # write-through: the new S_k rows replace the old ones
+            rows = np.asarray(refreshed_rows, dtype=np.int64)
+            for d in self._dense_samples.values():
+                d.grow(self._next_iid)
+                d.mat[refreshed] = rows[:, :d.k]
+                d.valid[refreshed] = True
         if not self.fanouts:
             return
         marks: dict[tuple[int, int], int] = defaultdict(int)
@@ -750,10 +848,8 @@ class GraphStore:
 
     # ------------------------------------------------------------------ caches
     def _forget_sample(self, v: int) -> None:
-        """Drop the memoised samples of ``v`` (its rank-ordered prefix changed)."""
+        """Drop the memoised samples of ``v`` (its rank-ordered prefix changed; dense rows are rewritten at the end of the batch)."""
         self._samples.pop(v, None)
-        for dense in self._dense_samples.values():
-            dense.forget(v)
 
     def _invalidate_caches(self) -> None:
         self._iid.clear()
@@ -1010,19 +1106,25 @@ class GraphStore:
         """The column-family view ``name`` (engine-owned families: dirty, emb, embmeta, outbox)."""
         return self._cf[name]
 
-    def write(self, puts: Iterable[tuple[str, bytes, bytes | None]], clear: Sequence[str] = ()) -> None:
-        """Write ``(family, key, value-or-None-to-delete)`` triples in one WriteBatch.
+    def write(self, puts: Iterable[tuple[str, bytes, bytes | None] | RowBlock], clear: Sequence[str] = ()) -> None:
+        """Write ``(family, key, value-or-None-to-delete)`` triples and :class:`RowBlock` s in one WriteBatch.
 
         Args:
             clear: families emptied first in the same batch, with one range
                 delete (cheap to iterate past, unlike a tombstone per key).
         """
-        batch = _Batch(self._handles)
+        wb = WriteBatch(raw_mode=True)
+        handles = self._handles
         for cf in clear:
-            batch.wb.delete_range(b"", b"\xff" * 32, self._handles[cf])
-        for cf, key, value in puts:
+            wb.delete_range(b"", b"\xff" * 32, handles[cf])
+        put, delete = wb.put, wb.delete
+        for item in puts:
+            if isinstance(item, RowBlock):
+                item.write_to(wb, handles[item.family])
+                continue
+            cf, key, value = item
             if value is None:
-                batch.delete(cf, key)
+                delete(key, handles[cf])
             else:
-                batch.put(cf, key, value)
-        self._db.write(batch.wb, self._write_opts)
+                put(key, value, handles[cf])
+        self._db.write(wb, self._write_opts)

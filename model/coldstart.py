@@ -68,18 +68,6 @@ class ColdStartPolicy(ABC):
         return np.fromiter((self.uses_neighbours(d) for d in np.asarray(degree).tolist()), dtype=bool,
                            count=len(degree))
 
-    def modes_many(self, has_features: np.ndarray, degree: np.ndarray) -> list[str]:
-        """:meth:`mode` of many nodes at once, one call per distinct ``(has_features, degree)``."""
-        has = np.asarray(has_features, dtype=np.int64)
-        deg = np.asarray(degree, dtype=np.int64)
-        combos, inverse = np.unique(deg * 2 + has, return_inverse=True)
-        names = [self.mode(bool(c & 1), int(c >> 1)) for c in combos.tolist()]
-        return [names[i] for i in inverse.tolist()]
-
-    @abstractmethod
-    def to_config(self) -> dict[str, Any]:
-        """Return the JSON object that :func:`policy_from_config` turns back into this policy."""
-
 
 @dataclass(frozen=True)
 class PlainPolicy(ColdStartPolicy):

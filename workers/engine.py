@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from graph_state import keys
-from graph_state.store import DIRTY_COUNT, DIRTY_DEGREE, DIRTY_INPUT, DIRTY_SAMPLE, GraphStore
+from graph_state.store import DIRTY_COUNT, DIRTY_DEGREE, DIRTY_INPUT, DIRTY_SAMPLE, GraphStore, RowBlock
 from workers.tables import EmbeddingTables, MetaTable, OutboxEntry, encode_outbox
 
 __all__ = ["Engine", "RecomputeStats", "EngineError"]
@@ -47,6 +47,7 @@ DEFERRED_TAG = 0x8000  # dirty key tag 0x8000 + l: dependents of v at layer l ar
 _ATOL = 1e-6
 _OUTBOX_SEQ = b"outbox_seq"
 _DIRTY_KEY = np.dtype([("tag", ">u2"), ("iid", ">u8")])  # keys.dirty_key as a record
+_EMB_KEY = np.dtype([("layer", "u1"), ("iid", ">u8")])  # keys.layer_key as a record
 
 
 Rows = Callable[[np.ndarray], "tuple[np.ndarray, np.ndarray]"]
@@ -257,9 +258,13 @@ class Engine:
         return targets, h
 
     # ------------------------------------------------------------------ outputs
-    def _modes(self, iids: np.ndarray) -> list[str]:
+    def _mode_codes(self, iids: np.ndarray) -> np.ndarray:
+        """The policy's mode of every node, as :class:`MetaTable` codes (one policy call per distinct input)."""
         degree, flags, _ = self.store.node_arrays(iids)
-        return self.policy.modes_many((flags & keys.FLAG_HAS_FEATURES) != 0, np.maximum(degree, 0))
+        combos, inverse = np.unique(np.maximum(degree, 0) * 2 + ((flags & keys.FLAG_HAS_FEATURES) != 0),
+                                    return_inverse=True)
+        codes = [self.meta.code(self.policy.mode(bool(c & 1), c >> 1)) for c in combos.tolist()]
+        return np.asarray(codes, dtype=np.int16)[inverse]
 
     def _write_final(self, iids: np.ndarray, rows: np.ndarray, *, publish: bool, stats: RecomputeStats,
                      event_ts: float | None, force: bool, puts: list | None = None) -> list:
@@ -272,11 +277,10 @@ class Engine:
             ids = iids[start:start + chunk]
             old_version, _, _ = meta.get(ids)
             _, _, last_ts = self.store.node_arrays(ids)
-            modes = self._modes(ids)
             versions = old_version + 1
             times = np.maximum(last_ts, event_ts or 0.0)
-            meta.set(ids, versions, times, np.asarray([meta.code(m) for m in modes], dtype=np.int16))
-            puts.extend(("embmeta", key, value) for key, value in meta.encode(ids))
+            meta.set(ids, versions, times, self._mode_codes(ids))
+            puts.extend(meta.encode(ids))
             if publish and len(ids):
                 self._outbox(puts, encode_outbox(ids, now))
                 stats.published += len(ids)
@@ -379,7 +383,7 @@ class Engine:
                 recheck = recheck[store.node_arrays(recheck)[0] >= 0]
                 if len(recheck):
                     _, _, stored_mode = self.meta.get(recheck)
-                    now_mode = np.asarray([self.meta.code(m) for m in self._modes(recheck)], dtype=np.int16)
+                    now_mode = self._mode_codes(recheck)
                     again = recheck[stored_mode != now_mode]
                     if len(again):
                         current, present = self.tables.get(layer + 1, again)
@@ -405,16 +409,16 @@ class Engine:
         return stats
 
     @staticmethod
-    def _row_puts(layer: int, iids: np.ndarray, rows: np.ndarray | None) -> list[tuple[str, bytes, bytes | None]]:
+    def _row_puts(layer: int, iids: np.ndarray, rows: np.ndarray | None) -> list[RowBlock]:
         """``emb`` writes of ``rows`` (None: deletes) for ``iids`` at ``layer``."""
-        key = np.empty(len(iids), dtype=[("l", "u1"), ("i", ">u8")])
-        key["l"], key["i"] = layer, iids
-        kb = key.tobytes()
+        if not len(iids):
+            return []
+        key = np.empty(len(iids), dtype=_EMB_KEY)
+        key["layer"], key["iid"] = layer, iids
         if rows is None:
-            return [("emb", kb[9 * i:9 * i + 9], None) for i in range(len(iids))]
-        width = rows.shape[1] * 4
-        rb = np.ascontiguousarray(rows, dtype="<f4").tobytes()
-        return [("emb", kb[9 * i:9 * i + 9], rb[width * i:width * (i + 1)]) for i in range(len(iids))]
+            return [RowBlock("emb", key.tobytes(), _EMB_KEY.itemsize, None)]
+        return [RowBlock("emb", key.tobytes(), _EMB_KEY.itemsize, np.ascontiguousarray(rows, dtype="<f4").tobytes(),
+                         rows.shape[1] * 4)]
 
     def _outputs_for_deleted(self, gone: np.ndarray, puts: list, publish: bool, stats: RecomputeStats) -> None:
         if not len(gone):
@@ -426,7 +430,7 @@ class Engine:
         if not len(ids):
             return
         self.meta.set(ids, versions, times, np.full(len(ids), self._deleted_code, dtype=np.int16))
-        puts.extend(("embmeta", key, value) for key, value in self.meta.encode(ids))
+        puts.extend(self.meta.encode(ids))
         if publish:
             self._outbox(puts, encode_outbox(ids, time.time()))
             stats.published += len(ids)

@@ -16,7 +16,7 @@ from typing import Sequence
 import numpy as np
 
 from graph_state import keys
-from graph_state.store import GraphStore
+from graph_state.store import GraphStore, RowBlock
 
 __all__ = ["EmbeddingTables", "MetaTable", "EmbeddingMeta", "OutboxEntry", "encode_outbox", "decode_outbox"]
 
@@ -247,14 +247,15 @@ class MetaTable:
         self.version[iids], self.event_ts[iids], self.mode[iids] = version, event_ts, mode
         self.known[iids] = True
 
-    def encode(self, iids: np.ndarray) -> list[tuple[bytes, bytes]]:
-        """``(key, value)`` pairs of the ``embmeta`` rows of ``iids`` as currently held."""
+    def encode(self, iids: np.ndarray) -> list[RowBlock]:
+        """The ``embmeta`` writes of ``iids`` as currently held, one block per mode."""
         iids = np.asarray(iids, dtype=np.int64)
-        head = np.empty(len(iids), dtype=[("v", ">u8"), ("t", ">f8")])
-        head["v"], head["t"] = self.version[iids], self.event_ts[iids]
-        hb = head.tobytes()
-        kb = iids.astype(">u8").tobytes()
-        tails = [m.encode() for m in self.names]
-        size = _META.size
-        return [(kb[8 * i:8 * i + 8], hb[size * i:size * (i + 1)] + tails[c])
-                for i, c in enumerate(self.mode[iids].tolist())]
+        codes = self.mode[iids]
+        blocks = []
+        for code in np.unique(codes).tolist():
+            ids = iids[codes == code]
+            tail = self.names[code].encode()
+            rec = np.empty(len(ids), dtype=[("v", ">u8"), ("t", ">f8"), ("m", f"S{len(tail)}")])
+            rec["v"], rec["t"], rec["m"] = self.version[ids], self.event_ts[ids], tail
+            blocks.append(RowBlock("embmeta", ids.astype(">u8").tobytes(), 8, rec.tobytes(), rec.dtype.itemsize))
+        return blocks
