@@ -48,6 +48,7 @@ from bench.common import (  # noqa: E402
 from graph_state import keys  # noqa: E402
 from graph_state.store import GraphStore  # noqa: E402
 from workers.engine import Engine  # noqa: E402
+from workers.tables import decode_final  # noqa: E402
 
 FANOUTS = (25, 10)
 
@@ -156,10 +157,10 @@ def main(argv: list[str] | None = None) -> dict:
             # ---------------------------------------------------------------- stored embeddings
             names = [graph.name(i) for i in range(graph.num_nodes)]
             iids = [store.iid(n) for n in names]
-            raws = store.column("emb").get([keys.layer_key(len(FANOUTS), iid) for iid in iids])
-            missing = sum(1 for r in raws if r is None)
-            ours = np.stack([np.frombuffer(r, dtype="<f4") if r is not None else np.full(args.dim, np.nan, np.float32)
-                             for r in raws])
+            raws = store.column("embmeta").get([keys.encode_iid(iid) for iid in iids])
+            rows = [None if r is None else decode_final(r)[1] for r in raws]
+            missing = sum(1 for r in rows if r is None)
+            ours = np.stack([r if r is not None else np.full(args.dim, np.nan, np.float32) for r in rows])
 
             # ---------------------------------------------------------------- PyG
             weights = torch.load(Path(loaded_model.path) / "weights.pt", map_location="cpu", weights_only=True)

@@ -55,6 +55,7 @@ from bench.common import (  # noqa: E402
 from graph_state import keys  # noqa: E402
 from graph_state.store import GraphStore  # noqa: E402
 from workers.engine import Engine, RecomputeStats  # noqa: E402
+from workers.tables import decode_final  # noqa: E402
 
 FANOUTS = (25, 10)
 TARGET_UPDATES_REQUIRED = 10_000
@@ -164,6 +165,7 @@ class BatchLog:
         self.changed = np.zeros(layers, dtype=np.int64)
         self.published = self.deferred = self.sampled = 0
         self.max_recomputed_batch = 0
+        self.phases: dict[str, float] = {}
 
     def add(self, events: int, apply_s: float, recompute_s: float, cpu_s: float, st: RecomputeStats) -> None:
         self.events.append(events)
@@ -175,6 +177,8 @@ class BatchLog:
             self.changed += np.asarray(st.changed[: len(self.changed)], dtype=np.int64)
             self.max_recomputed_batch = max(self.max_recomputed_batch, int(sum(st.recomputed)))
         self.published += st.published
+        for phase, sec in st.phases.items():
+            self.phases[phase] = self.phases.get(phase, 0.0) + sec
         self.deferred += st.deferred
         self.sampled += st.sampled_neighbours
 
@@ -201,6 +205,7 @@ class BatchLog:
             "batch_latency_max_ms": round(1e3 * max(lat), 3) if lat else 0.0,
             "apply_p50_ms": round(1e3 * percentile(self.apply_s, 50), 3),
             "recompute_p50_ms": round(1e3 * percentile(self.recompute_s, 50), 3),
+            "recompute_ms_per_batch_by_phase": {p: round(1e3 * sec / len(lat), 3) for p, sec in self.phases.items()},
             "cost_per_event_us_mean": round(1e6 * total / events, 3) if events else None,
             "cost_per_event_us_p50": round(1e6 * percentile(per_ev, 50), 3),
             "cost_per_event_us_p99": round(1e6 * percentile(per_ev, 99), 3),
@@ -232,10 +237,11 @@ def verify(store: GraphStore, engine: Engine) -> dict[str, Any]:
     drain_s = time.perf_counter() - t
     t = time.perf_counter()
     targets, fresh = engine.from_scratch()
-    raws = store.column("emb").get([keys.layer_key(engine.num_layers, int(i)) for i in targets])
-    missing = sum(1 for r in raws if r is None)
-    stored = np.stack([np.frombuffer(r, dtype="<f4") if r is not None else np.full(fresh.shape[1], np.inf, np.float32)
-                       for r in raws]) if len(raws) else np.zeros_like(fresh)
+    raws = store.column("embmeta").get([keys.encode_iid(int(i)) for i in targets])
+    rows = [None if r is None else decode_final(r)[1] for r in raws]
+    missing = sum(1 for r in rows if r is None)
+    stored = np.stack([r if r is not None else np.full(fresh.shape[1], np.inf, np.float32)
+                       for r in rows]) if len(rows) else np.zeros_like(fresh)
     err = float(np.abs(stored - fresh).max()) if len(raws) else 0.0
     return {"drain_seconds": round(drain_s, 3), "drain_recomputed": int(sum(drained.recomputed)),
             "nodes": int(len(targets)), "missing": missing, "max_abs_diff": err,

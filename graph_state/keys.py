@@ -17,8 +17,9 @@ Column families and layouts::
     sampled   k >H, u iid >Q, v iid >Q             -> b""   (u is in S_k(v))
     offsets   topic (utf-8), 0x00, partition >I    -> next offset >q
     dirty     k >H, iid >Q                         -> flags >B  (k = fanout, 0 = input)
-    emb       layer >B, iid >Q                     -> float32[d] (little-endian)
-    embmeta   iid >Q                               -> version >Q, event_ts >d, mode (ascii)
+    emb       layer >B (1 … L-1), iid >Q           -> float32[d] (little-endian)
+    embmeta   iid >Q                               -> version >Q, event_ts >d, mode length >B, mode (ascii),
+                                                      final embedding float32[d] (absent once withdrawn)
     outbox    seq >Q                               -> encoded outbox entry
 """
 

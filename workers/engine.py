@@ -47,6 +47,7 @@ DEFERRED_TAG = 0x8000  # dirty key tag 0x8000 + l: dependents of v at layer l ar
 _ATOL = 1e-6
 _OUTBOX_SEQ = b"outbox_seq"
 _DIRTY_KEY = np.dtype([("tag", ">u2"), ("iid", ">u8")])  # keys.dirty_key as a record
+_LAYOUT = 2  # version of the emb/embmeta layout: a store written with another one needs a backfill
 _EMB_KEY = np.dtype([("layer", "u1"), ("iid", ">u8")])  # keys.layer_key as a record
 
 
@@ -70,6 +71,13 @@ class RecomputeStats:
     sampled_neighbours: int = 0
     fanout_capped: int = 0
     seconds: float = 0.0
+    phases: dict[str, float] = field(default_factory=dict)  # seconds per phase: marks, dirty, compute, rows, outputs, write
+
+    def lap(self, phase: str, since: float) -> float:
+        """Add the time from ``since`` to now to ``phase``; return now."""
+        now = time.perf_counter()
+        self.phases[phase] = self.phases.get(phase, 0.0) + now - since
+        return now
 
 
 class Engine:
@@ -99,7 +107,7 @@ class Engine:
         self.num_layers = len(self.fanouts)
         self.model_tag = f"{cfg.name}:{cfg.version}"
         # what the stored embeddings were computed with: a different model, even under the same tag, needs a backfill
-        self.binding = json.dumps({"model": self.model_tag, "arch": cfg.arch, "weights_sha256": cfg.weights_sha256,
+        self.binding = json.dumps({"layout": _LAYOUT, "model": self.model_tag, "arch": cfg.arch, "weights_sha256": cfg.weights_sha256,
                                    "fanouts": list(cfg.fanouts), "cold_start": cfg.cold_start}, sort_keys=True)
         self.gnn = model.model
         self.policy = model.cold_start
@@ -214,7 +222,8 @@ class Engine:
             stats.sampled_neighbours += sampled
             stats.recomputed.append(len(targets))
             stats.changed.append(len(targets))
-            self._write_layer_rows(layer + 1, targets, h)
+            if layer < self.num_layers - 1:  # final rows are written with their metadata
+                self._write_layer_rows(layer + 1, targets, h)
             self.tables.set(layer + 1, targets, h)
             prev = self._dense_lookup(targets, h)
             if progress:
@@ -280,7 +289,7 @@ class Engine:
             versions = old_version + 1
             times = np.maximum(last_ts, event_ts or 0.0)
             meta.set(ids, versions, times, self._mode_codes(ids))
-            puts.extend(meta.encode(ids))
+            puts.extend(meta.encode(ids, rows[start:start + chunk]))
             if publish and len(ids):
                 self._outbox(puts, encode_outbox(ids, now))
                 stats.published += len(ids)
@@ -326,6 +335,7 @@ class Engine:
         marks = self._read_marks()
         if not marks:
             return stats
+        t = stats.lap("marks", t0)
         store = self.store
         none = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.uint8))
         input_ids, input_flags = marks.get(0, none)
@@ -363,18 +373,22 @@ class Engine:
             dirty_ids = np.unique(np.concatenate(dirty))
             alive = store.node_arrays(dirty_ids)[0] >= 0
             targets, gone = dirty_ids[alive], dirty_ids[~alive]
+            t = stats.lap("dirty", t)
             rows, sampled = self.compute_layer(layer, targets, lambda ids, l=layer: self.tables.index(l, ids))
             stats.sampled_neighbours += sampled
+            t = stats.lap("compute", t)
             old, present = self.tables.get(layer + 1, targets)
             diff = ~present | (np.abs(rows - old).max(axis=1, initial=0.0) > _ATOL) if len(targets) else np.zeros(0, dtype=bool)
             moved, moved_rows = targets[diff], rows[diff]
             self.tables.set(layer + 1, moved, moved_rows)
-            puts.extend(self._row_puts(layer + 1, moved, moved_rows))
-            puts.extend(self._row_puts(layer + 1, gone, None))
             self.tables.set(layer + 1, gone, None)
+            if layer < self.num_layers - 1:  # final rows are written with their metadata
+                puts.extend(self._row_puts(layer + 1, moved, moved_rows))
+                puts.extend(self._row_puts(layer + 1, gone, None))
             stats.recomputed.append(len(targets))
             stats.changed.append(len(moved))
             changed = np.concatenate([moved, gone])
+            t = stats.lap("rows", t)
             if layer == self.num_layers - 1:
                 final_iids, final_rows = moved, moved_rows
                 # a node whose mode changed is republished even if its vector did not move
@@ -395,6 +409,7 @@ class Engine:
         for layer, nodes in new_deferred.items():
             puts.extend(("dirty", keys.dirty_key(DEFERRED_TAG + layer, iid), b"\x01") for iid in nodes.tolist())
         puts.append(("meta", _OUTBOX_SEQ, keys.U64.pack(self._seq)))
+        t = stats.lap("outputs", t)
         try:
             # every mark was read above and nothing applies events meanwhile: clear them all at once
             store.write(puts, clear=("dirty",))
@@ -404,6 +419,7 @@ class Engine:
             self._seq = 0 if raw is None else keys.decode_iid(raw)
             self.meta.clear()
             raise
+        stats.lap("write", t)
         stats.seconds = time.perf_counter() - t0
         stats.fanout_capped, self._capped = self._capped, 0
         return stats
@@ -430,7 +446,7 @@ class Engine:
         if not len(ids):
             return
         self.meta.set(ids, versions, times, np.full(len(ids), self._deleted_code, dtype=np.int16))
-        puts.extend(self.meta.encode(ids))
+        puts.extend(self.meta.encode(ids, None))
         if publish:
             self._outbox(puts, encode_outbox(ids, time.time()))
             stats.published += len(ids)

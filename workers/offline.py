@@ -22,7 +22,7 @@ from graph_state.store import GraphStore
 from model import LoadedModel, load_model_dir
 from stream.events import Event, InvalidEvent, decode_event_json
 from workers.engine import Engine
-from workers.tables import EmbeddingMeta
+from workers.tables import EmbeddingMeta, decode_final
 
 __all__ = [
     "read_jsonl_events",
@@ -173,18 +173,15 @@ def export_embeddings(state: str, out: TextIO) -> int:
     with GraphStore(state) as store:
         raw_model = store.column("meta").get(b"model")
         model_tag = json.loads(raw_model)["model"] if raw_model else ""
-        layers = len(store.fanouts)
-        emb = store.column("emb")
         count = 0
         for key, raw in store.column("embmeta").items():
             iid = keys.decode_iid(key)
-            meta = EmbeddingMeta.decode(raw)
-            vec = emb.get(keys.layer_key(layers, iid))
+            meta, vec = decode_final(raw)
             if vec is None:
                 continue
             out.write(json.dumps({
                 "id": store.name(iid),
-                "embedding": [float(x) for x in np.frombuffer(vec, dtype="<f4")],
+                "embedding": [float(x) for x in vec],
                 "version": meta.version,
                 "model": model_tag,
                 "mode": meta.mode,

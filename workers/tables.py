@@ -18,11 +18,11 @@ import numpy as np
 from graph_state import keys
 from graph_state.store import GraphStore, RowBlock
 
-__all__ = ["EmbeddingTables", "MetaTable", "EmbeddingMeta", "OutboxEntry", "encode_outbox", "decode_outbox"]
+__all__ = ["EmbeddingTables", "MetaTable", "EmbeddingMeta", "decode_final", "OutboxEntry", "encode_outbox", "decode_outbox"]
 
 logger = logging.getLogger(__name__)
 
-_META = keys.EMBMETA_HEAD  # version, event_ts; mode (ascii) follows
+_META = keys.EMBMETA_HEAD  # version, event_ts; then the mode's length, the mode (ascii) and the row
 _OUTBOX = struct.Struct(">BId")  # format, count, computed_at
 _OUTBOX_FORMAT = 3
 
@@ -33,13 +33,24 @@ class EmbeddingMeta:
     event_ts: float
     mode: str
 
-    def encode(self) -> bytes:
-        return _META.pack(self.version, self.event_ts) + self.mode.encode()
+    def encode(self, row: np.ndarray | None = None) -> bytes:
+        """The ``embmeta`` value: this metadata and the final embedding (none for a withdrawn node)."""
+        mode = self.mode.encode()
+        tail = b"" if row is None else np.ascontiguousarray(row, dtype="<f4").tobytes()
+        return _META.pack(self.version, self.event_ts) + bytes((len(mode),)) + mode + tail
 
     @classmethod
     def decode(cls, raw: bytes) -> "EmbeddingMeta":
         version, event_ts = _META.unpack_from(raw)
-        return cls(version, event_ts, raw[_META.size:].decode())
+        n = raw[_META.size]
+        return cls(version, event_ts, raw[_META.size + 1:_META.size + 1 + n].decode())
+
+
+def decode_final(raw: bytes) -> tuple[EmbeddingMeta, np.ndarray | None]:
+    """An ``embmeta`` value: the metadata and the final embedding (None for a withdrawn node)."""
+    meta = EmbeddingMeta.decode(raw)
+    at = _META.size + 1 + raw[_META.size]
+    return meta, (np.frombuffer(raw, dtype="<f4", offset=at).copy() if len(raw) > at else None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +129,13 @@ class EmbeddingTables:
             return self.store.feature_rows(iids.tolist(), self.dims[0])
         out = np.zeros((len(iids), self.dims[layer]), dtype=np.float32)
         present = np.zeros(len(iids), dtype=bool)
+        if layer == len(self.dims) - 1:  # final rows live with their metadata
+            for row, raw in enumerate(self.store.column("embmeta").get([keys.encode_iid(int(i)) for i in iids])):
+                if raw is not None:
+                    _, vec = decode_final(raw)
+                    if vec is not None:
+                        out[row], present[row] = vec, True
+            return out, present
         raws = self.store.column("emb").get([keys.layer_key(layer, int(i)) for i in iids])
         for row, raw in enumerate(raws):
             if raw is not None:
@@ -247,15 +265,21 @@ class MetaTable:
         self.version[iids], self.event_ts[iids], self.mode[iids] = version, event_ts, mode
         self.known[iids] = True
 
-    def encode(self, iids: np.ndarray) -> list[RowBlock]:
-        """The ``embmeta`` writes of ``iids`` as currently held, one block per mode."""
+    def encode(self, iids: np.ndarray, rows: np.ndarray | None) -> list[RowBlock]:
+        """The ``embmeta`` writes of ``iids``: metadata as currently held plus the final rows (None: withdrawn)."""
         iids = np.asarray(iids, dtype=np.int64)
         codes = self.mode[iids]
         blocks = []
         for code in np.unique(codes).tolist():
-            ids = iids[codes == code]
+            pick = codes == code
+            ids = iids[pick]
             tail = self.names[code].encode()
-            rec = np.empty(len(ids), dtype=[("v", ">u8"), ("t", ">f8"), ("m", f"S{len(tail)}")])
-            rec["v"], rec["t"], rec["m"] = self.version[ids], self.event_ts[ids], tail
+            fields = [("v", ">u8"), ("t", ">f8"), ("n", "u1"), ("m", f"S{len(tail)}")]
+            if rows is not None:
+                fields.append(("r", "<f4", (rows.shape[1],)))
+            rec = np.empty(len(ids), dtype=fields)
+            rec["v"], rec["t"], rec["n"], rec["m"] = self.version[ids], self.event_ts[ids], len(tail), tail
+            if rows is not None:
+                rec["r"] = rows[pick]
             blocks.append(RowBlock("embmeta", ids.astype(">u8").tobytes(), 8, rec.tobytes(), rec.dtype.itemsize))
         return blocks

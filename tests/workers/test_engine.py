@@ -35,7 +35,7 @@ from tests.workers.reference import (
     reference_embeddings,
 )
 from workers.engine import Engine
-from workers.tables import EmbeddingMeta, decode_outbox
+from workers.tables import EmbeddingMeta, decode_final, decode_outbox
 
 SEED = 11
 DIM = 4
@@ -467,6 +467,7 @@ def test_node_delete_withdraws_embedding_and_publishes_deleted(model_dirs: dict[
         assert engine.pending() == 0
         floor = EmbeddingMeta.decode(store.column("embmeta").get(keys.encode_iid(b)))
         assert floor.mode == "deleted" and floor.version == before.version + 1  # the version floor stays
+        assert decode_final(store.column("embmeta").get(keys.encode_iid(b)))[1] is None  # the row is withdrawn
         assert store.column("emb").get(keys.layer_key(engine.num_layers, b)) is None
         new = pub.collect(engine)[n_before:]
         gone = [e for e in new if e.node == "b"]
