@@ -166,6 +166,7 @@ class BatchLog:
         self.published = self.deferred = self.sampled = 0
         self.max_recomputed_batch = 0
         self.phases: dict[str, float] = {}
+        self.apply_phases: dict[str, float] = {}
 
     def add(self, events: int, apply_s: float, recompute_s: float, cpu_s: float, st: RecomputeStats) -> None:
         self.events.append(events)
@@ -205,6 +206,7 @@ class BatchLog:
             "batch_latency_max_ms": round(1e3 * max(lat), 3) if lat else 0.0,
             "apply_p50_ms": round(1e3 * percentile(self.apply_s, 50), 3),
             "recompute_p50_ms": round(1e3 * percentile(self.recompute_s, 50), 3),
+            "apply_ms_per_batch_by_phase": {p: round(1e3 * sec / len(lat), 3) for p, sec in self.apply_phases.items()},
             "recompute_ms_per_batch_by_phase": {p: round(1e3 * sec / len(lat), 3) for p, sec in self.phases.items()},
             "cost_per_event_us_mean": round(1e6 * total / events, 3) if events else None,
             "cost_per_event_us_p50": round(1e6 * percentile(per_ev, 50), 3),
@@ -228,6 +230,8 @@ def run_batch(store: GraphStore, engine: Engine, events: list[Any], log_: BatchL
     st = engine.recompute(event_ts=res.max_ts)
     t2 = time.perf_counter()
     log_.add(len(events), t1 - t0, t2 - t1, time.process_time() - c0, st)
+    for phase, sec in res.phases.items():
+        log_.apply_phases[phase] = log_.apply_phases.get(phase, 0.0) + sec
 
 
 def verify(store: GraphStore, engine: Engine) -> dict[str, Any]:

@@ -90,6 +90,7 @@ class ApplyResult:
         degree_changed: iids whose neighbour count changed.
         created / deleted: iids of nodes that came into / went out of existence.
         max_ts: the latest event time in the batch (0 for an empty batch).
+        phases: seconds spent per phase (validate, prefetch, events, finish, write, caches).
     """
 
     fanouts: tuple[int, ...]
@@ -101,6 +102,13 @@ class ApplyResult:
     created: set[int] = field(default_factory=set)
     deleted: set[int] = field(default_factory=set)
     max_ts: float = 0.0
+    phases: dict[str, float] = field(default_factory=dict)
+
+    def lap(self, phase: str, since: float) -> float:
+        """Add the time from ``since`` to now to ``phase`` (seconds); return now."""
+        now = time.perf_counter()
+        self.phases[phase] = self.phases.get(phase, 0.0) + now - since
+        return now
 
     def event_sample_changes(self, index: int, k: int) -> set[int]:
         """The iids whose ``S_k`` was changed by event ``index`` of the batch."""
@@ -241,6 +249,7 @@ class _Batch:
         self.initial_degree: dict[int, int] = {}
         self.edges: dict[bytes, bool] = {}
         self.stored_edges: dict[bytes, bool] = {}  # prefetched: does the edge exist before the batch
+        self.marks: dict[bytes, int] = {}  # dirty marks written, for the in-memory mirror
         self.nodes: set[int] = set()
         self.sampled_removed: dict[int, list[int]] = defaultdict(list)
         self.sampled_added: dict[int, list[int]] = defaultdict(list)
@@ -296,6 +305,7 @@ class GraphStore:
         self._sampled: dict[int, _SampledIndex] = {}  # the sampled-by index in memory, built on first use
         self._dense_samples: dict[int, _DenseSamples] = {}  # S_k of many nodes at once, for the engine
         self._dense_nodes = _DenseNodes()
+        self._marks: dict[bytes, int] | None = None  # mirror of the dirty family, loaded on first use
         self._batch: _Batch | None = None
 
     # ------------------------------------------------------------------ open/close
@@ -612,6 +622,7 @@ class GraphStore:
             ValueError: on an invalid event or an offset moving backwards; nothing
                 is written then.
         """
+        t = time.perf_counter()
         dim = self._validate(events)
         current = self.offsets()
         for tp, off in (offsets or {}).items():
@@ -622,22 +633,27 @@ class GraphStore:
         batch = _Batch(self._handles)
         self._batch = batch
         result = ApplyResult(self.fanouts)
+        t = result.lap("validate", t)
         try:
             if dim != self.feature_dim:
                 self.feature_dim = dim
                 self._meta_put("feature_dim", dim, batch)
             self._prefetch(events, batch)
+            t = result.lap("prefetch", t)
             for ev in events:
                 touches: list[tuple[int, int]] = []
                 result.event_touches.append(touches)
                 getattr(self, "_apply_" + ev.op)(ev, batch, result, touches)
                 if ev.ts > result.max_ts:
                     result.max_ts = float(ev.ts)
+            t = result.lap("events", t)
             self._finish(batch, result)
             for (topic, partition), off in (offsets or {}).items():
                 batch.put("offsets", keys.offset_key(topic, partition), keys.U64.pack(off))
             self._meta_put("next_iid", self._next_iid, batch)
+            t = result.lap("finish", t)
             self._db.write(batch.wb, self._write_opts)
+            t = result.lap("write", t)
         except BaseException:
             self._invalidate_caches()
             raise
@@ -646,10 +662,13 @@ class GraphStore:
         dense = self._dense_nodes
         for iid in batch.nodes:
             dense.set(iid, self._nodes[iid])
+        if self._marks is not None:
+            self._marks.update(batch.marks)
         for k, index in self._sampled.items():
             index.update(np.asarray(batch.sampled_removed.get(k, ()), dtype=np.int64),
                          np.asarray(batch.sampled_added.get(k, ()), dtype=np.int64))
         self._trim_caches()
+        result.lap("caches", t)
         return result
 
     def _prefetch(self, events: Sequence[Any], batch: _Batch) -> None:
@@ -841,10 +860,12 @@ class GraphStore:
                 marks[(k, v)] |= DIRTY_SAMPLE
             for v in result.count_changed[k]:
                 marks[(k, v)] |= DIRTY_COUNT
-        mark_keys = [keys.dirty_key(k, v) for k, v in marks]
-        existing = self._cf["dirty"].get(mark_keys) if marks else []
-        for key, flags, old in zip(mark_keys, marks.values(), existing):
-            batch.put("dirty", key, bytes((flags | (old[0] if old else 0),)))
+        stored = self.dirty_marks()
+        for (k, v), flags in marks.items():
+            key = keys.dirty_key(k, v)
+            flags |= stored.get(key, 0)
+            batch.put("dirty", key, bytes((flags,)))
+            batch.marks[key] = flags
 
     # ------------------------------------------------------------------ caches
     def _forget_sample(self, v: int) -> None:
@@ -860,6 +881,7 @@ class GraphStore:
         self._sampled.clear()
         self._dense_samples.clear()
         self._dense_nodes = _DenseNodes()
+        self._marks = None
         self._next_iid = self._meta_get("next_iid") or 0
         self.feature_dim = self._meta_get("feature_dim")
 
@@ -1102,6 +1124,13 @@ class GraphStore:
         return {keys.decode_offset_key(k): keys.U64.unpack(v)[0] for k, v in self._cf["offsets"].items()}
 
     # ------------------------------------------------------------------ raw access for the engine
+    def dirty_marks(self) -> dict[bytes, int]:
+        """Every dirty mark, ``{dirty key: flags}``: an in-memory mirror of the ``dirty`` family
+        (read once, then kept in step by :meth:`apply` and :meth:`write`). Do not modify it."""
+        if self._marks is None:
+            self._marks = {key: value[0] for key, value in self._cf["dirty"].items()}
+        return self._marks
+
     def column(self, name: str) -> Rdict:
         """The column-family view ``name`` (engine-owned families: dirty, emb, embmeta, outbox)."""
         return self._cf[name]
@@ -1118,8 +1147,11 @@ class GraphStore:
         for cf in clear:
             wb.delete_range(b"", b"\xff" * 32, handles[cf])
         put, delete = wb.put, wb.delete
+        marks: list[tuple[bytes, bytes | None]] = []
         for item in puts:
             if isinstance(item, RowBlock):
+                if item.family == "dirty":
+                    raise ValueError("dirty marks are written one by one (they are mirrored in memory)")
                 item.write_to(wb, handles[item.family])
                 continue
             cf, key, value = item
@@ -1127,4 +1159,18 @@ class GraphStore:
                 delete(key, handles[cf])
             else:
                 put(key, value, handles[cf])
-        self._db.write(wb, self._write_opts)
+            if cf == "dirty":
+                marks.append((key, value))
+        try:
+            self._db.write(wb, self._write_opts)
+        except BaseException:
+            self._marks = None
+            raise
+        if self._marks is not None:
+            if "dirty" in clear:
+                self._marks.clear()
+            for key, value in marks:
+                if value is None:
+                    self._marks.pop(key, None)
+                else:
+                    self._marks[key] = value[0]

@@ -302,20 +302,17 @@ class Engine:
     # ------------------------------------------------------------------ incremental
     def _read_marks(self) -> dict[int, tuple[np.ndarray, np.ndarray]]:
         """Dirty marks by tag: ``{tag: (iids, flags)}``."""
-        ks, vs = [], []
-        for key, value in self.store.column("dirty").items():
-            ks.append(key)
-            vs.append(value[:1])
-        if not ks:
+        stored = self.store.dirty_marks()
+        if not stored:
             return {}
-        rec = np.frombuffer(b"".join(ks), dtype=_DIRTY_KEY)
+        rec = np.frombuffer(b"".join(stored), dtype=_DIRTY_KEY)
         tags, iids = rec["tag"].astype(np.int64), rec["iid"].astype(np.int64)
-        flags = np.frombuffer(b"".join(vs), dtype=np.uint8)
+        flags = np.fromiter(stored.values(), dtype=np.uint8, count=len(stored))
         return {int(t): (iids[tags == t], flags[tags == t]) for t in np.unique(tags).tolist()}
 
     def pending(self) -> int:
         """Number of dirty marks waiting (0 when everything is up to date)."""
-        return sum(1 for _ in self.store.column("dirty").keys())
+        return len(self.store.dirty_marks())
 
     def _dependents(self, k: int, sources: np.ndarray, deferred: list[np.ndarray], allow_defer: bool) -> np.ndarray:
         deps, over = self.store.sampled_by_many(k, sources, self.hub_bound if allow_defer else None)
