@@ -11,8 +11,9 @@ After loading and backfilling:
    ``store.apply(batch)`` + ``engine.recompute()``. Events are generated before
    the clock starts. Reports updates/s (events / total apply+recompute time),
    p50/p99 batch latency, nodes recomputed per event per layer, published per
-   event, the backfill time of the same graph in the same run and the ratio
-   backfill / p50 batch latency. Afterwards everything is drained and the
+   event, seconds per apply and recompute phase, the backfill time of the same
+   graph in the same run (the faster of two backfills) and the ratio backfill /
+   p50 batch latency. Afterwards everything is drained and the
    stored embeddings are checked against a from-scratch computation.
 2. **Hub**: a node ``hub`` gets ``--hub-degree`` (1,000,000) neighbours: edge
    upserts from fresh leaf nodes to it, applied in batches of 10,000 and then
@@ -274,12 +275,16 @@ def open_loaded(work: Path, name: str, graph: SyntheticGraph, loaded_model: Any,
     engine = Engine(store, loaded_model)
     init_s = time.perf_counter() - t
     log(f"engine ready ({init_s:.1f}s); backfill")
-    t, c = time.perf_counter(), time.process_time()
-    st = engine.backfill()
-    backfill_s, backfill_cpu = time.perf_counter() - t, time.process_time() - c
-    log(f"backfill done ({backfill_s:.1f}s)")
+    runs = []
+    for _ in range(2):  # the faster of two runs: the ratio to batch latency is not flattered by a slow one
+        t, c = time.perf_counter(), time.process_time()
+        st = engine.backfill()
+        runs.append((time.perf_counter() - t, time.process_time() - c))
+        log(f"backfill done ({runs[-1][0]:.1f}s)")
+    backfill_s, backfill_cpu = min(runs)
     return store, engine, {"load": load, "engine_init_seconds": round(init_s, 3),
                            "backfill_seconds": round(backfill_s, 3), "backfill_cpu_seconds": round(backfill_cpu, 3),
+                           "backfill_runs_seconds": [round(r[0], 3) for r in runs],
                            "backfill_nodes": st.recomputed[0] if st.recomputed else 0}
 
 

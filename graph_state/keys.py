@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import struct
 
+import numpy as np
+
 __all__ = [
     "COLUMN_FAMILIES",
     "U64",
@@ -49,6 +51,9 @@ __all__ = [
     "EDGE_RECORD",
     "EMBMETA_HEAD",
     "FLAG_HAS_FEATURES",
+    "SAMPLED_KEY_RECORD",
+    "DIRTY_KEY_RECORD",
+    "LAYER_KEY_RECORD",
 ]
 
 COLUMN_FAMILIES = (
@@ -67,6 +72,11 @@ NODE_RECORD = struct.Struct(">IBd")  # degree, flags, last event ts
 EDGE_RECORD = struct.Struct(">dd")  # weight, ts
 EMBMETA_HEAD = struct.Struct(">Qd")  # version, event_ts; mode follows as ascii
 FLAG_HAS_FEATURES = 1
+
+# The fixed-width keys as numpy records, to pack or unpack thousands at once.
+SAMPLED_KEY_RECORD = np.dtype([("k", ">u2"), ("u", ">u8"), ("v", ">u8")])
+DIRTY_KEY_RECORD = np.dtype([("tag", ">u2"), ("iid", ">u8")])
+LAYER_KEY_RECORD = np.dtype([("layer", "u1"), ("iid", ">u8")])
 
 
 def encode_iid(iid: int) -> bytes:

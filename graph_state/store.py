@@ -47,7 +47,8 @@ DIRTY_DEGREE = 8
 _MIN_TOP = 32
 _BLOCK_CACHE_BYTES = 256 << 20
 _PAIR_BITS = 32  # the in-memory sampled-by index packs (u, v) as u << 32 | v
-_SAMPLED_KEY = np.dtype([("k", ">u2"), ("u", ">u8"), ("v", ">u8")])
+_SAMPLED_KEY = keys.SAMPLED_KEY_RECORD
+_DIRTY_KEY = keys.DIRTY_KEY_RECORD
 _F32_MAX = float(np.finfo(np.float32).max)
 
 
@@ -139,44 +140,77 @@ class _DenseSamples:
         self.mat, self.valid = mat, valid
 
 
+def _member(sorted_arr: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """Which entries of ``x`` are in the sorted array ``sorted_arr``."""
+    if not len(sorted_arr) or not len(x):
+        return np.zeros(len(x), dtype=bool)
+    pos = np.minimum(np.searchsorted(sorted_arr, x), len(sorted_arr) - 1)
+    return sorted_arr[pos] == x
+
+
+def _merge(sorted_arr: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """The sorted union of ``sorted_arr`` and the sorted ``x`` (disjoint from it), in linear time."""
+    return np.insert(sorted_arr, np.searchsorted(sorted_arr, x), x) if len(x) else sorted_arr
+
+
+def _slices(arr: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """The entries of ``arr`` in the slices ``[lo, hi)``, concatenated."""
+    counts = hi - lo
+    total = int(counts.sum())
+    if total == 0:
+        return arr[:0]
+    starts = np.repeat(lo - np.concatenate(([0], np.cumsum(counts)[:-1])), counts)
+    return arr[starts + np.arange(total)]
+
+
 class _SampledIndex:
     """The sampled-by relation of one fanout in memory: sorted ``u << 32 | v`` pairs.
 
     ``sampled_by_k(u)`` is one contiguous slice, found by binary search, and
     its size is known without reading it (a hub costs the same as a leaf).
+    Changes collect in two small sorted arrays (added, removed) that are
+    merged into the base every few tens of thousands of changes, so a batch
+    does not rewrite millions of pairs.
     """
 
+    compact_at = 1 << 16  # pending changes merged once above this (or 1/32 of the base)
+
     def __init__(self, pairs: np.ndarray):
-        self.pairs = pairs
+        self.base = pairs
+        self.added = pairs[:0]
+        self.removed = pairs[:0]
 
     def update(self, removed: np.ndarray, added: np.ndarray) -> None:
-        pairs = self.pairs
-        if len(removed) and len(pairs):
-            pos = np.searchsorted(pairs, removed)
-            hit = pos < len(pairs)
-            hit[hit] = pairs[pos[hit]] == removed[hit]
-            pairs = np.delete(pairs, pos[hit])
+        removed, added = np.unique(removed), np.unique(added)
+        if len(removed):
+            pending = _member(self.added, removed)
+            self.added = self.added[~_member(removed, self.added)]
+            drop = removed[~pending]
+            self.removed = _merge(self.removed, drop[_member(self.base, drop) & ~_member(self.removed, drop)])
         if len(added):
-            added = np.unique(added)
-            pos = np.searchsorted(pairs, added)
-            new = pos >= len(pairs)
-            new[~new] = pairs[pos[~new]] != added[~new]
-            pairs = np.insert(pairs, pos[new], added[new])
-        self.pairs = pairs
+            back = _member(self.removed, added)
+            self.removed = self.removed[~_member(added, self.removed)]
+            new = added[~back]
+            self.added = _merge(self.added, new[~_member(self.base, new) & ~_member(self.added, new)])
+        if len(self.added) + len(self.removed) > max(self.compact_at, len(self.base) >> 5):
+            base = np.delete(self.base, np.searchsorted(self.base, self.removed))
+            self.base = _merge(base, self.added)
+            self.added, self.removed = self.base[:0], self.base[:0]
 
-    def ranges(self, sources: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        lo = np.searchsorted(self.pairs, sources << _PAIR_BITS)
-        hi = np.searchsorted(self.pairs, (sources + 1) << _PAIR_BITS)
-        return lo, hi
-
-    def gather(self, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-        """The ``v`` of every pair in the slices ``[lo, hi)``."""
-        counts = hi - lo
-        total = int(counts.sum())
-        if total == 0:
-            return np.zeros(0, dtype=np.int64)
-        starts = np.repeat(lo - np.concatenate(([0], np.cumsum(counts)[:-1])), counts)
-        return self.pairs[starts + np.arange(total)] & ((1 << _PAIR_BITS) - 1)
+    def lookup(self, sources: np.ndarray, bound: int | None) -> tuple[np.ndarray, np.ndarray]:
+        """``(v of every pair of sources with at most bound dependents, sources with more)``."""
+        lo_key, hi_key = sources << _PAIR_BITS, (sources + 1) << _PAIR_BITS
+        ranges = [(arr, np.searchsorted(arr, lo_key), np.searchsorted(arr, hi_key))
+                  for arr in (self.base, self.removed, self.added)]
+        (base, blo, bhi), (_, rlo, rhi), (added, alo, ahi) = ranges
+        keep = np.ones(len(sources), dtype=bool)
+        if bound is not None:
+            keep = (bhi - blo) - (rhi - rlo) + (ahi - alo) <= bound
+        pairs = _slices(base, blo[keep], bhi[keep])
+        if len(self.removed):
+            pairs = pairs[~_member(self.removed, pairs)]
+        pairs = np.concatenate([pairs, _slices(added, alo[keep], ahi[keep])])
+        return pairs & ((1 << _PAIR_BITS) - 1), sources[~keep]
 
 
 class _DenseNodes:
@@ -251,8 +285,8 @@ class _Batch:
         self.stored_edges: dict[bytes, bool] = {}  # prefetched: does the edge exist before the batch
         self.marks: dict[bytes, int] = {}  # dirty marks written, for the in-memory mirror
         self.nodes: set[int] = set()
-        self.sampled_removed: dict[int, list[int]] = defaultdict(list)
-        self.sampled_added: dict[int, list[int]] = defaultdict(list)
+        self.sampled_removed: dict[int, np.ndarray] = {}  # u << 32 | v pairs per fanout
+        self.sampled_added: dict[int, np.ndarray] = {}
 
     def put(self, cf: str, key: bytes, value: bytes) -> None:
         self.wb.put(key, value, self.handles[cf])
@@ -808,64 +842,78 @@ class GraphStore:
                 batch.delete("nodes", keys.encode_iid(iid))
             else:
                 batch.put("nodes", keys.encode_iid(iid), node.encode())
-        for k in self.fanouts:
-            result.sample_changed[k] = set()
-            result.count_changed[k] = set()
-        refreshed: list[int] = []
-        refreshed_rows: list[list[int]] = []
-        width = max((d.k for d in self._dense_samples.values()), default=0)
+        # every node whose cached prefix may have changed: compare before and after, vectorised over nodes
+        width = max((*self.fanouts, *(d.k for d in self._dense_samples.values())), default=0)
+        changed: list[int] = []
+        before_rows: list[list[int]] = []
+        after_rows: list[list[int]] = []
+        moved: list[tuple[int, int, int]] = []  # (v, degree before, degree after)
+        nodes, tops, degree0 = self._nodes, self._top, batch.initial_degree
         for v, before_top in batch.initial_top.items():
-            node = self._nodes.get(v)
-            after_top = self._top.get(v, []) if node is not None else []
-            deg_before = batch.initial_degree.get(v, 0)
+            node = nodes.get(v)
+            after_top = tops.get(v, []) if node is not None else []
             deg_after = node.degree if node is not None else 0
-            if before_top == after_top:
-                if deg_before != deg_after:
-                    for k in self.fanouts:
-                        if min(deg_before, k) != min(deg_after, k):
-                            result.count_changed[k].add(v)
-                continue
-            before = [u for _, u in before_top]
-            after = [u for _, u in after_top]
-            if width:
-                refreshed.append(v)
-                refreshed_rows.append(after[:width] + [-1] * (width - len(after)))
-            for k in self.fanouts:
-                old, new = before[:k], after[:k]
-                if old != new:
-                    result.sample_changed[k].add(v)
-                    for u in set(old) - set(new):
-                        batch.delete("sampled", keys.sampled_key(k, u, v))
-                        batch.sampled_removed[k].append((u << _PAIR_BITS) | v)
-                    for u in set(new) - set(old):
-                        batch.put("sampled", keys.sampled_key(k, u, v), b"")
-                        batch.sampled_added[k].append((u << _PAIR_BITS) | v)
-                if min(deg_before, k) != min(deg_after, k):
-                    result.count_changed[k].add(v)
-        if refreshed:  # write-through: the new S_k rows replace the old ones
-            rows = np.asarray(refreshed_rows, dtype=np.int64)
-            for d in self._dense_samples.values():
-                d.grow(self._next_iid)
-                d.mat[refreshed] = rows[:, :d.k]
-                d.valid[refreshed] = True
+            if degree0.get(v, 0) != deg_after:
+                moved.append((v, degree0.get(v, 0), deg_after))
+            if before_top != after_top and width:
+                before = [u for _, u in before_top[:width]]
+                after = [u for _, u in after_top[:width]]
+                changed.append(v)
+                before_rows.append(before + [-1] * (width - len(before)))
+                after_rows.append(after + [-1] * (width - len(after)))
+        ids = np.asarray(changed, dtype=np.int64)
+        before_m = np.asarray(before_rows, dtype=np.int64).reshape(len(changed), width)
+        after_m = np.asarray(after_rows, dtype=np.int64).reshape(len(changed), width)
+        for d in self._dense_samples.values():  # write-through: the new S_k rows replace the old ones
+            d.grow(self._next_iid)
+            d.mat[ids] = after_m[:, :d.k]
+            d.valid[ids] = True
+        deg = np.asarray(moved, dtype=np.int64).reshape(len(moved), 3)
+        handle = self._handles["sampled"]
+        mark_parts: list[tuple[int, np.ndarray, int]] = [
+            (0, np.fromiter(result.features_changed, np.int64, len(result.features_changed)), DIRTY_INPUT),
+            (0, np.fromiter(result.degree_changed, np.int64, len(result.degree_changed)), DIRTY_DEGREE),
+        ]
+        for k in self.fanouts:
+            old, new = before_m[:, :k], after_m[:, :k]
+            rows = (old != new).any(axis=1)
+            ids_k, old, new = ids[rows], old[rows], new[rows]
+            removed = (old >= 0) & ~(old[:, :, None] == new[:, None, :]).any(axis=2)
+            added = (new >= 0) & ~(new[:, :, None] == old[:, None, :]).any(axis=2)
+            for mask, grid, sink, value in ((removed, old, batch.sampled_removed, None),
+                                            (added, new, batch.sampled_added, b"")):
+                u = grid[mask]
+                v = np.repeat(ids_k, mask.sum(axis=1))
+                rec = np.empty(len(u), dtype=_SAMPLED_KEY)
+                rec["k"], rec["u"], rec["v"] = k, u, v
+                RowBlock("sampled", rec.tobytes(), _SAMPLED_KEY.itemsize, value).write_to(batch.wb, handle)
+                sink[k] = (u << _PAIR_BITS) | v
+            counted = deg[np.minimum(deg[:, 1], k) != np.minimum(deg[:, 2], k), 0]
+            result.sample_changed[k] = set(ids_k.tolist())
+            result.count_changed[k] = set(counted.tolist())
+            mark_parts += [(k, ids_k, DIRTY_SAMPLE), (k, counted, DIRTY_COUNT)]
         if not self.fanouts:
             return
-        marks: dict[tuple[int, int], int] = defaultdict(int)
-        for v in result.features_changed:
-            marks[(0, v)] |= DIRTY_INPUT
-        for v in result.degree_changed:
-            marks[(0, v)] |= DIRTY_DEGREE
-        for k in self.fanouts:
-            for v in result.sample_changed[k]:
-                marks[(k, v)] |= DIRTY_SAMPLE
-            for v in result.count_changed[k]:
-                marks[(k, v)] |= DIRTY_COUNT
+        tag = np.concatenate([np.full(len(a), t, dtype=np.uint64) for t, a, _ in mark_parts])
+        iid = np.concatenate([a.astype(np.uint64) for _, a, _ in mark_parts])
+        flag = np.concatenate([np.full(len(a), f, dtype=np.uint8) for _, a, f in mark_parts])
+        combined = (tag << np.uint64(48)) | iid
+        order = np.argsort(combined, kind="stable")
+        combined, flag = combined[order], flag[order]
+        first = np.flatnonzero(np.concatenate(([True], combined[1:] != combined[:-1]))) if len(combined) else \
+            np.zeros(0, dtype=np.int64)
+        flags = np.bitwise_or.reduceat(flag, first) if len(first) else flag[:0]
+        rec = np.empty(len(first), dtype=_DIRTY_KEY)
+        rec["tag"], rec["iid"] = combined[first] >> np.uint64(48), combined[first] & np.uint64((1 << 48) - 1)
+        blob = rec.tobytes()
+        size = _DIRTY_KEY.itemsize
         stored = self.dirty_marks()
-        for (k, v), flags in marks.items():
-            key = keys.dirty_key(k, v)
-            flags |= stored.get(key, 0)
-            batch.put("dirty", key, bytes((flags,)))
-            batch.marks[key] = flags
+        put, dirty = batch.wb.put, self._handles["dirty"]
+        for i, f in enumerate(flags.tolist()):
+            key = blob[i * size:(i + 1) * size]
+            f |= stored.get(key, 0)
+            put(key, bytes((f,)), dirty)
+            batch.marks[key] = f
 
     # ------------------------------------------------------------------ caches
     def _forget_sample(self, v: int) -> None:
@@ -1020,11 +1068,7 @@ class GraphStore:
                 got = self._scan_sampled(k, u, None if bound is None else bound + 1)
                 (over.append(u) if bound is not None and len(got) > bound else deps.extend(got))
             return np.asarray(deps, dtype=np.int64), np.asarray(over, dtype=np.int64)
-        lo, hi = index.ranges(sources)
-        if bound is None:
-            return index.gather(lo, hi), sources[:0]
-        big = hi - lo > bound
-        return index.gather(lo[~big], hi[~big]), sources[big]
+        return index.lookup(sources, bound)
 
     def _scan_sampled(self, k: int, u: int, limit: int | None) -> list[int]:
         prefix = keys.sampled_prefix(k, u)

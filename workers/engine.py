@@ -46,9 +46,9 @@ DELETED = "deleted"  # mode of a withdrawn embedding (its meta keeps the version
 DEFERRED_TAG = 0x8000  # dirty key tag 0x8000 + l: dependents of v at layer l are pending
 _ATOL = 1e-6
 _OUTBOX_SEQ = b"outbox_seq"
-_DIRTY_KEY = np.dtype([("tag", ">u2"), ("iid", ">u8")])  # keys.dirty_key as a record
+_DIRTY_KEY = keys.DIRTY_KEY_RECORD
 _LAYOUT = 2  # version of the emb/embmeta layout: a store written with another one needs a backfill
-_EMB_KEY = np.dtype([("layer", "u1"), ("iid", ">u8")])  # keys.layer_key as a record
+_EMB_KEY = keys.LAYER_KEY_RECORD
 
 
 Rows = Callable[[np.ndarray], "tuple[np.ndarray, np.ndarray]"]
