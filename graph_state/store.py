@@ -32,7 +32,7 @@ from graph_state import keys
 from graph_state.exceptions import OffsetRegressionError, StoreConfigError, StoreLockedError
 from graph_state.sampler import check_fanout, neighbor_rank
 
-__all__ = ["GraphStore", "ApplyResult", "RowBlock", "DIRTY_INPUT", "DIRTY_SAMPLE", "DIRTY_COUNT", "DIRTY_DEGREE"]
+__all__ = ["GraphStore", "ApplyResult", "RowBlock", "grow_columns", "DIRTY_INPUT", "DIRTY_SAMPLE", "DIRTY_COUNT", "DIRTY_DEGREE"]
 
 logger = logging.getLogger(__name__)
 
@@ -213,6 +213,23 @@ class _SampledIndex:
         return pairs & ((1 << _PAIR_BITS) - 1), sources[~keep]
 
 
+def grow_columns(owner: Any, names: Sequence[str], size: int) -> int | None:
+    """Grow the equally long 1-D arrays ``owner.<name>`` to hold ``size`` entries (new ones zero).
+
+    Capacity at least doubles. Returns the old length, or None when they were long enough.
+    """
+    have = len(getattr(owner, names[0]))
+    if size <= have:
+        return None
+    new = max(size, 2 * have, 1024)
+    for name in names:
+        old = getattr(owner, name)
+        arr = np.zeros(new, dtype=old.dtype)
+        arr[:have] = old
+        setattr(owner, name, arr)
+    return have
+
+
 class _DenseNodes:
     """Node records as arrays, for reading thousands of them at once.
 
@@ -227,15 +244,7 @@ class _DenseNodes:
         self.known = np.zeros(0, dtype=bool)
 
     def grow(self, size: int) -> None:
-        have = len(self.known)
-        if size <= have:
-            return
-        new = max(size, 2 * have, 1024)
-        for name in ("degree", "flags", "last_ts", "known"):
-            old = getattr(self, name)
-            arr = np.zeros(new, dtype=old.dtype)
-            arr[:have] = old
-            setattr(self, name, arr)
+        grow_columns(self, ("degree", "flags", "last_ts", "known"), size)
 
     def set(self, iid: int, node: "_Node | None") -> None:
         if iid >= len(self.known):

@@ -16,7 +16,7 @@ from typing import Sequence
 import numpy as np
 
 from graph_state import keys
-from graph_state.store import GraphStore, RowBlock
+from graph_state.store import GraphStore, RowBlock, grow_columns
 
 __all__ = ["EmbeddingTables", "MetaTable", "EmbeddingMeta", "decode_final", "OutboxEntry", "encode_outbox", "decode_outbox"]
 
@@ -226,16 +226,9 @@ class MetaTable:
         return c
 
     def _grow(self, size: int) -> None:
-        have = len(self.known)
-        if size <= have:
-            return
-        new = max(size, 2 * have, 1024)
-        for name in ("version", "event_ts", "mode", "known"):
-            old = getattr(self, name)
-            arr = np.zeros(new, dtype=old.dtype)
-            arr[:have] = old
-            setattr(self, name, arr)
-        self.mode[have:] = -1
+        have = grow_columns(self, ("version", "event_ts", "mode", "known"), size)
+        if have is not None:
+            self.mode[have:] = -1
 
     def get(self, iids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(version, event_ts, mode code)`` of ``iids``."""
