@@ -211,6 +211,7 @@ class Engine:
         """Recompute every node's embedding at every layer from scratch and store them."""
         t0 = time.perf_counter()
         stats = RecomputeStats()
+        self._migrate_layout()
         targets = np.fromiter(self.store.node_iids(), dtype=np.int64)
         self.tables.clear()
         self.meta.clear()
@@ -233,6 +234,30 @@ class Engine:
         self.store.write((), clear=("dirty",))
         stats.seconds = time.perf_counter() - t0
         return stats
+
+    def _migrate_layout(self) -> None:
+        """Bring what a store written with layout 1 keeps beyond its nodes' rows to this layout.
+
+        Layout 1 stored ``embmeta`` as version, event time and the mode alone, and
+        outbox records that carried vectors. The backfill rewrites every live
+        node; this rewrites the version floors of deleted nodes and drops old
+        outbox records (the backfill's own records supersede them).
+        """
+        raw = self.store.column("meta").get(b"model")
+        if raw is None or json.loads(raw).get("layout") == _LAYOUT:
+            return
+        puts: list = []
+        head = keys.EMBMETA_HEAD.size
+        for key, value in self.store.column("embmeta").items():
+            if len(value) <= head or len(value) < head + 1 + value[head]:  # a layout-1 record
+                version, event_ts = keys.EMBMETA_HEAD.unpack_from(value)
+                mode = value[head:]
+                puts.append(("embmeta", key, keys.EMBMETA_HEAD.pack(version, event_ts) + bytes((len(mode),)) + mode))
+        for key, value in self.store.column("outbox").items():
+            if value[:1] != encode_outbox(np.zeros(0, dtype=np.int64), 0.0)[:1]:
+                puts.append(("outbox", key, None))
+        self.store.write(puts)
+        logger.info("store %s: %d records moved to layout %d", self.store.path, len(puts), _LAYOUT)
 
     def _full_inputs(self, targets: np.ndarray) -> Rows:
         feats, _ = self.store.feature_rows(targets.tolist(), self.tables.dims[0])

@@ -10,6 +10,7 @@ and to :mod:`tests.workers.reference`; the outbox must tell consumers the same.
 from __future__ import annotations
 
 import gc
+import json
 import random
 from collections import defaultdict
 from pathlib import Path
@@ -544,3 +545,32 @@ def test_mode_changes_when_features_equal_the_zero_default(model_dirs: dict[str,
                [NodeUpsert("b", 2, (0.0, 0.0, 0.0, 0.0))]]
     seen = run_stream(model_dirs["sage"], batches)
     assert seen["metas"]["b"].mode == "full"
+
+
+def test_backfill_moves_a_layout_1_store_forward(model_dirs: dict[str, Path], tmp_path: Path) -> None:
+    """A store written before final rows moved into embmeta: version floors are kept, old outbox records dropped."""
+    model = load_model_dir(model_dirs["sage"])
+    f = (0.3, 0.1, -0.2, 0.9)
+    with GraphStore(tmp_path / "s", seed=SEED) as store:
+        engine = Engine(store, model)
+        store.apply([NodeUpsert("a", 1, f), EdgeUpsert("a", "b", 1), EdgeUpsert("b", "c", 1)])
+        engine.backfill()
+        # what layout 1 left: a binding without "layout", a deleted node's floor as version+ts+mode, an outbox
+        # record of format 2
+        binding = json.loads(store.column("meta").get(b"model"))
+        binding.pop("layout")
+        store.column("meta").put(b"model", json.dumps(binding, sort_keys=True).encode())
+        gone = keys.encode_iid(10_000)
+        store.column("embmeta").put(gone, keys.EMBMETA_HEAD.pack(7, 5.0) + b"deleted")
+        store.column("outbox").put(keys.U64.pack(99), b"\x02" + bytes(40))
+    with GraphStore(tmp_path / "s") as store:
+        engine = Engine(store, model)
+        assert engine.needs_backfill()
+        engine.backfill(publish=True)
+        assert not engine.needs_backfill()
+        meta, row = decode_final(store.column("embmeta").get(gone))
+        assert meta == EmbeddingMeta(7, 5.0, "deleted") and row is None
+        assert store.column("outbox").get(keys.U64.pack(99)) is None
+        published = _Publisher().collect(engine)
+        assert {e.node for e in published} == {"a", "b", "c"}
+        assert_embeddings_close(_final_stored(engine), _from_scratch(engine))
