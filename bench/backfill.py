@@ -42,7 +42,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import (  # noqa: E402
-    close_run, FEATURE_DIM, FULL_EDGES, FULL_NODES, GcTimer, code_fingerprint, current_rss_mib, emit, log, machine_load,
+    add_graph_args, close_run, GcTimer, code_fingerprint, current_rss_mib, emit, log, machine_load,
     make_graph, model_dir, open_loaded_store,
 )
 from graph_state import keys  # noqa: E402
@@ -56,18 +56,8 @@ FANOUTS = (25, 10)
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--nodes", type=int, default=FULL_NODES, help="number of nodes")
-    p.add_argument("--edges", type=int, default=FULL_EDGES, help="distinct directed edges")
-    p.add_argument("--dim", type=int, default=FEATURE_DIM, help="feature / hidden / output dim")
-    p.add_argument("--gamma", type=float, default=2.5, help="power-law exponent")
-    p.add_argument("--seed", type=int, default=0, help="graph seed")
-    p.add_argument("--load-batch", type=int, default=10_000, help="events per store.apply while loading")
+    add_graph_args(p, seed_help="graph seed", stores="store")
     p.add_argument("--repeat", type=int, default=3, help="timed PyG forwards per variant (after one warm-up)")
-    p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
-    p.add_argument("--workdir", default=None, help="where the temporary store goes (default: system temp)")
-    p.add_argument("--keep", action="store_true", help="keep the store and model directory")
-    p.add_argument("--store-cache", default=None,
-                   help="directory keeping a loaded copy of the graph store; later runs copy it instead of loading")
     p.add_argument("--profile", action="store_true",
                    help="cProfile the backfill and print the top functions on stderr (slows it down)")
     p.add_argument("--profile-out", default=None, metavar="FILE", help="with --profile, also save the stats to FILE")

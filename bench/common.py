@@ -17,6 +17,7 @@ only; the benchmarks print one JSON object on stdout.
 
 from __future__ import annotations
 
+import argparse
 import gc
 import hashlib
 import json
@@ -250,6 +251,26 @@ class SyntheticGraph:
             "degree_p99": float(np.percentile(deg, 99)) if len(deg) else 0.0,
             "isolated_nodes": int((deg == 0).sum()),
         }
+
+
+def add_graph_args(p: argparse.ArgumentParser, *, seed_help: str, stores: str) -> None:
+    """The synthetic-graph, store and run options shared by ``bench/backfill.py`` and ``bench/engine.py``.
+
+    Args:
+        seed_help: what ``--seed`` seeds.
+        stores: "store" or "stores", for the help texts.
+    """
+    p.add_argument("--nodes", type=int, default=FULL_NODES, help="number of nodes")
+    p.add_argument("--edges", type=int, default=FULL_EDGES, help="distinct directed edges")
+    p.add_argument("--dim", type=int, default=FEATURE_DIM, help="feature / hidden / output dim")
+    p.add_argument("--gamma", type=float, default=2.5, help="power-law exponent")
+    p.add_argument("--seed", type=int, default=0, help=seed_help)
+    p.add_argument("--load-batch", type=int, default=10_000, help="events per store.apply while loading")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+    p.add_argument("--workdir", default=None, help=f"directory for the temporary {stores} (default: system temp)")
+    p.add_argument("--keep", action="store_true", help=f"keep the {stores} and model directory")
+    p.add_argument("--store-cache", default=None,
+                   help="directory keeping a loaded copy of the graph store; later runs copy it instead of loading")
 
 
 def make_graph(nodes: int = FULL_NODES, edges: int = FULL_EDGES, *, dim: int = FEATURE_DIM,

@@ -49,7 +49,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import (  # noqa: E402
-    close_run, FEATURE_DIM, FULL_EDGES, FULL_NODES, EdgeDelete, EdgeUpsert, GcTimer, NodeUpsert, Progress, SyntheticGraph,
+    add_graph_args, close_run, EdgeDelete, EdgeUpsert, GcTimer, NodeUpsert, Progress, SyntheticGraph,
     code_fingerprint, current_rss_mib, emit, log, machine_load, make_graph, model_dir, open_loaded_store,
     percentile,
 )
@@ -68,12 +68,7 @@ TARGET_HUB_RATIO = 2.0
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--nodes", type=int, default=FULL_NODES, help="number of nodes")
-    p.add_argument("--edges", type=int, default=FULL_EDGES, help="distinct directed edges")
-    p.add_argument("--dim", type=int, default=FEATURE_DIM, help="feature / hidden / output dim")
-    p.add_argument("--gamma", type=float, default=2.5, help="power-law exponent")
-    p.add_argument("--seed", type=int, default=0, help="graph and event seed")
-    p.add_argument("--load-batch", type=int, default=10_000, help="events per store.apply while loading")
+    add_graph_args(p, seed_help="graph and event seed", stores="stores")
     p.add_argument("--events", type=int, default=50_000, help="streamed events")
     p.add_argument("--batch", type=int, default=1_000, help="events per streamed batch")
     p.add_argument("--p-upsert", type=float, default=0.90, help="share of edge upserts")
@@ -90,11 +85,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-verify", action="store_true", help="skip the from-scratch exactness check after the stream")
     p.add_argument("--verify-hub", action="store_true",
                    help="also check exactness after the hub test (a from-scratch pass over 1.1 M nodes, ~1 min)")
-    p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
-    p.add_argument("--workdir", default=None, help="where the temporary stores go (default: system temp)")
-    p.add_argument("--keep", action="store_true", help="keep the stores and model directory")
-    p.add_argument("--store-cache", default=None,
-                   help="directory keeping a loaded copy of the graph store; later runs copy it instead of loading")
     p.add_argument("--profile", action="store_true",
                    help="cProfile the streamed batches and the hub batches; top functions on stderr")
     p.add_argument("--profile-out", default=None, metavar="PREFIX",

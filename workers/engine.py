@@ -292,9 +292,9 @@ class Engine:
         return targets, h
 
     # ------------------------------------------------------------------ outputs
-    def _mode_codes(self, iids: np.ndarray) -> np.ndarray:
-        """The policy's mode of every node, as :class:`MetaTable` codes (one policy call per distinct input)."""
-        degree, flags, _ = self.store.node_arrays(iids)
+    def _mode_codes(self, degree: np.ndarray, flags: np.ndarray) -> np.ndarray:
+        """The policy's mode of nodes with these records, as :class:`MetaTable` codes (one policy call per
+        distinct input)."""
         combos, inverse = np.unique(np.maximum(degree, 0) * 2 + ((flags & keys.FLAG_HAS_FEATURES) != 0),
                                     return_inverse=True)
         codes = [self.meta.code(self.policy.mode(bool(c & 1), c >> 1)) for c in combos.tolist()]
@@ -310,10 +310,10 @@ class Engine:
         for start in range(0, len(iids), chunk):
             ids = iids[start:start + chunk]
             old_version, _, _ = meta.get(ids)
-            _, _, last_ts = self.store.node_arrays(ids)
+            degree, flags, last_ts = self.store.node_arrays(ids)
             versions = old_version + 1
             times = np.maximum(last_ts, event_ts or 0.0)
-            meta.set(ids, versions, times, self._mode_codes(ids))
+            meta.set(ids, versions, times, self._mode_codes(degree, flags))
             puts.extend(meta.encode(ids, rows[start:start + chunk]))
             if publish and len(ids):
                 self._outbox(puts, encode_outbox(ids, now))
@@ -416,10 +416,12 @@ class Engine:
                 # a node whose mode changed is republished even if its vector did not move
                 touched = input_ids[(input_flags & (DIRTY_INPUT | DIRTY_DEGREE)) != 0]
                 recheck = np.setdiff1d(np.union1d(targets[~diff], touched), moved)
-                recheck = recheck[store.node_arrays(recheck)[0] >= 0]
+                degree, flags, _ = store.node_arrays(recheck)
+                live = degree >= 0
+                recheck = recheck[live]
                 if len(recheck):
                     _, _, stored_mode = self.meta.get(recheck)
-                    now_mode = self._mode_codes(recheck)
+                    now_mode = self._mode_codes(degree[live], flags[live])
                     again = recheck[stored_mode != now_mode]
                     if len(again):
                         current, present = self.tables.get(layer + 1, again)

@@ -14,6 +14,7 @@ workload is the first ~3,000 Bitcoin OTC ratings turned into events
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -177,6 +178,18 @@ def start_worker(cmd: list[str], log: Path) -> subprocess.Popen:
         fh.close()
 
 
+@contextlib.contextmanager
+def running_worker(cmd: list[str], log: Path) -> Iterator[subprocess.Popen]:
+    """A worker process that is killed on leaving the block if it is still running."""
+    proc = start_worker(cmd, log)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 def health(port: int) -> dict[str, Any] | None:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as resp:
@@ -278,17 +291,12 @@ def run_until_applied(bootstrap: str, n: Names, model: str, tmp_path: Path, appl
                       invalid: int = 0, *extra: str) -> tuple[dict[str, Any], str, int]:
     port = free_port()
     log = tmp_path / "worker.log"
-    proc = start_worker(worker_cmd(bootstrap, n, model, port, *extra), log)
-    try:
+    with running_worker(worker_cmd(bootstrap, n, model, port, *extra), log) as proc:
         wait_for(lambda: (h := health(port)) and h["applied"] >= applied and h["invalid"] >= invalid,
                  JOIN_TIMEOUT_S, f"{applied} applied events", proc, log)
         metrics = scrape(port)
         assert proc.poll() is None
         summary = stop_worker(proc, log)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     return summary, metrics, proc.pid
 
 
@@ -315,18 +323,13 @@ def test_crash_restarts_exact(broker: EmbeddedBroker, events: list, model_dir: s
     for attempt in range(8):
         port = free_port()
         # small batches so that a kill lands mid-stream
-        proc = start_worker(worker_cmd(broker.bootstrap, n, model_dir, port, "--batch-size", "40"), log)
-        try:
+        with running_worker(worker_cmd(broker.bootstrap, n, model_dir, port, "--batch-size", "40"), log) as proc:
             # kill at a random moment once this run has applied something new
             wait_for(lambda: (h := health(port)) and h["applied"] > 0, JOIN_TIMEOUT_S, "first batch", proc, log)
             time.sleep(rng.uniform(0.0, 0.6))
             proc.send_signal(signal.SIGKILL)
             proc.wait()
             kills += 1
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
         with GraphStore(n.state) as store:
             consumed = sum(store.offsets().values())
         assert consumed >= consumed_before
@@ -397,9 +400,8 @@ def test_bad_input_goes_to_dlq(broker: EmbeddedBroker, events: list, model_dir: 
 
     port = free_port()
     log = tmp_path / "worker.log"
-    proc = start_worker(worker_cmd(broker.bootstrap, n, model_dir, port, "--max-event-bytes", "2000"), log)
-    pid = proc.pid
-    try:
+    with running_worker(worker_cmd(broker.bootstrap, n, model_dir, port, "--max-event-bytes", "2000"), log) as proc:
+        pid = proc.pid
         wait_for(lambda: (h := health(port)) and h["applied"] >= len(events) and h["invalid"] >= len(bad),
                  JOIN_TIMEOUT_S, "all events applied and rejected", proc, log)
         h = health(port)
@@ -407,10 +409,6 @@ def test_bad_input_goes_to_dlq(broker: EmbeddedBroker, events: list, model_dir: 
         metrics = scrape(port)
         assert proc.poll() is None and proc.pid == pid, "the worker must never stop on bad input"
         summary = stop_worker(proc, log)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     assert summary["applied"] == len(events) and summary["invalid"] == len(bad)
     invalid_metric = metric_values(metrics, "gnnstream_invalid_events_total")
     assert sum(invalid_metric.values()) == len(bad)
@@ -446,8 +444,7 @@ def test_broker_stall_recovers(events: list, model_dir: str, tmp_path: Path) -> 
         placed = produce(bootstrap, n.events, msgs[:half])
         port = free_port()
         log = tmp_path / "worker.log"
-        proc = start_worker(worker_cmd(bootstrap, n, model_dir, port, "--batch-size", "50"), log)
-        try:
+        with running_worker(worker_cmd(bootstrap, n, model_dir, port, "--batch-size", "50"), log) as proc:
             wait_for(lambda: (h := health(port)) and h["applied"] > 0, JOIN_TIMEOUT_S, "first batch", proc, log)
             private.pause()
             try:
@@ -459,10 +456,6 @@ def test_broker_stall_recovers(events: list, model_dir: str, tmp_path: Path) -> 
                      proc, log)
             assert proc.poll() is None
             summary = stop_worker(proc, log)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
         assert summary["applied"] == len(events)
         assert_exact(bootstrap, n, events, high_watermarks(placed, n.events), tmp_path)
 
