@@ -158,6 +158,7 @@ class BatchLog:
         self.max_recomputed_batch = 0
         self.phases: dict[str, float] = {}
         self.apply_phases: dict[str, float] = {}
+        self.apply_rows = self.recompute_rows = 0
 
     def add(self, events: int, apply_s: float, recompute_s: float, cpu_s: float, st: RecomputeStats) -> None:
         self.events.append(events)
@@ -173,6 +174,7 @@ class BatchLog:
             self.phases[phase] = self.phases.get(phase, 0.0) + sec
         self.deferred += st.deferred
         self.sampled += st.sampled_neighbours
+        self.recompute_rows += st.rows_written
 
     @property
     def latencies(self) -> list[float]:
@@ -199,6 +201,8 @@ class BatchLog:
             "recompute_p50_ms": round(1e3 * percentile(self.recompute_s, 50), 3),
             "apply_ms_per_batch_by_phase": {p: round(1e3 * sec / len(lat), 3) for p, sec in self.apply_phases.items()},
             "recompute_ms_per_batch_by_phase": {p: round(1e3 * sec / len(lat), 3) for p, sec in self.phases.items()},
+            "rocksdb_records_per_batch": {"apply": round(self.apply_rows / len(lat), 1),
+                                          "recompute": round(self.recompute_rows / len(lat), 1)},
             "cost_per_event_us_mean": round(1e6 * total / events, 3) if events else None,
             "cost_per_event_us_p50": round(1e6 * percentile(per_ev, 50), 3),
             "cost_per_event_us_p99": round(1e6 * percentile(per_ev, 99), 3),
@@ -223,6 +227,7 @@ def run_batch(store: GraphStore, engine: Engine, events: list[Any], log_: BatchL
     log_.add(len(events), t1 - t0, t2 - t1, time.process_time() - c0, st)
     for phase, sec in res.phases.items():
         log_.apply_phases[phase] = log_.apply_phases.get(phase, 0.0) + sec
+    log_.apply_rows += res.rows_written
 
 
 def verify(store: GraphStore, engine: Engine) -> dict[str, Any]:

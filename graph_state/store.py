@@ -26,15 +26,19 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
-from rocksdict import BlockBasedOptions, Cache, Options, Rdict, WriteBatch, WriteOptions
+from rocksdict import BlockBasedOptions, Cache, DBCompressionType, Options, Rdict, WriteBatch, WriteOptions
 
 from graph_state import keys
+from graph_state.idsets import unique_ids
 from graph_state.exceptions import OffsetRegressionError, StoreConfigError, StoreLockedError
 from graph_state.sampler import check_fanout, neighbor_rank
 
 __all__ = ["GraphStore", "ApplyResult", "RowBlock", "grow_columns", "DIRTY_INPUT", "DIRTY_SAMPLE", "DIRTY_COUNT", "DIRTY_DEGREE"]
 
 logger = logging.getLogger(__name__)
+
+_BYTE = [bytes((i,)) for i in range(256)]
+_FLOAT_FAMILIES = ("feats", "emb", "embmeta")
 
 # Dirty-mark flags. Layer 0 marks say a node's input h^0 changed; layer l >= 1
 # marks say the sample S_{k_l} of the node changed (so h^l must be recomputed)
@@ -104,6 +108,7 @@ class ApplyResult:
     deleted: set[int] = field(default_factory=set)
     max_ts: float = 0.0
     phases: dict[str, float] = field(default_factory=dict)
+    rows_written: int = 0  # puts and deletes in the batch's WriteBatch
 
     def lap(self, phase: str, since: float) -> float:
         """Add the time from ``since`` to now to ``phase`` (seconds); return now."""
@@ -181,7 +186,7 @@ class _SampledIndex:
         self.removed = pairs[:0]
 
     def update(self, removed: np.ndarray, added: np.ndarray) -> None:
-        removed, added = np.unique(removed), np.unique(added)
+        removed, added = unique_ids(removed), unique_ids(added)
         if len(removed):
             pending = _member(self.added, removed)
             self.added = self.added[~_member(removed, self.added)]
@@ -269,16 +274,22 @@ class RowBlock:
     value_size: int = 0
 
     def write_to(self, wb: WriteBatch, handle: Any) -> None:
-        ks, kb, vs, vb = self.key_size, self.keys, self.value_size, self.values
-        n = len(kb) // ks if ks else 0
-        if vb is None:
+        if not self.keys or not self.key_size:
+            return
+        # numpy splits the packed buffers into bytes objects in C
+        keys_ = np.frombuffer(self.keys, dtype=f"V{self.key_size}").tolist()
+        if self.values is None:
             delete = wb.delete
-            for i in range(n):
-                delete(kb[i * ks:(i + 1) * ks], handle)
-        else:
-            put = wb.put
-            for i in range(n):
-                put(kb[i * ks:(i + 1) * ks], vb[i * vs:(i + 1) * vs], handle)
+            for key in keys_:
+                delete(key, handle)
+            return
+        put = wb.put
+        if self.value_size == 0:
+            for key in keys_:
+                put(key, b"", handle)
+            return
+        for key, value in zip(keys_, np.frombuffer(self.values, dtype=f"V{self.value_size}").tolist()):
+            put(key, value, handle)
 
 
 class _Batch:
@@ -358,7 +369,7 @@ class GraphStore:
         opts.create_if_missing(True)
         opts.create_missing_column_families(True)
         cache = Cache(_BLOCK_CACHE_BYTES)
-        cfs = {name: GraphStore._family_options(cache) for name in keys.COLUMN_FAMILIES}
+        cfs = {name: GraphStore._family_options(cache, name) for name in keys.COLUMN_FAMILIES}
         deadline = time.monotonic() + lock_timeout
         while True:
             try:
@@ -374,8 +385,12 @@ class GraphStore:
                 time.sleep(0.1)
 
     @staticmethod
-    def _family_options(cache: Cache) -> Options:
-        """Bloom filters (most edge and id lookups are for keys that do not exist) and a shared block cache."""
+    def _family_options(cache: Cache, name: str) -> Options:
+        """Bloom filters (most edge and id lookups are for keys that do not exist) and a shared block cache.
+
+        Float rows (features, embeddings) do not compress: those families are
+        stored uncompressed, which saves flush and compaction CPU.
+        """
         table = BlockBasedOptions()
         table.set_bloom_filter(10, False)
         table.set_block_cache(cache)
@@ -383,6 +398,8 @@ class GraphStore:
         opts.set_block_based_table_factory(table)
         opts.set_memtable_prefix_bloom_ratio(0.05)
         opts.set_memtable_whole_key_filtering(True)
+        if name in _FLOAT_FAMILIES:
+            opts.set_compression_type(DBCompressionType.none())
         return opts
 
     def close(self) -> None:
@@ -695,6 +712,7 @@ class GraphStore:
                 batch.put("offsets", keys.offset_key(topic, partition), keys.U64.pack(off))
             self._meta_put("next_iid", self._next_iid, batch)
             t = result.lap("finish", t)
+            result.rows_written = batch.wb.len()
             self._db.write(batch.wb, self._write_opts)
             t = result.lap("write", t)
         except BaseException:
@@ -914,15 +932,12 @@ class GraphStore:
         flags = np.bitwise_or.reduceat(flag, first) if len(first) else flag[:0]
         rec = np.empty(len(first), dtype=_DIRTY_KEY)
         rec["tag"], rec["iid"] = combined[first] >> np.uint64(48), combined[first] & np.uint64((1 << 48) - 1)
-        blob = rec.tobytes()
-        size = _DIRTY_KEY.itemsize
-        stored = self.dirty_marks()
+        stored, marks = self.dirty_marks(), batch.marks
         put, dirty = batch.wb.put, self._handles["dirty"]
-        for i, f in enumerate(flags.tolist()):
-            key = blob[i * size:(i + 1) * size]
+        for key, f in zip(np.frombuffer(rec.tobytes(), dtype=f"V{_DIRTY_KEY.itemsize}").tolist(), flags.tolist()):
             f |= stored.get(key, 0)
-            put(key, bytes((f,)), dirty)
-            batch.marks[key] = f
+            put(key, _BYTE[f], dirty)
+            marks[key] = f
 
     # ------------------------------------------------------------------ caches
     def _forget_sample(self, v: int) -> None:
@@ -1007,7 +1022,7 @@ class GraphStore:
         dense.grow(int(iids.max()) + 1)
         missing = iids[~dense.known[iids]]
         if len(missing):
-            for iid in np.unique(missing).tolist():
+            for iid in unique_ids(missing).tolist():
                 dense.set(iid, self._node(iid))
         return dense.degree[iids], dense.flags[iids], dense.last_ts[iids]
 
@@ -1032,7 +1047,7 @@ class GraphStore:
             missing = iids[~dense.valid[iids]]
             if len(missing):
                 mat = dense.mat
-                for v in np.unique(missing).tolist():
+                for v in unique_ids(missing).tolist():
                     s = self.sample_iids(v, k)
                     mat[v, :len(s)] = s
                     mat[v, len(s):] = -1
@@ -1188,12 +1203,15 @@ class GraphStore:
         """The column-family view ``name`` (engine-owned families: dirty, emb, embmeta, outbox)."""
         return self._cf[name]
 
-    def write(self, puts: Iterable[tuple[str, bytes, bytes | None] | RowBlock], clear: Sequence[str] = ()) -> None:
+    def write(self, puts: Iterable[tuple[str, bytes, bytes | None] | RowBlock], clear: Sequence[str] = ()) -> int:
         """Write ``(family, key, value-or-None-to-delete)`` triples and :class:`RowBlock` s in one WriteBatch.
 
         Args:
             clear: families emptied first in the same batch, with one range
                 delete (cheap to iterate past, unlike a tombstone per key).
+
+        Returns:
+            The number of records in the WriteBatch.
         """
         wb = WriteBatch(raw_mode=True)
         handles = self._handles
@@ -1214,6 +1232,7 @@ class GraphStore:
                 put(key, value, handles[cf])
             if cf == "dirty":
                 marks.append((key, value))
+        rows = wb.len()
         try:
             self._db.write(wb, self._write_opts)
         except BaseException:
@@ -1227,3 +1246,4 @@ class GraphStore:
                     self._marks.pop(key, None)
                 else:
                     self._marks[key] = value[0]
+        return rows

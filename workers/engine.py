@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from graph_state import keys
+from graph_state.idsets import setdiff_ids, unique_ids
 from graph_state.store import DIRTY_COUNT, DIRTY_DEGREE, DIRTY_INPUT, DIRTY_SAMPLE, GraphStore, RowBlock
 from workers.tables import EmbeddingTables, MetaTable, OutboxEntry, encode_outbox
 
@@ -72,6 +73,7 @@ class RecomputeStats:
     fanout_capped: int = 0
     seconds: float = 0.0
     phases: dict[str, float] = field(default_factory=dict)  # seconds per phase: marks, dirty, compute, rows, outputs, write
+    rows_written: int = 0  # records in the recompute's WriteBatch
 
     def lap(self, phase: str, since: float) -> float:
         """Add the time from ``since`` to now to ``phase``; return now."""
@@ -295,8 +297,9 @@ class Engine:
     def _mode_codes(self, degree: np.ndarray, flags: np.ndarray) -> np.ndarray:
         """The policy's mode of nodes with these records, as :class:`MetaTable` codes (one policy call per
         distinct input)."""
-        combos, inverse = np.unique(np.maximum(degree, 0) * 2 + ((flags & keys.FLAG_HAS_FEATURES) != 0),
-                                    return_inverse=True)
+        combo = np.maximum(degree, 0) * 2 + ((flags & keys.FLAG_HAS_FEATURES) != 0)
+        combos = unique_ids(combo)
+        inverse = np.searchsorted(combos, combo)
         codes = [self.meta.code(self.policy.mode(bool(c & 1), c >> 1)) for c in combos.tolist()]
         return np.asarray(codes, dtype=np.int16)[inverse]
 
@@ -333,7 +336,7 @@ class Engine:
         rec = np.frombuffer(b"".join(stored), dtype=_DIRTY_KEY)
         tags, iids = rec["tag"].astype(np.int64), rec["iid"].astype(np.int64)
         flags = np.fromiter(stored.values(), dtype=np.uint8, count=len(stored))
-        return {int(t): (iids[tags == t], flags[tags == t]) for t in np.unique(tags).tolist()}
+        return {int(t): (iids[tags == t], flags[tags == t]) for t in unique_ids(tags).tolist()}
 
     def pending(self) -> int:
         """Number of dirty marks waiting (0 when everything is up to date)."""
@@ -390,9 +393,9 @@ class Engine:
                 dirty.append(self._dependents(k, deferred_now[layer], [], allow_defer=False))
             else:
                 deferred.append(deferred_now[layer])
-            new_deferred[layer] = np.unique(np.concatenate(deferred))
+            new_deferred[layer] = unique_ids(np.concatenate(deferred))
             stats.deferred += len(new_deferred[layer])
-            dirty_ids = np.unique(np.concatenate(dirty))
+            dirty_ids = unique_ids(np.concatenate(dirty))
             alive = store.node_arrays(dirty_ids)[0] >= 0
             targets, gone = dirty_ids[alive], dirty_ids[~alive]
             t = stats.lap("dirty", t)
@@ -415,7 +418,7 @@ class Engine:
                 final_iids, final_rows = moved, moved_rows
                 # a node whose mode changed is republished even if its vector did not move
                 touched = input_ids[(input_flags & (DIRTY_INPUT | DIRTY_DEGREE)) != 0]
-                recheck = np.setdiff1d(np.union1d(targets[~diff], touched), moved)
+                recheck = setdiff_ids(np.concatenate([targets[~diff], touched]), moved)
                 degree, flags, _ = store.node_arrays(recheck)
                 live = degree >= 0
                 recheck = recheck[live]
@@ -436,7 +439,7 @@ class Engine:
         t = stats.lap("outputs", t)
         try:
             # every mark was read above and nothing applies events meanwhile: clear them all at once
-            store.write(puts, clear=("dirty",))
+            stats.rows_written = store.write(puts, clear=("dirty",))
         except BaseException:
             self.tables.clear()
             raw = store.column("meta").get(_OUTBOX_SEQ)

@@ -16,6 +16,7 @@ from typing import Sequence
 import numpy as np
 
 from graph_state import keys
+from graph_state.idsets import unique_ids
 from graph_state.store import GraphStore, RowBlock, grow_columns
 
 __all__ = ["EmbeddingTables", "MetaTable", "EmbeddingMeta", "decode_final", "OutboxEntry", "encode_outbox", "decode_outbox"]
@@ -153,7 +154,7 @@ class EmbeddingTables:
             return self._read(layer, iids)
         missing = iids[~self._loaded[layer][iids]]
         if len(missing):
-            missing = np.unique(missing)
+            missing = unique_ids(missing)
             rows, present = self._read(layer, missing)
             self._rows[layer][missing] = rows
             self._present[layer][missing] = present
@@ -236,7 +237,7 @@ class MetaTable:
         if len(iids) == 0:
             return self.version[:0].copy(), self.event_ts[:0].copy(), self.mode[:0].copy()
         self._grow(int(iids.max()) + 1)
-        missing = np.unique(iids[~self.known[iids]])
+        missing = unique_ids(iids[~self.known[iids]])
         if len(missing):
             raws = self.store.column("embmeta").get([keys.encode_iid(i) for i in missing.tolist()])
             for iid, raw in zip(missing.tolist(), raws):
@@ -263,7 +264,7 @@ class MetaTable:
         iids = np.asarray(iids, dtype=np.int64)
         codes = self.mode[iids]
         blocks = []
-        for code in np.unique(codes).tolist():
+        for code in unique_ids(codes).tolist():
             pick = codes == code
             ids = iids[pick]
             tail = self.names[code].encode()
