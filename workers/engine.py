@@ -188,7 +188,8 @@ class Engine:
             The new rows and the number of sampled neighbours read.
         """
         k = self.fanouts[layer]
-        out = np.empty((len(targets), self.tables.dims[layer + 1]), dtype=np.float32)
+        out = np.empty((len(targets) if len(targets) > self.chunk_nodes else 0, self.tables.dims[layer + 1]),
+                       dtype=np.float32)
         sampled = 0
         for start in range(0, len(targets), self.chunk_nodes):
             chunk = targets[start:start + self.chunk_nodes]
@@ -205,6 +206,8 @@ class Engine:
             with torch.no_grad():
                 h = self.gnn.layer_indexed(layer, torch.from_numpy(table[pos[:len(chunk)]]), torch.from_numpy(table),
                                            torch.from_numpy(pos[len(chunk):]), self_count, nbr_count)
+            if len(chunk) == len(targets):  # one chunk: keep torch's output, no copy
+                return h.numpy(), sampled
             out[start:start + len(chunk)] = h.numpy()
         return out, sampled
 
@@ -403,7 +406,9 @@ class Engine:
             stats.sampled_neighbours += sampled
             t = stats.lap("compute", t)
             old, present = self.tables.get(layer + 1, targets)
-            diff = ~present | (np.abs(rows - old).max(axis=1, initial=0.0) > _ATOL) if len(targets) else np.zeros(0, dtype=bool)
+            np.subtract(rows, old, out=old)
+            np.abs(old, out=old)
+            diff = ~present | (old.max(axis=1, initial=0.0) > _ATOL)
             moved, moved_rows = targets[diff], rows[diff]
             self.tables.set(layer + 1, moved, moved_rows)
             self.tables.set(layer + 1, gone, None)
