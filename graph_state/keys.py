@@ -38,6 +38,7 @@ __all__ = [
     "decode_edge_key",
     "nbr_prefix",
     "nbr_key",
+    "nbr_key_raw",
     "decode_nbr_key",
     "sampled_prefix",
     "sampled_key",
@@ -101,6 +102,11 @@ def nbr_prefix(v: int) -> bytes:
 
 def nbr_key(v: int, rank: int, u_name: str) -> bytes:
     return _QQ.pack(v, rank) + u_name.encode()
+
+
+def nbr_key_raw(v: int, rank: bytes, u_name: str) -> bytes:
+    """:func:`nbr_key` with the rank already as 8 big-endian bytes."""
+    return U64.pack(v) + rank + u_name.encode()
 
 
 def decode_nbr_key(key: bytes) -> tuple[int, int, str]:

@@ -16,12 +16,17 @@ import heapq
 from hashlib import blake2b
 from typing import Iterable
 
-__all__ = ["neighbor_rank", "sample_neighbors", "check_fanout"]
+__all__ = ["neighbor_rank", "rank_bytes", "sample_neighbors", "check_fanout"]
 
 
 def neighbor_rank(seed: int, v: str, u: str) -> int:
     """Return ``r(v, u)``, the 64-bit sampling rank of ``u`` among ``v``'s neighbours."""
-    return int.from_bytes(blake2b(f"{seed}:{v}:{u}".encode(), digest_size=8).digest(), "big")
+    return int.from_bytes(rank_bytes(seed, v, u), "big")
+
+
+def rank_bytes(seed: int, v: str, u: str) -> bytes:
+    """``r(v, u)`` as 8 big-endian bytes (how the neighbour index keys hold it)."""
+    return blake2b(f"{seed}:{v}:{u}".encode(), digest_size=8).digest()
 
 
 def check_fanout(k: int) -> int:

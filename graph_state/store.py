@@ -31,7 +31,7 @@ from rocksdict import BlockBasedOptions, Cache, DBCompressionType, Options, Rdic
 from graph_state import keys
 from graph_state.idsets import unique_ids
 from graph_state.exceptions import OffsetRegressionError, StoreConfigError, StoreLockedError
-from graph_state.sampler import check_fanout, neighbor_rank
+from graph_state.sampler import check_fanout, rank_bytes
 
 __all__ = ["GraphStore", "ApplyResult", "RowBlock", "grow_columns", "DIRTY_INPUT", "DIRTY_SAMPLE", "DIRTY_COUNT", "DIRTY_DEGREE"]
 
@@ -605,15 +605,15 @@ class GraphStore:
     def _add_nbr(self, v: int, v_name: str, u: int, u_name: str, node: _Node, batch: _Batch) -> int:
         """Add ``u`` to ``N(v)``; return the rank position it took (or a large number)."""
         top = self._top_of(v)
-        key = keys.nbr_key(v, neighbor_rank(self.seed, v_name, u_name), u_name)
+        key = keys.nbr_key_raw(v, rank_bytes(self.seed, v_name, u_name), u_name)
         truncated = len(top) < node.degree
         node.degree += 1
-        batch.put("nbrs", key, keys.encode_iid(u))
+        batch.wb.put(key, keys.U64.pack(u), batch.handles["nbrs"])
         batch.pending_nbr[v][key] = u
         if truncated and key > top[-1][0]:
             return 1 << 62
         pos = bisect.bisect_left(top, (key,))
-        self._forget_sample(v)
+        self._samples.pop(v, None)  # _forget_sample
         top.insert(pos, (key, u))
         if len(top) > self.top_size:
             top.pop()
@@ -621,7 +621,7 @@ class GraphStore:
 
     def _remove_nbr(self, v: int, v_name: str, u: int, u_name: str, node: _Node, batch: _Batch) -> int:
         top = self._top_of(v)
-        key = keys.nbr_key(v, neighbor_rank(self.seed, v_name, u_name), u_name)
+        key = keys.nbr_key_raw(v, rank_bytes(self.seed, v_name, u_name), u_name)
         node.degree -= 1
         batch.delete("nbrs", key)
         batch.pending_nbr[v][key] = None
