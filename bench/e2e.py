@@ -54,6 +54,7 @@ from stream.events import NodeUpsert, encode_event, event_key  # noqa: E402
 from stream.kafka import EventConsumer, Producer, ensure_topics  # noqa: E402
 from stream.updates import decode_update  # noqa: E402
 from workers.datasets import FEATURE_DIM, read_snap, snap_events  # noqa: E402
+from workers.heap import tune_collector  # noqa: E402
 from workers.settings import WorkerSettings  # noqa: E402
 from workers.worker import Worker  # noqa: E402
 
@@ -345,6 +346,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     os.environ.setdefault("GNNSTREAM_NO_PROGRESS", "1")
+    tune_collector()  # as the gnnstream command does
     csv = Path(args.csv)
     if not csv.is_file():
         raise SystemExit(f"data file missing: {csv}")

@@ -17,6 +17,7 @@ Column families and layouts::
     sampled   k >H, u iid >Q, v iid >Q             -> b""   (u is in S_k(v))
     offsets   topic (utf-8), 0x00, partition >I    -> next offset >q
     dirty     k >H, iid >Q                         -> flags >B  (k = fanout, 0 = input)
+              0xff, block seq >Q                   -> packed marks: (k >H, iid >Q, flags >B) each
     emb       layer >B (1 … L-1), iid >Q           -> float32[d] (little-endian)
     embmeta   iid >Q                               -> version >Q, event_ts >d, mode length >B, mode (ascii),
                                                       final embedding float32[d] (absent once withdrawn)
@@ -47,6 +48,8 @@ __all__ = [
     "decode_offset_key",
     "layer_key",
     "dirty_key",
+    "dirty_block_key",
+    "DIRTY_MARK_RECORD",
     "decode_dirty_key",
     "NODE_RECORD",
     "EDGE_RECORD",
@@ -77,6 +80,7 @@ FLAG_HAS_FEATURES = 1
 # The fixed-width keys as numpy records, to pack or unpack thousands at once.
 SAMPLED_KEY_RECORD = np.dtype([("k", ">u2"), ("u", ">u8"), ("v", ">u8")])
 DIRTY_KEY_RECORD = np.dtype([("tag", ">u2"), ("iid", ">u8")])
+DIRTY_MARK_RECORD = np.dtype([("tag", ">u2"), ("iid", ">u8"), ("flags", "u1")])
 LAYER_KEY_RECORD = np.dtype([("layer", "u1"), ("iid", ">u8")])
 
 
@@ -138,6 +142,11 @@ def layer_key(layer: int, iid: int) -> bytes:
     return _BQ.pack(layer, iid)
 
 
+
+
+def dirty_block_key(seq: int) -> bytes:
+    """Key of a block of packed dirty marks (9 bytes; a single mark's key has 10)."""
+    return b"\xff" + U64.pack(seq)
 
 
 def dirty_key(k: int, iid: int) -> bytes:

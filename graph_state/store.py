@@ -37,7 +37,6 @@ __all__ = ["GraphStore", "ApplyResult", "RowBlock", "grow_columns", "DIRTY_INPUT
 
 logger = logging.getLogger(__name__)
 
-_BYTE = [bytes((i,)) for i in range(256)]
 _FLOAT_FAMILIES = ("feats", "emb", "embmeta")
 
 # Dirty-mark flags. Layer 0 marks say a node's input h^0 changed; layer l >= 1
@@ -52,7 +51,6 @@ _MIN_TOP = 32
 _BLOCK_CACHE_BYTES = 256 << 20
 _PAIR_BITS = 32  # the in-memory sampled-by index packs (u, v) as u << 32 | v
 _SAMPLED_KEY = keys.SAMPLED_KEY_RECORD
-_DIRTY_KEY = keys.DIRTY_KEY_RECORD
 _F32_MAX = float(np.finfo(np.float32).max)
 
 
@@ -261,6 +259,65 @@ class _DenseNodes:
         self.known[iid] = True
 
 
+_TAG_SHIFT = 48  # an in-memory mark is tag << 48 | iid
+
+
+class _Marks:
+    """The ``dirty`` family in memory: marks as ``tag << 48 | iid`` with flags.
+
+    Marks arrive in chunks (one per written block); flags of the same mark are
+    OR-combined when read, and the reduced set replaces the chunks.
+    """
+
+    def __init__(self) -> None:
+        self.chunks: list[tuple[np.ndarray, np.ndarray]] = []
+        self.next_seq = 0  # the next block key's sequence number
+        self._reduced: tuple[np.ndarray, np.ndarray] | None = None
+
+    def add(self, marks: np.ndarray, flags: np.ndarray) -> None:
+        if len(marks):
+            self.chunks.append((marks.astype(np.uint64, copy=False), flags.astype(np.uint8, copy=False)))
+            self._reduced = None
+
+    def add_records(self, raw: bytes) -> None:
+        rec = np.frombuffer(raw, dtype=keys.DIRTY_MARK_RECORD)
+        self.add(_combine(rec["tag"], rec["iid"]), rec["flags"])
+
+    def clear(self) -> None:
+        self.chunks.clear()
+        self._reduced = None
+
+    def reduced(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(distinct marks in order, their OR-combined flags)``."""
+        if self._reduced is None:
+            marks, flags = _or_reduce(self.chunks)
+            self.chunks = [(marks, flags)] if len(marks) else []
+            self._reduced = marks, flags
+        return self._reduced
+
+
+def _combine(tags: np.ndarray, iids: np.ndarray) -> np.ndarray:
+    return (np.asarray(tags, dtype=np.uint64) << np.uint64(_TAG_SHIFT)) | np.asarray(iids, dtype=np.uint64)
+
+
+def _or_reduce(chunks: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct marks of the chunks in order, with the OR of each mark's flags."""
+    marks = np.concatenate([m for m, _ in chunks]) if chunks else np.zeros(0, dtype=np.uint64)
+    flags = np.concatenate([f for _, f in chunks]) if chunks else np.zeros(0, dtype=np.uint8)
+    if not len(marks):
+        return marks, flags
+    order = np.argsort(marks, kind="stable")
+    marks, flags = marks[order], flags[order]
+    first = np.flatnonzero(np.concatenate(([True], marks[1:] != marks[:-1])))
+    return marks[first], np.bitwise_or.reduceat(flags, first)
+
+
+def _mark_records(marks: np.ndarray, flags: np.ndarray) -> bytes:
+    rec = np.empty(len(marks), dtype=keys.DIRTY_MARK_RECORD)
+    rec["tag"], rec["iid"], rec["flags"] = marks >> np.uint64(_TAG_SHIFT), marks & np.uint64((1 << _TAG_SHIFT) - 1), flags
+    return rec.tobytes()
+
+
 @dataclass(frozen=True)
 class RowBlock:
     """Many fixed-width writes to one column family, packed: key ``i`` is
@@ -303,7 +360,7 @@ class _Batch:
         self.initial_degree: dict[int, int] = {}
         self.edges: dict[bytes, bool] = {}
         self.stored_edges: dict[bytes, bool] = {}  # prefetched: does the edge exist before the batch
-        self.marks: dict[bytes, int] = {}  # dirty marks written, for the in-memory mirror
+        self.marks: tuple[np.ndarray, np.ndarray] | None = None  # dirty marks written, for the in-memory mirror
         self.nodes: set[int] = set()
         self.sampled_removed: dict[int, np.ndarray] = {}  # u << 32 | v pairs per fanout
         self.sampled_added: dict[int, np.ndarray] = {}
@@ -359,7 +416,7 @@ class GraphStore:
         self._sampled: dict[int, _SampledIndex] = {}  # the sampled-by index in memory, built on first use
         self._dense_samples: dict[int, _DenseSamples] = {}  # S_k of many nodes at once, for the engine
         self._dense_nodes = _DenseNodes()
-        self._marks: dict[bytes, int] | None = None  # mirror of the dirty family, loaded on first use
+        self._marks: _Marks | None = None  # mirror of the dirty family, loaded on first use
         self._batch: _Batch | None = None
 
     # ------------------------------------------------------------------ open/close
@@ -723,8 +780,8 @@ class GraphStore:
         dense = self._dense_nodes
         for iid in batch.nodes:
             dense.set(iid, self._nodes[iid])
-        if self._marks is not None:
-            self._marks.update(batch.marks)
+        if self._marks is not None and batch.marks is not None:
+            self._marks.add(*batch.marks)
         for k, index in self._sampled.items():
             index.update(np.asarray(batch.sampled_removed.get(k, ()), dtype=np.int64),
                          np.asarray(batch.sampled_added.get(k, ()), dtype=np.int64))
@@ -921,23 +978,12 @@ class GraphStore:
             mark_parts += [(k, ids_k, DIRTY_SAMPLE), (k, counted, DIRTY_COUNT)]
         if not self.fanouts:
             return
-        tag = np.concatenate([np.full(len(a), t, dtype=np.uint64) for t, a, _ in mark_parts])
-        iid = np.concatenate([a.astype(np.uint64) for _, a, _ in mark_parts])
-        flag = np.concatenate([np.full(len(a), f, dtype=np.uint8) for _, a, f in mark_parts])
-        combined = (tag << np.uint64(48)) | iid
-        order = np.argsort(combined, kind="stable")
-        combined, flag = combined[order], flag[order]
-        first = np.flatnonzero(np.concatenate(([True], combined[1:] != combined[:-1]))) if len(combined) else \
-            np.zeros(0, dtype=np.int64)
-        flags = np.bitwise_or.reduceat(flag, first) if len(first) else flag[:0]
-        rec = np.empty(len(first), dtype=_DIRTY_KEY)
-        rec["tag"], rec["iid"] = combined[first] >> np.uint64(48), combined[first] & np.uint64((1 << 48) - 1)
-        stored, marks = self.dirty_marks(), batch.marks
-        put, dirty = batch.wb.put, self._handles["dirty"]
-        for key, f in zip(np.frombuffer(rec.tobytes(), dtype=f"V{_DIRTY_KEY.itemsize}").tolist(), flags.tolist()):
-            f |= stored.get(key, 0)
-            put(key, _BYTE[f], dirty)
-            marks[key] = f
+        marks, flags = _or_reduce([(_combine(np.full(len(a), t), a), np.full(len(a), f, dtype=np.uint8))
+                                   for t, a, f in mark_parts])
+        if len(marks):  # one packed block: flags of marks already stored are OR-combined when read
+            key, value = self._mark_block(marks, flags)
+            batch.wb.put(key, value, self._handles["dirty"])
+            batch.marks = marks, flags
 
     # ------------------------------------------------------------------ caches
     def _forget_sample(self, v: int) -> None:
@@ -1192,12 +1238,41 @@ class GraphStore:
         return {keys.decode_offset_key(k): keys.U64.unpack(v)[0] for k, v in self._cf["offsets"].items()}
 
     # ------------------------------------------------------------------ raw access for the engine
-    def dirty_marks(self) -> dict[bytes, int]:
-        """Every dirty mark, ``{dirty key: flags}``: an in-memory mirror of the ``dirty`` family
-        (read once, then kept in step by :meth:`apply` and :meth:`write`). Do not modify it."""
+    def _mark_state(self) -> _Marks:
+        """The in-memory mirror of the ``dirty`` family (read once, then kept in step by
+        :meth:`apply` and :meth:`write`)."""
         if self._marks is None:
-            self._marks = {key: value[0] for key, value in self._cf["dirty"].items()}
+            state = _Marks()
+            for key, value in self._cf["dirty"].items():
+                if len(key) == 1 + keys.U64.size:  # a block of packed marks
+                    state.add_records(value)
+                    state.next_seq = max(state.next_seq, keys.decode_iid(key[1:]) + 1)
+                else:  # one mark
+                    k, iid = keys.decode_dirty_key(key)
+                    state.add(_combine([k], [iid]), np.asarray([value[0]], dtype=np.uint8))
+            self._marks = state
         return self._marks
+
+    def _mark_block(self, marks: np.ndarray, flags: np.ndarray) -> tuple[bytes, bytes]:
+        state = self._mark_state()
+        key = keys.dirty_block_key(state.next_seq)
+        state.next_seq += 1
+        return key, _mark_records(marks, flags)
+
+    def dirty_mark_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Every dirty mark once, in (tag, iid) order: ``(tags, iids, flags)``, flags OR-combined."""
+        marks, flags = self._mark_state().reduced()
+        return ((marks >> np.uint64(_TAG_SHIFT)).astype(np.int64),
+                (marks & np.uint64((1 << _TAG_SHIFT) - 1)).astype(np.int64), flags.copy())
+
+    def dirty_count(self) -> int:
+        """The number of distinct dirty marks."""
+        return len(self._mark_state().reduced()[0])
+
+    def mark_put(self, tags: np.ndarray, iids: np.ndarray, flags: np.ndarray) -> tuple[str, bytes, bytes]:
+        """A :meth:`write` item that stores these dirty marks as one block."""
+        key, value = self._mark_block(_combine(tags, iids), np.asarray(flags, dtype=np.uint8))
+        return "dirty", key, value
 
     def column(self, name: str) -> Rdict:
         """The column-family view ``name`` (engine-owned families: dirty, emb, embmeta, outbox)."""
@@ -1218,7 +1293,7 @@ class GraphStore:
         for cf in clear:
             wb.delete_range(b"", b"\xff" * 32, handles[cf])
         put, delete = wb.put, wb.delete
-        marks: list[tuple[bytes, bytes | None]] = []
+        marks: list[tuple[bytes, bytes | None]] = []  # dirty writes, replayed on the mirror once written
         for item in puts:
             if isinstance(item, RowBlock):
                 if item.family == "dirty":
@@ -1238,12 +1313,17 @@ class GraphStore:
         except BaseException:
             self._marks = None
             raise
-        if self._marks is not None:
+        state = self._marks
+        if state is not None:
             if "dirty" in clear:
-                self._marks.clear()
+                state.clear()
             for key, value in marks:
-                if value is None:
-                    self._marks.pop(key, None)
+                if value is None:  # a single mark or block removed: read the family again when next needed
+                    self._marks = None
+                    break
+                if len(key) == 1 + keys.U64.size:
+                    state.add_records(value)
                 else:
-                    self._marks[key] = value[0]
+                    k, iid = keys.decode_dirty_key(key)
+                    state.add(_combine([k], [iid]), np.asarray([value[0]], dtype=np.uint8))
         return rows

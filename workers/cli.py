@@ -7,11 +7,12 @@ it can be scripted; ``gnnstream COMMAND --help`` explains each option.
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import logging
 import sys
 from typing import Any, Callable, Sequence
+
+from workers.heap import tune_collector
 
 __all__ = ["main", "build_parser"]
 
@@ -307,9 +308,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    # the store and engine make many short-lived small objects and no reference cycles
-    # on their hot paths: collect the youngest generation less often
-    gc.set_threshold(100_000, 50, 100)
+    tune_collector()
     from graph_state.exceptions import GraphStateError
     from model import ModelError
     from workers.engine import EngineError

@@ -29,6 +29,7 @@ import numpy as np
 from stream.broker import EmbeddedBroker
 from stream.kafka import EventConsumer
 from workers.datasets import read_snap
+from workers.heap import tune_collector
 from workers.offline import verify
 from workers.replay import produce_file
 from workers.scorer import FraudScorer
@@ -198,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--retrain", action="store_true", help="train again even if out/model exists")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
+    tune_collector()
     logging.getLogger("kafka").setLevel(logging.ERROR)  # the client's event-loop timing notes are noise here
     result = run_demo(args.data, args.out, rate=args.rate, limit=args.limit, epochs=args.epochs, retrain=args.retrain)
     print("\ngnnstream demo — Bitcoin OTC trust network replayed through Kafka")

@@ -47,7 +47,6 @@ DELETED = "deleted"  # mode of a withdrawn embedding (its meta keeps the version
 DEFERRED_TAG = 0x8000  # dirty key tag 0x8000 + l: dependents of v at layer l are pending
 _ATOL = 1e-6
 _OUTBOX_SEQ = b"outbox_seq"
-_DIRTY_KEY = keys.DIRTY_KEY_RECORD
 _LAYOUT = 2  # version of the emb/embmeta layout: a store written with another one needs a backfill
 _EMB_KEY = keys.LAYER_KEY_RECORD
 
@@ -333,17 +332,12 @@ class Engine:
     # ------------------------------------------------------------------ incremental
     def _read_marks(self) -> dict[int, tuple[np.ndarray, np.ndarray]]:
         """Dirty marks by tag: ``{tag: (iids, flags)}``."""
-        stored = self.store.dirty_marks()
-        if not stored:
-            return {}
-        rec = np.frombuffer(b"".join(stored), dtype=_DIRTY_KEY)
-        tags, iids = rec["tag"].astype(np.int64), rec["iid"].astype(np.int64)
-        flags = np.fromiter(stored.values(), dtype=np.uint8, count=len(stored))
+        tags, iids, flags = self.store.dirty_mark_arrays()
         return {int(t): (iids[tags == t], flags[tags == t]) for t in unique_ids(tags).tolist()}
 
     def pending(self) -> int:
         """Number of dirty marks waiting (0 when everything is up to date)."""
-        return len(self.store.dirty_marks())
+        return self.store.dirty_count()
 
     def _dependents(self, k: int, sources: np.ndarray, deferred: list[np.ndarray], allow_defer: bool) -> np.ndarray:
         deps, over = self.store.sampled_by_many(k, sources, self.hub_bound if allow_defer else None)
@@ -438,8 +432,10 @@ class Engine:
                 stats.deleted = len(gone)
                 self._outputs_for_deleted(gone, puts, publish, stats)
         self._write_final(final_iids, final_rows, publish=publish, stats=stats, event_ts=event_ts, force=False, puts=puts)
-        for layer, nodes in new_deferred.items():
-            puts.extend(("dirty", keys.dirty_key(DEFERRED_TAG + layer, iid), b"\x01") for iid in nodes.tolist())
+        waiting = [(np.full(len(nodes), DEFERRED_TAG + layer), nodes) for layer, nodes in new_deferred.items()]
+        if sum(len(nodes) for _, nodes in waiting):
+            tags, nodes = np.concatenate([t for t, _ in waiting]), np.concatenate([n for _, n in waiting])
+            puts.append(store.mark_put(tags, nodes, np.ones(len(nodes), dtype=np.uint8)))
         puts.append(("meta", _OUTBOX_SEQ, keys.U64.pack(self._seq)))
         t = stats.lap("outputs", t)
         try:

@@ -22,6 +22,7 @@ from graph_state.store import GraphStore
 from model import LoadedModel, load_model_dir
 from stream.events import Event, InvalidEvent, decode_event_json
 from workers.engine import Engine
+from workers.heap import freeze_warm_heap
 from workers.tables import EmbeddingMeta, decode_final
 
 __all__ = [
@@ -129,6 +130,7 @@ def apply_events(state: str, model_dir: str | None, path: str, *, batch: int = 1
         if engine.needs_backfill():
             engine.backfill()
         engine.drain()  # finish what a crash may have left dirty
+        freeze_warm_heap()
         (tp, done), = _file_offsets(path, 0).items()
         done = store.offsets().get(tp, 0)
         total = _count_lines(path)

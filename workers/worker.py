@@ -39,6 +39,7 @@ from stream.exceptions import StreamError
 from stream.kafka import EventConsumer, Producer, ensure_topics
 from stream.updates import EmbeddingUpdate, encode_update, tombstone
 from workers.engine import Engine
+from workers.heap import freeze_warm_heap
 from workers.metrics import MetricsServer, WorkerMetrics
 from workers.offline import open_engine
 from workers.settings import WorkerSettings
@@ -155,6 +156,7 @@ class Worker:
             dlq = DeadLetterWriter(producer, s.dlq_topic)
             stats = engine.recompute(publish=True)  # what a crash left dirty
             self._publish(publisher)
+            freeze_warm_heap()
             consumer = EventConsumer(s.bootstrap, s.events_topic, s.group, session_timeout_ms=s.session_timeout_ms,
                                      on_assign=self._stored_offsets)
             try:
