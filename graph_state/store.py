@@ -322,16 +322,17 @@ def _mark_records(marks: np.ndarray, flags: np.ndarray) -> bytes:
 class RowBlock:
     """Many fixed-width writes to one column family, packed: key ``i`` is
     ``keys[i*key_size:(i+1)*key_size]``; value ``i`` likewise, or a delete
-    when ``values`` is None."""
+    when ``values`` is None. Keys and values are bytes or C-contiguous arrays
+    (their memory is read as is, without a copy)."""
 
     family: str
-    keys: bytes
+    keys: bytes | np.ndarray
     key_size: int
-    values: bytes | None
+    values: bytes | np.ndarray | None
     value_size: int = 0
 
     def write_to(self, wb: WriteBatch, handle: Any) -> None:
-        if not self.keys or not self.key_size:
+        if not self.key_size or not memoryview(self.keys).nbytes:
             return
         # numpy splits the packed buffers into bytes objects in C
         keys_ = np.frombuffer(self.keys, dtype=f"V{self.key_size}").tolist()

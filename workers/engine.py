@@ -460,9 +460,8 @@ class Engine:
         key = np.empty(len(iids), dtype=_EMB_KEY)
         key["layer"], key["iid"] = layer, iids
         if rows is None:
-            return [RowBlock("emb", key.tobytes(), _EMB_KEY.itemsize, None)]
-        return [RowBlock("emb", key.tobytes(), _EMB_KEY.itemsize, np.ascontiguousarray(rows, dtype="<f4").tobytes(),
-                         rows.shape[1] * 4)]
+            return [RowBlock("emb", key, _EMB_KEY.itemsize, None)]
+        return [RowBlock("emb", key, _EMB_KEY.itemsize, np.ascontiguousarray(rows, dtype="<f4"), rows.shape[1] * 4)]
 
     def _outputs_for_deleted(self, gone: np.ndarray, puts: list, publish: bool, stats: RecomputeStats) -> None:
         if not len(gone):

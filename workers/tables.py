@@ -275,5 +275,5 @@ class MetaTable:
             rec["v"], rec["t"], rec["n"], rec["m"] = self.version[ids], self.event_ts[ids], len(tail), tail
             if rows is not None:
                 rec["r"] = rows[pick]
-            blocks.append(RowBlock("embmeta", ids.astype(">u8").tobytes(), 8, rec.tobytes(), rec.dtype.itemsize))
+            blocks.append(RowBlock("embmeta", ids.astype(">u8"), 8, rec, rec.dtype.itemsize))
         return blocks
