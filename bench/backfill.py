@@ -48,6 +48,7 @@ from bench.common import (  # noqa: E402
 from graph_state import keys  # noqa: E402
 from graph_state.store import GraphStore  # noqa: E402
 from workers.engine import Engine  # noqa: E402
+from workers.heap import tune_collector  # noqa: E402
 from workers.tables import decode_final  # noqa: E402
 
 FANOUTS = (25, 10)
@@ -85,6 +86,7 @@ def main(argv: list[str] | None = None) -> dict:
     import torch
     from torch_geometric.nn.models import GraphSAGE
 
+    tune_collector()  # as the gnnstream command does
     if args.threads:
         torch.set_num_threads(args.threads)
     work = Path(tempfile.mkdtemp(prefix="gnnstream-bench-backfill-", dir=args.workdir))
