@@ -283,6 +283,10 @@ class EmbeddedBroker:
             raise BrokerError("the embedded broker is not started")
         return self._proc.wait()
 
+    def exit_code(self) -> int | None:
+        """The broker's exit code once it has exited by itself, else None (running or not started)."""
+        return None if self._proc is None else self._proc.poll()
+
     def _signal(self, sig: signal.Signals) -> None:
         if not self.running:
             raise BrokerError("the embedded broker is not running")
@@ -320,28 +324,37 @@ def run_broker_foreground(port: int | None = None) -> int:
         0 when stopped by the user, else the broker's own exit code.
     """
     broker = EmbeddedBroker(port)
-    previous = None
+    stop_requested: list[int] = []
     crashed = False
 
-    def _terminate(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
+    def _request_stop(signum: int, frame: object) -> None:
+        # Only note the request: an exception raised from a signal handler can
+        # land inside Popen.wait() while it holds its lock and hang the stop;
+        # taking a lock here could deadlock the same way.
+        stop_requested.append(signum)
 
-    try:
-        previous = signal.signal(signal.SIGTERM, _terminate)
-    except ValueError:  # not in the main thread
-        previous = None
+    previous = {}
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            previous[sig] = signal.signal(sig, _request_stop)
+        except ValueError:  # not in the main thread: Ctrl-C stays a KeyboardInterrupt
+            break
     try:
         broker.start()
         print(broker.bootstrap, flush=True)
         print(f"embedded Kafka broker (Tansu, in-memory) pid {broker.pid}, log {broker.log_path}; "
               "Ctrl-C to stop", file=sys.stderr, flush=True)
-        code = broker.wait()
-        crashed = True
-        logger.error("broker exited by itself with code %d; see %s", code, broker.log_path)
-        return code if code > 0 else 1
+        while not stop_requested:
+            time.sleep(0.2)
+            code = broker.exit_code()
+            if code is not None:
+                crashed = True
+                logger.error("broker exited by itself with code %d; see %s", code, broker.log_path)
+                return code if code > 0 else 1
+        return 0
     except KeyboardInterrupt:
         return 0
     finally:
         broker.stop(keep_log=crashed)
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -400,7 +400,7 @@ class Engine:
             stats.sampled_neighbours += sampled
             t = stats.lap("compute", t)
             old, present = self.tables.get(layer + 1, targets)
-            np.subtract(rows, old, out=old)
+            np.subtract(rows, old, out=old)  # ``get`` returns copies: the buffer is ours
             np.abs(old, out=old)
             diff = ~present | (old.max(axis=1, initial=0.0) > _ATOL)
             moved, moved_rows = targets[diff], rows[diff]
