@@ -28,8 +28,9 @@ from __future__ import annotations
 import json
 import logging
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
@@ -46,6 +47,27 @@ logger = logging.getLogger(__name__)
 DELETED = "deleted"  # mode of a withdrawn embedding (its meta keeps the version floor)
 DEFERRED_TAG = 0x8000  # dirty key tag 0x8000 + l: dependents of v at layer l are pending
 _ATOL = 1e-6
+_SMALL_LAYER = 4096  # a layer over fewer targets runs on one torch thread
+
+
+@contextmanager
+def _threads_for(rows: int) -> Iterator[None]:
+    """One torch thread for a small layer, else torch's setting.
+
+    A parallel region over a few hundred rows gains little, and waits for
+    its second thread whenever RocksDB's background work holds the other
+    core: small recomputes (a quiet stream, a hub's few dependents) ran two
+    to three times slower on two threads in ``bench/engine.py``'s hub test.
+    """
+    threads = torch.get_num_threads()
+    if rows >= _SMALL_LAYER or threads == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 _OUTBOX_SEQ = b"outbox_seq"
 _LAYOUT = 2  # version of the emb/embmeta layout: a store written with another one needs a backfill
 _EMB_KEY = keys.LAYER_KEY_RECORD
@@ -202,7 +224,7 @@ class Engine:
                 nbr_count = torch.from_numpy(self._neighbour_counts(flat, k))
             else:
                 nbr_count = torch.zeros(len(flat), dtype=torch.int64)
-            with torch.no_grad():
+            with torch.no_grad(), _threads_for(len(chunk)):
                 h = self.gnn.layer_indexed(layer, torch.from_numpy(table[pos[:len(chunk)]]), torch.from_numpy(table),
                                            torch.from_numpy(pos[len(chunk):]), self_count, nbr_count)
             if len(chunk) == len(targets):  # one chunk: keep torch's output, no copy

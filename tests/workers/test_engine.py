@@ -574,3 +574,23 @@ def test_backfill_moves_a_layout_1_store_forward(model_dirs: dict[str, Path], tm
         published = _Publisher().collect(engine)
         assert {e.node for e in published} == {"a", "b", "c"}
         assert_embeddings_close(_final_stored(engine), _from_scratch(engine))
+
+
+def test_small_layers_run_on_one_torch_thread_and_restore_the_setting() -> None:
+    import torch
+
+    from workers.engine import _SMALL_LAYER, _threads_for
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with _threads_for(10):
+            assert torch.get_num_threads() == 1
+        assert torch.get_num_threads() == 2
+        with _threads_for(_SMALL_LAYER):
+            assert torch.get_num_threads() == 2
+        with pytest.raises(RuntimeError), _threads_for(10):
+            raise RuntimeError("restored on errors too")
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
