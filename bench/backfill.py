@@ -45,11 +45,10 @@ from bench.common import (  # noqa: E402
     add_graph_args, close_run, GcTimer, code_fingerprint, current_rss_mib, emit, log, machine_load,
     make_graph, model_dir, open_loaded_store,
 )
-from graph_state import keys  # noqa: E402
 from graph_state.store import GraphStore  # noqa: E402
 from workers.engine import Engine  # noqa: E402
 from workers.heap import tune_collector  # noqa: E402
-from workers.tables import decode_final  # noqa: E402
+from workers.tables import read_final_rows  # noqa: E402
 
 FANOUTS = (25, 10)
 
@@ -149,10 +148,9 @@ def main(argv: list[str] | None = None) -> dict:
             # ---------------------------------------------------------------- stored embeddings
             names = [graph.name(i) for i in range(graph.num_nodes)]
             iids = [store.iid(n) for n in names]
-            raws = store.column("embmeta").get([keys.encode_iid(iid) for iid in iids])
-            rows = [None if r is None else decode_final(r)[1] for r in raws]
-            missing = sum(1 for r in rows if r is None)
-            ours = np.stack([r if r is not None else np.full(args.dim, np.nan, np.float32) for r in rows])
+            ours, present = read_final_rows(store, iids, args.dim)
+            missing = int((~present).sum())
+            ours[~present] = np.nan
 
             # ---------------------------------------------------------------- PyG
             weights = torch.load(Path(loaded_model.path) / "weights.pt", map_location="cpu", weights_only=True)
@@ -194,7 +192,7 @@ def main(argv: list[str] | None = None) -> dict:
             with torch.no_grad():
                 samp_t, samp_out = _time_forward(sampled_forward, args.repeat)
             diff = np.abs(ours - samp_out.numpy())
-            max_diff = float(np.nanmax(diff)) if missing < len(raws) else float("nan")
+            max_diff = float(np.nanmax(diff)) if missing < len(iids) else float("nan")
             result["pyg"] = {
                 "full_graph": {**full_t, "messages_per_layer": int(full_ei.shape[1]),
                                "what": "GraphSAGE.forward(x, edge_index) over every neighbour pair, both directions"},

@@ -53,11 +53,10 @@ from bench.common import (  # noqa: E402
     code_fingerprint, current_rss_mib, emit, log, machine_load, make_graph, model_dir, open_loaded_store,
     percentile,
 )
-from graph_state import keys  # noqa: E402
 from graph_state.store import GraphStore  # noqa: E402
 from workers.engine import Engine, RecomputeStats  # noqa: E402
 from workers.heap import freeze_warm_heap, tune_collector  # noqa: E402
-from workers.tables import decode_final  # noqa: E402
+from workers.tables import read_final_rows  # noqa: E402
 
 FANOUTS = (25, 10)
 TARGET_UPDATES_REQUIRED = 10_000
@@ -238,12 +237,10 @@ def verify(store: GraphStore, engine: Engine) -> dict[str, Any]:
     drain_s = time.perf_counter() - t
     t = time.perf_counter()
     targets, fresh = engine.from_scratch()
-    raws = store.column("embmeta").get([keys.encode_iid(int(i)) for i in targets])
-    rows = [None if r is None else decode_final(r)[1] for r in raws]
-    missing = sum(1 for r in rows if r is None)
-    stored = np.stack([r if r is not None else np.full(fresh.shape[1], np.inf, np.float32)
-                       for r in rows]) if len(rows) else np.zeros_like(fresh)
-    err = float(np.abs(stored - fresh).max()) if len(raws) else 0.0
+    stored, present = read_final_rows(store, targets, fresh.shape[1])
+    missing = int((~present).sum())
+    stored[~present] = np.inf
+    err = float(np.abs(stored - fresh).max()) if len(targets) else 0.0
     return {"drain_seconds": round(drain_s, 3), "drain_recomputed": int(sum(drained.recomputed)),
             "nodes": int(len(targets)), "missing": missing, "max_abs_diff": err,
             "pending_after": engine.pending(), "ok": bool(missing == 0 and err < 1e-4 and engine.pending() == 0),

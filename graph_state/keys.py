@@ -39,7 +39,6 @@ __all__ = [
     "decode_edge_key",
     "nbr_prefix",
     "nbr_key",
-    "nbr_key_raw",
     "decode_nbr_key",
     "sampled_prefix",
     "sampled_key",
@@ -56,7 +55,6 @@ __all__ = [
     "EMBMETA_HEAD",
     "FLAG_HAS_FEATURES",
     "SAMPLED_KEY_RECORD",
-    "DIRTY_KEY_RECORD",
     "LAYER_KEY_RECORD",
 ]
 
@@ -79,7 +77,6 @@ FLAG_HAS_FEATURES = 1
 
 # The fixed-width keys as numpy records, to pack or unpack thousands at once.
 SAMPLED_KEY_RECORD = np.dtype([("k", ">u2"), ("u", ">u8"), ("v", ">u8")])
-DIRTY_KEY_RECORD = np.dtype([("tag", ">u2"), ("iid", ">u8")])
 DIRTY_MARK_RECORD = np.dtype([("tag", ">u2"), ("iid", ">u8"), ("flags", "u1")])
 LAYER_KEY_RECORD = np.dtype([("layer", "u1"), ("iid", ">u8")])
 
@@ -104,12 +101,8 @@ def nbr_prefix(v: int) -> bytes:
     return U64.pack(v)
 
 
-def nbr_key(v: int, rank: int, u_name: str) -> bytes:
-    return _QQ.pack(v, rank) + u_name.encode()
-
-
-def nbr_key_raw(v: int, rank: bytes, u_name: str) -> bytes:
-    """:func:`nbr_key` with the rank already as 8 big-endian bytes."""
+def nbr_key(v: int, rank: bytes, u_name: str) -> bytes:
+    """The neighbour-index key; ``rank`` as 8 big-endian bytes (:func:`graph_state.sampler.rank_bytes`)."""
     return U64.pack(v) + rank + u_name.encode()
 
 

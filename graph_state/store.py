@@ -279,9 +279,15 @@ class _Marks:
             self.chunks.append((marks.astype(np.uint64, copy=False), flags.astype(np.uint8, copy=False)))
             self._reduced = None
 
-    def add_records(self, raw: bytes) -> None:
-        rec = np.frombuffer(raw, dtype=keys.DIRTY_MARK_RECORD)
-        self.add(_combine(rec["tag"], rec["iid"]), rec["flags"])
+    def add_stored(self, key: bytes, value: bytes) -> None:
+        """Take in one record of the ``dirty`` family: a block of packed marks or a single mark."""
+        if len(key) == 1 + keys.U64.size:
+            rec = np.frombuffer(value, dtype=keys.DIRTY_MARK_RECORD)
+            self.add(_combine(rec["tag"], rec["iid"]), rec["flags"])
+            self.next_seq = max(self.next_seq, keys.decode_iid(key[1:]) + 1)
+        else:
+            k, iid = keys.decode_dirty_key(key)
+            self.add(_combine([k], [iid]), np.asarray([value[0]], dtype=np.uint8))
 
     def clear(self) -> None:
         self.chunks.clear()
@@ -312,9 +318,14 @@ def _or_reduce(chunks: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndar
     return marks[first], np.bitwise_or.reduceat(flags, first)
 
 
+def _split(marks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(tags, iids)`` of combined marks."""
+    return marks >> np.uint64(_TAG_SHIFT), marks & np.uint64((1 << _TAG_SHIFT) - 1)
+
+
 def _mark_records(marks: np.ndarray, flags: np.ndarray) -> bytes:
     rec = np.empty(len(marks), dtype=keys.DIRTY_MARK_RECORD)
-    rec["tag"], rec["iid"], rec["flags"] = marks >> np.uint64(_TAG_SHIFT), marks & np.uint64((1 << _TAG_SHIFT) - 1), flags
+    (rec["tag"], rec["iid"]), rec["flags"] = _split(marks), flags
     return rec.tobytes()
 
 
@@ -663,15 +674,15 @@ class GraphStore:
     def _add_nbr(self, v: int, v_name: str, u: int, u_name: str, node: _Node, batch: _Batch) -> int:
         """Add ``u`` to ``N(v)``; return the rank position it took (or a large number)."""
         top = self._top_of(v)
-        key = keys.nbr_key_raw(v, rank_bytes(self.seed, v_name, u_name), u_name)
+        key = keys.nbr_key(v, rank_bytes(self.seed, v_name, u_name), u_name)
         truncated = len(top) < node.degree
         node.degree += 1
-        batch.wb.put(key, keys.U64.pack(u), batch.handles["nbrs"])
+        batch.put("nbrs", key, keys.encode_iid(u))
         batch.pending_nbr[v][key] = u
         if truncated and key > top[-1][0]:
             return 1 << 62
         pos = bisect.bisect_left(top, (key,))
-        self._samples.pop(v, None)  # _forget_sample
+        self._forget_sample(v)
         top.insert(pos, (key, u))
         if len(top) > self.top_size:
             top.pop()
@@ -679,7 +690,7 @@ class GraphStore:
 
     def _remove_nbr(self, v: int, v_name: str, u: int, u_name: str, node: _Node, batch: _Batch) -> int:
         top = self._top_of(v)
-        key = keys.nbr_key_raw(v, rank_bytes(self.seed, v_name, u_name), u_name)
+        key = keys.nbr_key(v, rank_bytes(self.seed, v_name, u_name), u_name)
         node.degree -= 1
         batch.delete("nbrs", key)
         batch.pending_nbr[v][key] = None
@@ -983,7 +994,7 @@ class GraphStore:
                                    for t, a, f in mark_parts])
         if len(marks):  # one packed block: flags of marks already stored are OR-combined when read
             key, value = self._mark_block(marks, flags)
-            batch.wb.put(key, value, self._handles["dirty"])
+            batch.put("dirty", key, value)
             batch.marks = marks, flags
 
     # ------------------------------------------------------------------ caches
@@ -1245,12 +1256,7 @@ class GraphStore:
         if self._marks is None:
             state = _Marks()
             for key, value in self._cf["dirty"].items():
-                if len(key) == 1 + keys.U64.size:  # a block of packed marks
-                    state.add_records(value)
-                    state.next_seq = max(state.next_seq, keys.decode_iid(key[1:]) + 1)
-                else:  # one mark
-                    k, iid = keys.decode_dirty_key(key)
-                    state.add(_combine([k], [iid]), np.asarray([value[0]], dtype=np.uint8))
+                state.add_stored(key, value)
             self._marks = state
         return self._marks
 
@@ -1263,8 +1269,8 @@ class GraphStore:
     def dirty_mark_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Every dirty mark once, in (tag, iid) order: ``(tags, iids, flags)``, flags OR-combined."""
         marks, flags = self._mark_state().reduced()
-        return ((marks >> np.uint64(_TAG_SHIFT)).astype(np.int64),
-                (marks & np.uint64((1 << _TAG_SHIFT) - 1)).astype(np.int64), flags.copy())
+        tags, iids = _split(marks)
+        return tags.astype(np.int64), iids.astype(np.int64), flags.copy()
 
     def dirty_count(self) -> int:
         """The number of distinct dirty marks."""
@@ -1298,7 +1304,7 @@ class GraphStore:
         for item in puts:
             if isinstance(item, RowBlock):
                 if item.family == "dirty":
-                    raise ValueError("dirty marks are written one by one (they are mirrored in memory)")
+                    raise ValueError("dirty marks are written with mark_put (they are mirrored in memory)")
                 item.write_to(wb, handles[item.family])
                 continue
             cf, key, value = item
@@ -1322,9 +1328,5 @@ class GraphStore:
                 if value is None:  # a single mark or block removed: read the family again when next needed
                     self._marks = None
                     break
-                if len(key) == 1 + keys.U64.size:
-                    state.add_records(value)
-                else:
-                    k, iid = keys.decode_dirty_key(key)
-                    state.add(_combine([k], [iid]), np.asarray([value[0]], dtype=np.uint8))
+                state.add_stored(key, value)
         return rows

@@ -68,6 +68,10 @@ class ColdStartPolicy(ABC):
         return np.fromiter((self.uses_neighbours(d) for d in np.asarray(degree).tolist()), dtype=bool,
                            count=len(degree))
 
+    @abstractmethod
+    def to_config(self) -> dict[str, Any]:
+        """Return the JSON object that :func:`policy_from_config` turns back into this policy."""
+
 
 @dataclass(frozen=True)
 class PlainPolicy(ColdStartPolicy):

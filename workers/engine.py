@@ -48,6 +48,9 @@ DELETED = "deleted"  # mode of a withdrawn embedding (its meta keeps the version
 DEFERRED_TAG = 0x8000  # dirty key tag 0x8000 + l: dependents of v at layer l are pending
 _ATOL = 1e-6
 _SMALL_LAYER = 4096  # a layer over fewer targets runs on one torch thread
+_OUTBOX_SEQ = b"outbox_seq"
+_LAYOUT = 2  # version of the emb/embmeta layout: a store written with another one needs a backfill
+_EMB_KEY = keys.LAYER_KEY_RECORD
 
 
 @contextmanager
@@ -68,9 +71,6 @@ def _threads_for(rows: int) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(threads)
-_OUTBOX_SEQ = b"outbox_seq"
-_LAYOUT = 2  # version of the emb/embmeta layout: a store written with another one needs a backfill
-_EMB_KEY = keys.LAYER_KEY_RECORD
 
 
 Rows = Callable[[np.ndarray], "tuple[np.ndarray, np.ndarray]"]

@@ -19,7 +19,7 @@ from graph_state import keys
 from graph_state.idsets import unique_ids
 from graph_state.store import GraphStore, RowBlock, grow_columns
 
-__all__ = ["EmbeddingTables", "MetaTable", "EmbeddingMeta", "decode_final", "OutboxEntry", "encode_outbox", "decode_outbox"]
+__all__ = ["EmbeddingTables", "MetaTable", "EmbeddingMeta", "decode_final", "read_final_rows", "OutboxEntry", "encode_outbox", "decode_outbox"]
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +52,18 @@ def decode_final(raw: bytes) -> tuple[EmbeddingMeta, np.ndarray | None]:
     meta = EmbeddingMeta.decode(raw)
     at = _META.size + 1 + raw[_META.size]
     return meta, (np.frombuffer(raw, dtype="<f4", offset=at).copy() if len(raw) > at else None)
+
+
+def read_final_rows(store: GraphStore, iids: Sequence[int] | np.ndarray, dim: int) -> tuple[np.ndarray, np.ndarray]:
+    """The stored final embeddings of ``iids`` and a mask of which exist (zero rows where none is stored)."""
+    out = np.zeros((len(iids), dim), dtype=np.float32)
+    present = np.zeros(len(iids), dtype=bool)
+    for row, raw in enumerate(store.column("embmeta").get([keys.encode_iid(int(i)) for i in iids])):
+        if raw is not None:
+            _, vec = decode_final(raw)
+            if vec is not None:
+                out[row], present[row] = vec, True
+    return out, present
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,15 +140,10 @@ class EmbeddingTables:
     def _read(self, layer: int, iids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         if layer == 0:
             return self.store.feature_rows(iids.tolist(), self.dims[0])
+        if layer == len(self.dims) - 1:  # final rows live with their metadata
+            return read_final_rows(self.store, iids, self.dims[layer])
         out = np.zeros((len(iids), self.dims[layer]), dtype=np.float32)
         present = np.zeros(len(iids), dtype=bool)
-        if layer == len(self.dims) - 1:  # final rows live with their metadata
-            for row, raw in enumerate(self.store.column("embmeta").get([keys.encode_iid(int(i)) for i in iids])):
-                if raw is not None:
-                    _, vec = decode_final(raw)
-                    if vec is not None:
-                        out[row], present[row] = vec, True
-            return out, present
         raws = self.store.column("emb").get([keys.layer_key(layer, int(i)) for i in iids])
         for row, raw in enumerate(raws):
             if raw is not None:
