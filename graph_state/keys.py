@@ -20,7 +20,12 @@ Column families and layouts::
               0xff, block seq >Q                   -> packed marks: (k >H, iid >Q, flags >B) each
     emb       layer >B (1 … L-1), iid >Q           -> float32[d] (little-endian)
     embmeta   iid >Q                               -> version >Q, event_ts >d, mode length >B, mode (ascii),
-                                                      final embedding float32[d] (absent once withdrawn)
+                                                      final embedding float32[d]: the per-node layout of
+                                                      older stores, moved into embpages by the next backfill
+    embpages  page seq >Q                          -> a page of final embeddings: up to 128 records of
+                                                      iid, version, event_ts, mode, float32[d]
+                                                      (workers.tables.encode_page); the newest page
+                                                      holding a node is its current state
     outbox    seq >Q                               -> encoded outbox entry
 """
 
@@ -60,7 +65,7 @@ __all__ = [
 
 COLUMN_FAMILIES = (
     "meta", "ids", "names", "nodes", "feats", "edges", "nbrs", "sampled",
-    "offsets", "dirty", "emb", "embmeta", "outbox",
+    "offsets", "dirty", "emb", "embmeta", "embpages", "outbox",
 )
 
 U64 = struct.Struct(">Q")

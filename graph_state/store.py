@@ -37,7 +37,7 @@ __all__ = ["GraphStore", "ApplyResult", "RowBlock", "grow_columns", "DIRTY_INPUT
 
 logger = logging.getLogger(__name__)
 
-_FLOAT_FAMILIES = ("feats", "emb", "embmeta")
+_FLOAT_FAMILIES = ("feats", "emb", "embmeta", "embpages")
 
 # Dirty-mark flags. Layer 0 marks say a node's input h^0 changed; layer l >= 1
 # marks say the sample S_{k_l} of the node changed (so h^l must be recomputed)
@@ -1282,7 +1282,7 @@ class GraphStore:
         return "dirty", key, value
 
     def column(self, name: str) -> Rdict:
-        """The column-family view ``name`` (engine-owned families: dirty, emb, embmeta, outbox)."""
+        """The column-family view ``name`` (engine-owned families: dirty, emb, embmeta, embpages, outbox)."""
         return self._cf[name]
 
     def write(self, puts: Iterable[tuple[str, bytes, bytes | None] | RowBlock], clear: Sequence[str] = ()) -> int:

@@ -25,6 +25,7 @@ the removal of the consumed marks go into one WriteBatch.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import time
@@ -38,7 +39,7 @@ import torch
 from graph_state import keys
 from graph_state.idsets import setdiff_ids, unique_ids
 from graph_state.store import DIRTY_COUNT, DIRTY_DEGREE, DIRTY_INPUT, DIRTY_SAMPLE, GraphStore, RowBlock
-from workers.tables import EmbeddingTables, MetaTable, OutboxEntry, encode_outbox
+from workers.tables import EmbeddingTables, MetaTable, OutboxEntry, decode_legacy_final, encode_outbox
 
 __all__ = ["Engine", "RecomputeStats", "EngineError"]
 
@@ -49,7 +50,7 @@ DEFERRED_TAG = 0x8000  # dirty key tag 0x8000 + l: dependents of v at layer l ar
 _ATOL = 1e-6
 _SMALL_LAYER = 4096  # a layer over fewer targets runs on one torch thread
 _OUTBOX_SEQ = b"outbox_seq"
-_LAYOUT = 2  # version of the emb/embmeta layout: a store written with another one needs a backfill
+_LAYOUT = 3  # version of the emb/embpages layout: a store written with another one needs a backfill
 _EMB_KEY = keys.LAYER_KEY_RECORD
 
 
@@ -155,11 +156,12 @@ class Engine:
         dims = [cfg.in_dim]
         for layer in range(self.num_layers):
             dims.append(self._out_dim(layer, dims[-1]))
-        self.tables = EmbeddingTables(store, dims)
+        self.meta = MetaTable(store)  # versions, modes and final rows: the page log, cached
+        self.tables = EmbeddingTables(store, dims, self.meta)
+        self.meta.row_cache = lambda iids: self.tables.cached(self.num_layers, iids)
         self._uses_counts = [bool(getattr(c, "uses_neighbour_counts", False)) for c in self.gnn.convs]
         self._deferred_since: float | None = None
         self._capped = 0
-        self.meta = MetaTable(store)  # write-through cache of embmeta
         self._deleted_code = self.meta.code(DELETED)
         raw = store.column("meta").get(_OUTBOX_SEQ)
         self._seq = 0 if raw is None else keys.decode_iid(raw)
@@ -262,28 +264,44 @@ class Engine:
         return stats
 
     def _migrate_layout(self) -> None:
-        """Bring what a store written with layout 1 keeps beyond its nodes' rows to this layout.
+        """Bring what an older store keeps beyond its nodes' rows to this layout.
 
-        Layout 1 stored ``embmeta`` as version, event time and the mode alone, and
-        outbox records that carried vectors. The backfill rewrites every live
-        node; this rewrites the version floors of deleted nodes and drops old
-        outbox records (the backfill's own records supersede them).
+        Layouts 1 and 2 stored one ``embmeta`` record per node (layout 1
+        without the row), and layout 1 wrote outbox records that carried
+        vectors. Their records move into the page log, so that version
+        floors survive (the backfill then rewrites every live node), and old
+        outbox records are dropped (the backfill's own records supersede
+        them). Each chunk of moved records is written with the deletion of
+        its old ones, so an interrupted move resumes where it stopped.
         """
         raw = self.store.column("meta").get(b"model")
         if raw is None or json.loads(raw).get("layout") == _LAYOUT:
             return
-        puts: list = []
-        head = keys.EMBMETA_HEAD.size
-        for key, value in self.store.column("embmeta").items():
-            if len(value) <= head or len(value) < head + 1 + value[head]:  # a layout-1 record
-                version, event_ts = keys.EMBMETA_HEAD.unpack_from(value)
-                mode = value[head:]
-                puts.append(("embmeta", key, keys.EMBMETA_HEAD.pack(version, event_ts) + bytes((len(mode),)) + mode))
-        for key, value in self.store.column("outbox").items():
-            if value[:1] != encode_outbox(np.zeros(0, dtype=np.int64), 0.0)[:1]:
-                puts.append(("outbox", key, None))
-        self.store.write(puts)
-        logger.info("store %s: %d records moved to layout %d", self.store.path, len(puts), _LAYOUT)
+        meta = self.meta
+        meta.clear()
+        moved = 0
+        legacy = self.store.column("embmeta").items()
+        while True:
+            records = [(key, *decode_legacy_final(value)) for key, value in itertools.islice(legacy, 65_536)]
+            if not records:
+                break
+            puts: list = [("embmeta", key, None) for key, _, _ in records]
+            for has_row in (False, True):
+                part = [(keys.decode_iid(key), m, row) for key, m, row in records if (row is not None) == has_row]
+                if not part:
+                    continue
+                ids = np.asarray([i for i, _, _ in part], dtype=np.int64)
+                meta.set(ids, np.asarray([m.version for _, m, _ in part], dtype=np.int64),
+                         np.asarray([m.event_ts for _, m, _ in part]),
+                         np.asarray([meta.code(m.mode) for _, m, _ in part], dtype=np.int16))
+                puts.extend(meta.encode(ids, np.stack([row for _, _, row in part]) if has_row else None))
+            self._commit(puts)
+            moved += len(records)
+        stale = [("outbox", key, None) for key, value in self.store.column("outbox").items()
+                 if value[:1] != encode_outbox(np.zeros(0, dtype=np.int64), 0.0)[:1]]
+        self.store.write(stale)
+        logger.info("store %s: %d embedding records moved to layout %d, %d old outbox records dropped",
+                    self.store.path, moved, _LAYOUT, len(stale))
 
     def _full_inputs(self, targets: np.ndarray) -> Rows:
         feats, _ = self.store.feature_rows(targets.tolist(), self.tables.dims[0])
@@ -347,7 +365,7 @@ class Engine:
                 stats.published += len(ids)
             if force:
                 puts.append(("meta", _OUTBOX_SEQ, keys.U64.pack(self._seq)))
-                self.store.write(puts)
+                self._commit(puts)
                 puts = []
         return puts
 
@@ -460,19 +478,23 @@ class Engine:
             puts.append(store.mark_put(tags, nodes, np.ones(len(nodes), dtype=np.uint8)))
         puts.append(("meta", _OUTBOX_SEQ, keys.U64.pack(self._seq)))
         t = stats.lap("outputs", t)
-        try:
-            # every mark was read above and nothing applies events meanwhile: clear them all at once
-            stats.rows_written = store.write(puts, clear=("dirty",))
-        except BaseException:
-            self.tables.clear()
-            raw = store.column("meta").get(_OUTBOX_SEQ)
-            self._seq = 0 if raw is None else keys.decode_iid(raw)
-            self.meta.clear()
-            raise
+        # every mark was read above and nothing applies events meanwhile: clear them all at once
+        stats.rows_written = self._commit(puts, clear=("dirty",))
         stats.lap("write", t)
         stats.seconds = time.perf_counter() - t0
         stats.fanout_capped, self._capped = self._capped, 0
         return stats
+
+    def _commit(self, puts: list, clear: tuple[str, ...] = ()) -> int:
+        """Write ``puts`` in one WriteBatch; if that fails, forget what the caches took from them."""
+        try:
+            return self.store.write(puts, clear=clear)
+        except BaseException:
+            self.tables.clear()
+            self.meta.clear()  # its page index already points at the pages that were not written
+            raw = self.store.column("meta").get(_OUTBOX_SEQ)
+            self._seq = 0 if raw is None else keys.decode_iid(raw)
+            raise
 
     @staticmethod
     def _row_puts(layer: int, iids: np.ndarray, rows: np.ndarray | None) -> list[RowBlock]:

@@ -17,13 +17,12 @@ from typing import Any, Iterable, Iterator, TextIO
 import numpy as np
 from tqdm import tqdm
 
-from graph_state import keys
 from graph_state.store import GraphStore
 from model import LoadedModel, load_model_dir
 from stream.events import Event, InvalidEvent, decode_event_json
 from workers.engine import Engine
 from workers.heap import freeze_warm_heap
-from workers.tables import EmbeddingMeta, decode_final
+from workers.tables import MetaTable
 
 __all__ = [
     "read_jsonl_events",
@@ -176,9 +175,7 @@ def export_embeddings(state: str, out: TextIO) -> int:
         raw_model = store.column("meta").get(b"model")
         model_tag = json.loads(raw_model)["model"] if raw_model else ""
         count = 0
-        for key, raw in store.column("embmeta").items():
-            iid = keys.decode_iid(key)
-            meta, vec = decode_final(raw)
+        for iid, meta, vec in MetaTable(store).items():
             if vec is None:
                 continue
             out.write(json.dumps({
@@ -203,8 +200,7 @@ def verify(state: str, model_dir: str | None = None, atol: float = 1e-4) -> dict
         err = np.abs(stored - fresh).max(axis=1) if len(targets) else np.zeros(0)
         bad = int((err > atol).sum()) + missing
         worst = int(targets[int(err.argmax())]) if len(targets) else None
-        stray = sum(1 for key, raw in store.column("embmeta").items()
-                    if not store.exists_iid(keys.decode_iid(key)) and EmbeddingMeta.decode(raw).mode != "deleted")
+        stray = sum(1 for iid, meta, _ in engine.meta.items() if not store.exists_iid(iid) and meta.mode != "deleted")
         return {
             "ok": bad == 0 and stray == 0 and engine.pending() == 0,
             "nodes": int(len(targets)),

@@ -8,10 +8,11 @@ past ``max_rows`` nodes it is dropped and rebuilt lazily from RocksDB.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import struct
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -19,13 +20,17 @@ from graph_state import keys
 from graph_state.idsets import unique_ids
 from graph_state.store import GraphStore, RowBlock, grow_columns
 
-__all__ = ["EmbeddingTables", "MetaTable", "EmbeddingMeta", "decode_final", "read_final_rows", "OutboxEntry", "encode_outbox", "decode_outbox"]
+__all__ = ["EmbeddingTables", "MetaTable", "EmbeddingMeta", "decode_legacy_final", "read_final_rows", "encode_pages",
+           "decode_page", "PAGE_ROWS", "OutboxEntry", "encode_outbox", "decode_outbox"]
 
 logger = logging.getLogger(__name__)
 
-_META = keys.EMBMETA_HEAD  # version, event_ts; then the mode's length, the mode (ascii) and the row
+_LEGACY_HEAD = keys.EMBMETA_HEAD  # version, event_ts; then the mode (layout 1) or its length, the mode and the row
 _OUTBOX = struct.Struct(">BId")  # format, count, computed_at
 _OUTBOX_FORMAT = 3
+_PAGE_HEAD = struct.Struct(">BBIHB")  # format, has rows, count, row width, number of modes
+_PAGE_FORMAT = 1
+PAGE_ROWS = 128  # records per page of the final-embedding log (about 66 KB at 128 dims)
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,36 +39,25 @@ class EmbeddingMeta:
     event_ts: float
     mode: str
 
-    def encode(self, row: np.ndarray | None = None) -> bytes:
-        """The ``embmeta`` value: this metadata and the final embedding (none for a withdrawn node)."""
-        mode = self.mode.encode()
-        tail = b"" if row is None else np.ascontiguousarray(row, dtype="<f4").tobytes()
-        return _META.pack(self.version, self.event_ts) + bytes((len(mode),)) + mode + tail
 
-    @classmethod
-    def decode(cls, raw: bytes) -> "EmbeddingMeta":
-        version, event_ts = _META.unpack_from(raw)
-        n = raw[_META.size]
-        return cls(version, event_ts, raw[_META.size + 1:_META.size + 1 + n].decode())
+def decode_legacy_final(raw: bytes) -> tuple[EmbeddingMeta, np.ndarray | None]:
+    """A per-node ``embmeta`` value of an older store: the metadata and the final row (None if it has none).
 
-
-def decode_final(raw: bytes) -> tuple[EmbeddingMeta, np.ndarray | None]:
-    """An ``embmeta`` value: the metadata and the final embedding (None for a withdrawn node)."""
-    meta = EmbeddingMeta.decode(raw)
-    at = _META.size + 1 + raw[_META.size]
+    Layout 2 stored version, event time, the mode's length, the mode and the
+    row; layout 1 stored version, event time and the mode alone.
+    """
+    version, event_ts = _LEGACY_HEAD.unpack_from(raw)
+    head = _LEGACY_HEAD.size
+    if len(raw) <= head or len(raw) < head + 1 + raw[head]:  # layout 1
+        return EmbeddingMeta(version, event_ts, raw[head:].decode()), None
+    at = head + 1 + raw[head]
+    meta = EmbeddingMeta(version, event_ts, raw[head + 1:at].decode())
     return meta, (np.frombuffer(raw, dtype="<f4", offset=at).copy() if len(raw) > at else None)
 
 
 def read_final_rows(store: GraphStore, iids: Sequence[int] | np.ndarray, dim: int) -> tuple[np.ndarray, np.ndarray]:
-    """The stored final embeddings of ``iids`` and a mask of which exist (zero rows where none is stored)."""
-    out = np.zeros((len(iids), dim), dtype=np.float32)
-    present = np.zeros(len(iids), dtype=bool)
-    for row, raw in enumerate(store.column("embmeta").get([keys.encode_iid(int(i)) for i in iids])):
-        if raw is not None:
-            _, vec = decode_final(raw)
-            if vec is not None:
-                out[row], present[row] = vec, True
-    return out, present
+    """The stored final embeddings of ``iids``, read from RocksDB, and a mask of which exist (zero rows elsewhere)."""
+    return MetaTable(store).rows(np.asarray(iids, dtype=np.int64), dim)
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,11 +99,13 @@ class EmbeddingTables:
     Args:
         store: the graph store (owner of the ``emb`` column family and features).
         dims: the row width of each layer, ``dims[0]`` being the feature dim.
+        final: where the final layer's rows are stored (the engine's :class:`MetaTable`).
         max_rows: bound on the number of cached rows per layer.
     """
 
-    def __init__(self, store: GraphStore, dims: Sequence[int], max_rows: int = 4_000_000):
+    def __init__(self, store: GraphStore, dims: Sequence[int], final: "MetaTable", max_rows: int = 4_000_000):
         self.store = store
+        self.final = final
         self.dims = list(dims)
         self.max_rows = max_rows
         self._rows: list[np.ndarray] = [np.zeros((0, d), dtype=np.float32) for d in self.dims]
@@ -141,7 +137,7 @@ class EmbeddingTables:
         if layer == 0:
             return self.store.feature_rows(iids.tolist(), self.dims[0])
         if layer == len(self.dims) - 1:  # final rows live with their metadata
-            return read_final_rows(self.store, iids, self.dims[layer])
+            return self.final.rows(iids, self.dims[layer])
         out = np.zeros((len(iids), self.dims[layer]), dtype=np.float32)
         present = np.zeros(len(iids), dtype=bool)
         raws = self.store.column("emb").get([keys.layer_key(layer, int(i)) for i in iids])
@@ -167,6 +163,17 @@ class EmbeddingTables:
             self._present[layer][missing] = present
             self._loaded[layer][missing] = True
         return self._rows[layer][iids], self._present[layer][iids]
+
+    def cached(self, layer: int, iids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Rows of ``iids`` held in memory and a mask of which are (nothing is read)."""
+        iids = np.asarray(iids, dtype=np.int64)
+        have = len(self._loaded[layer])
+        inside = iids < have
+        held = np.zeros(len(iids), dtype=bool)
+        held[inside] = self._loaded[layer][iids[inside]] & self._present[layer][iids[inside]]
+        rows = np.zeros((len(iids), self.dims[layer]), dtype=np.float32)
+        rows[held] = self._rows[layer][iids[held]]
+        return rows, held
 
     def index(self, layer: int, iids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(table, positions)`` with ``table[positions[i]]`` the row of ``iids[i]`` (zeros where absent).
@@ -205,25 +212,52 @@ class EmbeddingTables:
 
 
 class MetaTable:
-    """Versions, event times and modes of the final embeddings, as arrays.
+    """Versions, event times, modes and final rows of every node, kept in a page log.
 
-    A write-through cache of the ``embmeta`` column family for reading and
-    updating thousands of nodes at once; unknown entries are read from
-    RocksDB on first use. A node without stored metadata has version 0 and
-    mode code -1.
+    A recompute changes the final embedding of tens of thousands of nodes;
+    one RocksDB record per node made the write cost about 2 µs a node. The
+    final rows are therefore stored in *pages* (``embpages``: page sequence
+    number -> up to :data:`PAGE_ROWS` records of iid, version, event time,
+    mode and row), written in the recompute's WriteBatch. The newest page
+    holding a node is its current state; an in-memory index (page, slot per
+    node) and the metadata arrays are rebuilt from one scan of the log on
+    first use. A page whose records were all superseded is deleted in the
+    batch that supersedes the last one, and when superseded slots outnumber
+    live ones (plus ``gc_slack``), the sparsest pages' live records are moved
+    into new pages, so the log stays within about twice the live size.
+
+    A node without stored metadata has version 0 and mode code -1.
+
+    Args:
+        store: the graph store (owner of the ``embpages`` column family).
+        gc_slack: superseded slots tolerated beyond the live count.
     """
 
-    def __init__(self, store: GraphStore):
+    def __init__(self, store: GraphStore, gc_slack: int = 1 << 16):
         self.store = store
+        self.gc_slack = gc_slack
+        # final rows held in memory, ``(rows, held mask) = row_cache(iids)``: records moved out of sparse
+        # pages take their rows from here instead of reading the pages
+        self.row_cache: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]] | None = None
         self.names: list[str] = []
         self._codes: dict[str, int] = {}
         self.clear()
 
     def clear(self) -> None:
+        """Forget everything held; the next use reads the log again."""
         self.version = np.zeros(0, dtype=np.int64)
         self.event_ts = np.zeros(0, dtype=np.float64)
         self.mode = np.zeros(0, dtype=np.int16)
-        self.known = np.zeros(0, dtype=bool)
+        self.page = np.zeros(0, dtype=np.int64)
+        self.slot = np.zeros(0, dtype=np.int32)
+        self.has_row = np.zeros(0, dtype=bool)
+        self._size: dict[int, int] = {}  # slots of every stored page
+        self._live: dict[int, int] = {}  # current records of every stored page
+        self._slots = 0
+        self._next_page = 0
+        self._dim = 0  # width of the stored rows
+        self._dead: list[int] = []
+        self._loaded = False
 
     def code(self, mode: str) -> int:
         """The small integer standing for ``mode`` in :attr:`mode`."""
@@ -234,53 +268,237 @@ class MetaTable:
         return c
 
     def _grow(self, size: int) -> None:
-        have = grow_columns(self, ("version", "event_ts", "mode", "known"), size)
+        have = grow_columns(self, ("version", "event_ts", "mode", "page", "slot", "has_row"), size)
         if have is not None:
             self.mode[have:] = -1
+            self.page[have:] = -1
+
+    # ------------------------------------------------------------------ the log
+    def _load(self) -> None:
+        if self._loaded:
+            return
+        self._loaded = True
+        for key, raw in self.store.column("embpages").items():
+            seq = keys.decode_iid(key)
+            rec, modes, has_rows = decode_page(raw)
+            ids = rec["iid"].astype(np.int64)
+            self._size[seq] = len(ids)
+            self._slots += len(ids)
+            if has_rows:
+                self._dim = rec["row"].shape[1]
+            self._next_page = seq + 1
+            if not len(ids):
+                continue
+            self._grow(int(ids.max()) + 1)
+            codes = np.asarray([self.code(m) for m in modes], dtype=np.int16)
+            self.version[ids], self.event_ts[ids], self.mode[ids] = rec["version"], rec["event_ts"], codes[rec["mode"]]
+            self.page[ids], self.slot[ids], self.has_row[ids] = seq, np.arange(len(ids), dtype=np.int32), has_rows
+        seqs, counts = _counts(self.page[self.page >= 0])
+        self._live = dict(zip(seqs.tolist(), counts.tolist()))
+        self._dead = [seq for seq in self._size if seq not in self._live]  # deleted with the next write
+
+    def live(self) -> int:
+        """Nodes with stored metadata (withdrawn ones included)."""
+        self._load()
+        return sum(self._live.values())
+
+    def stored_slots(self) -> int:
+        """Records in the log, superseded ones included."""
+        self._load()
+        return self._slots
 
     def get(self, iids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(version, event_ts, mode code)`` of ``iids``."""
+        self._load()
         iids = np.asarray(iids, dtype=np.int64)
-        if len(iids) == 0:
-            return self.version[:0].copy(), self.event_ts[:0].copy(), self.mode[:0].copy()
-        self._grow(int(iids.max()) + 1)
-        missing = unique_ids(iids[~self.known[iids]])
-        if len(missing):
-            raws = self.store.column("embmeta").get([keys.encode_iid(i) for i in missing.tolist()])
-            for iid, raw in zip(missing.tolist(), raws):
-                if raw is None:
-                    self.version[iid], self.event_ts[iid], self.mode[iid] = 0, 0.0, -1
-                else:
-                    meta = EmbeddingMeta.decode(raw)
-                    self.version[iid], self.event_ts[iid] = meta.version, meta.event_ts
-                    self.mode[iid] = self.code(meta.mode)
-            self.known[missing] = True
+        if len(iids):
+            self._grow(int(iids.max()) + 1)
         return self.version[iids], self.event_ts[iids], self.mode[iids]
 
     def set(self, iids: np.ndarray, version: np.ndarray, event_ts: np.ndarray, mode: np.ndarray) -> None:
-        """Record new metadata (the caller writes RocksDB)."""
+        """Record new metadata; :meth:`encode` then writes it."""
+        self._load()
         iids = np.asarray(iids, dtype=np.int64)
         if len(iids) == 0:
             return
         self._grow(int(iids.max()) + 1)
         self.version[iids], self.event_ts[iids], self.mode[iids] = version, event_ts, mode
-        self.known[iids] = True
 
-    def encode(self, iids: np.ndarray, rows: np.ndarray | None) -> list[RowBlock]:
-        """The ``embmeta`` writes of ``iids``: metadata as currently held plus the final rows (None: withdrawn)."""
+    def encode(self, iids: np.ndarray, rows: np.ndarray | None) -> list[tuple[str, bytes, bytes | None]]:
+        """The log writes storing ``iids`` (distinct) as currently held, with their final rows (None: withdrawn).
+
+        The index moves to the new pages at once: if the caller's write
+        fails, it must :meth:`clear` this table.
+        """
+        self._load()
         iids = np.asarray(iids, dtype=np.int64)
-        codes = self.mode[iids]
-        blocks = []
-        for code in unique_ids(codes).tolist():
-            pick = codes == code
-            ids = iids[pick]
-            tail = self.names[code].encode()
-            fields = [("v", ">u8"), ("t", ">f8"), ("n", "u1"), ("m", f"S{len(tail)}")]
-            if rows is not None:
-                fields.append(("r", "<f4", (rows.shape[1],)))
-            rec = np.empty(len(ids), dtype=fields)
-            rec["v"], rec["t"], rec["n"], rec["m"] = self.version[ids], self.event_ts[ids], len(tail), tail
-            if rows is not None:
-                rec["r"] = rows[pick]
-            blocks.append(RowBlock("embmeta", ids.astype(">u8"), 8, rec, rec.dtype.itemsize))
-        return blocks
+        puts: list[tuple[str, bytes, bytes | None]] = []
+        if not len(iids):
+            return puts
+        for seq in self._dead:
+            self._slots -= self._size.pop(seq)
+            puts.append(("embpages", keys.encode_iid(seq), None))
+        self._dead = []
+        old = self.page[iids]
+        fresh = self._append(puts, iids, self.version[iids], self.event_ts[iids], self.mode[iids], rows)
+        self._release(old, puts)
+        self._collect(puts, fresh, budget=max(len(iids), PAGE_ROWS))
+        return puts
+
+    def _append(self, puts: list, iids: np.ndarray, version: np.ndarray, event_ts: np.ndarray, codes: np.ndarray,
+                rows: np.ndarray | None) -> set[int]:
+        written = set()
+        if rows is not None:
+            self._dim = rows.shape[1]
+        for seq, ids, value in zip(itertools.count(self._next_page), *encode_pages(iids, version, event_ts, codes,
+                                                                                    self.names, rows)):
+            puts.append(("embpages", keys.encode_iid(seq), value))
+            self.page[ids], self.slot[ids], self.has_row[ids] = seq, np.arange(len(ids), dtype=np.int32), rows is not None
+            self._size[seq] = self._live[seq] = len(ids)
+            self._slots += len(ids)
+            self._next_page = seq + 1
+            written.add(seq)
+        return written
+
+    def _release(self, pages: np.ndarray, puts: list) -> None:
+        """Records of ``pages`` were superseded: delete the pages left without a current record."""
+        seqs, counts = _counts(pages[pages >= 0])
+        for seq, n in zip(seqs.tolist(), counts.tolist()):
+            left = self._live[seq] - n
+            if left:
+                self._live[seq] = left
+            else:
+                del self._live[seq]
+                self._slots -= self._size.pop(seq)
+                puts.append(("embpages", keys.encode_iid(seq), None))
+
+    def _collect(self, puts: list, keep: set[int], budget: int) -> None:
+        """Move the live records of the sparsest pages into new ones while superseded slots exceed the bound."""
+        excess = self._slots - 2 * sum(self._live.values()) - self.gc_slack
+        if excess <= 0:
+            return
+        order = sorted((live / self._size[seq], seq) for seq, live in self._live.items() if seq not in keep)
+        chosen, moved, freed = [], 0, 0
+        for _, seq in order:
+            if freed >= excess or moved + self._live[seq] > budget:
+                break
+            chosen.append(seq)
+            moved += self._live[seq]
+            freed += self._size[seq] - self._live[seq]
+        if not chosen:
+            return
+        ids = np.flatnonzero(np.isin(self.page, np.asarray(chosen, dtype=np.int64)))
+        with_rows = self.has_row[ids]
+        for has_rows in (False, True):  # the moved records fill new pages
+            part = ids[with_rows == has_rows]
+            if not len(part):
+                continue
+            rows = None
+            if has_rows:
+                rows, cached = self.row_cache(part) if self.row_cache else (None, np.zeros(len(part), dtype=bool))
+                if not cached.all():
+                    stored, _ = self.rows(part[~cached], self._dim)
+                    rows = stored if rows is None else rows
+                    rows[~cached] = stored
+            self._append(puts, part, self.version[part], self.event_ts[part], self.mode[part], rows)
+        for seq in chosen:
+            del self._live[seq]
+            self._slots -= self._size.pop(seq)
+            puts.append(("embpages", keys.encode_iid(seq), None))
+
+    # ------------------------------------------------------------------ reading rows
+    def rows(self, iids: np.ndarray, dim: int) -> tuple[np.ndarray, np.ndarray]:
+        """The stored final rows (``dim`` wide) of ``iids`` and a mask of which exist (zeros where none is stored)."""
+        self._load()
+        iids = np.asarray(iids, dtype=np.int64)
+        out = np.zeros((len(iids), dim), dtype=np.float32)
+        present = np.zeros(len(iids), dtype=bool)
+        if not len(iids):
+            return out, present
+        self._grow(int(iids.max()) + 1)
+        pages = self.page[iids]
+        order = np.argsort(pages, kind="stable")
+        sorted_pages = pages[order]
+        seqs = unique_ids(sorted_pages[sorted_pages >= 0])
+        bounds = np.searchsorted(sorted_pages, seqs, side="left")
+        ends = np.searchsorted(sorted_pages, seqs, side="right")
+        raws = self.store.column("embpages").get([keys.encode_iid(s) for s in seqs.tolist()])
+        for lo, hi, raw in zip(bounds.tolist(), ends.tolist(), raws):
+            rec, _, has_rows = decode_page(raw)
+            if has_rows:
+                at = order[lo:hi]
+                out[at] = rec["row"][self.slot[iids[at]]]
+                present[at] = True
+        return out, present
+
+    def items(self) -> Iterator[tuple[int, EmbeddingMeta, np.ndarray | None]]:
+        """Every stored node in page order: ``(iid, metadata, final row or None once withdrawn)``."""
+        self._load()
+        for key, raw in self.store.column("embpages").items():
+            seq = keys.decode_iid(key)
+            if seq not in self._live:
+                continue
+            rec, modes, has_rows = decode_page(raw)
+            ids = rec["iid"].astype(np.int64)
+            for slot in np.flatnonzero((self.page[ids] == seq) & (self.slot[ids] == np.arange(len(ids)))).tolist():
+                meta = EmbeddingMeta(int(rec["version"][slot]), float(rec["event_ts"][slot]), modes[int(rec["mode"][slot])])
+                yield int(ids[slot]), meta, (rec["row"][slot].copy() if has_rows else None)
+
+
+def _counts(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct values of a 1-D int array (sorted) and how often each occurs."""
+    s = np.sort(np.asarray(values, dtype=np.int64))
+    if not len(s):
+        return s, s
+    starts = np.flatnonzero(np.concatenate([[True], s[1:] != s[:-1]]))
+    return s[starts], np.diff(np.append(starts, len(s)))
+
+
+_COLUMNS = (("iid", ">u8"), ("version", ">u8"), ("event_ts", ">f8"), ("mode", "u1"))
+
+
+def encode_pages(iids: np.ndarray, version: np.ndarray, event_ts: np.ndarray, codes: np.ndarray,
+                 names: Sequence[str], rows: np.ndarray | None) -> tuple[list[np.ndarray], list[bytes]]:
+    """``embpages`` values for these records, :data:`PAGE_ROWS` a page: ``(iids of each page, values)``.
+
+    A value is a header, the modes it uses, then its records column by
+    column. Header: format >B, has rows >B, count >I, row width >H, number
+    of modes >B, each mode as length >B + ascii. Columns: iid >Q, version >Q,
+    event_ts >d, mode (index into the page's modes) >B, and when the page has
+    rows, float32[count, width] little-endian.
+    """
+    used = unique_ids(codes)
+    modes = b"".join(bytes((len(m),)) + m for m in (names[c].encode() for c in used.tolist()))
+    columns = [np.asarray(iids).astype(">u8"), np.asarray(version).astype(">u8"), np.asarray(event_ts).astype(">f8"),
+               np.searchsorted(used, codes).astype("u1")]
+    if rows is not None:
+        columns.append(np.ascontiguousarray(rows, dtype="<f4"))
+    dim = 0 if rows is None else rows.shape[1]
+    pages, values = [], []
+    for start in range(0, len(iids), PAGE_ROWS):
+        count = min(PAGE_ROWS, len(iids) - start)
+        head = _PAGE_HEAD.pack(_PAGE_FORMAT, rows is not None, count, dim, len(used))
+        pages.append(iids[start:start + count])
+        values.append(b"".join([head, modes, *(memoryview(c[start:start + count]) for c in columns)]))
+    return pages, values
+
+
+def decode_page(raw: bytes) -> tuple[dict[str, np.ndarray], list[str], bool]:
+    """``(columns, modes, has rows)`` of an ``embpages`` value; the columns (``iid``, ``version``, ``event_ts``,
+    ``mode`` and ``row`` when it has rows) are read-only views."""
+    fmt, has_rows, count, dim, n_modes = _PAGE_HEAD.unpack_from(raw)
+    if fmt != _PAGE_FORMAT:
+        raise ValueError(f"Expected embedding page format {_PAGE_FORMAT} (got {fmt})")
+    at = _PAGE_HEAD.size
+    modes = []
+    for _ in range(n_modes):
+        n = raw[at]
+        modes.append(raw[at + 1:at + 1 + n].decode())
+        at += 1 + n
+    columns = {}
+    for name, dtype in _COLUMNS:
+        columns[name] = np.frombuffer(raw, dtype, count, at)
+        at += count * np.dtype(dtype).itemsize
+    if has_rows:
+        columns["row"] = np.frombuffer(raw, "<f4", count * dim, at).reshape(count, dim)
+    return columns, modes, bool(has_rows)

@@ -36,7 +36,7 @@ from tests.workers.reference import (
     reference_embeddings,
 )
 from workers.engine import Engine
-from workers.tables import EmbeddingMeta, decode_final, decode_outbox
+from workers.tables import EmbeddingMeta, MetaTable, decode_outbox
 
 SEED = 11
 DIM = 4
@@ -224,8 +224,15 @@ def _final_stored(engine: Engine) -> dict[str, np.ndarray]:
 
 def _metas(store: GraphStore) -> dict[str, EmbeddingMeta]:
     """Metadata of live embeddings (a deleted node keeps a "deleted" meta as its version floor)."""
-    metas = {store.name(keys.decode_iid(k)): EmbeddingMeta.decode(v) for k, v in store.column("embmeta").items()}
+    metas = {store.name(iid): m for iid, m, _ in MetaTable(store).items()}
     return {v: m for v, m in metas.items() if m.mode != "deleted"}
+
+
+def _stored_final(store: GraphStore, iid: int) -> tuple[EmbeddingMeta, np.ndarray | None]:
+    """What the page log holds for one node, read by a fresh table."""
+    found = [(m, row) for i, m, row in MetaTable(store).items() if i == iid]
+    assert len(found) == 1, f"{len(found)} current records for iid {iid}"
+    return found[0]
 
 
 def _from_scratch(engine: Engine) -> dict[str, np.ndarray]:
@@ -459,16 +466,16 @@ def test_node_delete_withdraws_embedding_and_publishes_deleted(model_dirs: dict[
         store.apply([NodeUpsert("a", 1, f), NodeUpsert("b", 1, f), EdgeUpsert("a", "b", 1), EdgeUpsert("b", "c", 1)])
         engine.recompute()
         b = store.iid("b")
-        before = EmbeddingMeta.decode(store.column("embmeta").get(keys.encode_iid(b)))
+        before = _stored_final(store, b)[0]
         pub = _Publisher()
         n_before = len(pub.collect(engine))
         store.apply([NodeDelete("b", 5)])
         stats = engine.recompute()
         assert stats.deleted == 1
         assert engine.pending() == 0
-        floor = EmbeddingMeta.decode(store.column("embmeta").get(keys.encode_iid(b)))
+        floor, row = _stored_final(store, b)
         assert floor.mode == "deleted" and floor.version == before.version + 1  # the version floor stays
-        assert decode_final(store.column("embmeta").get(keys.encode_iid(b)))[1] is None  # the row is withdrawn
+        assert row is None  # the row is withdrawn
         assert store.column("emb").get(keys.layer_key(engine.num_layers, b)) is None
         new = pub.collect(engine)[n_before:]
         gone = [e for e in new if e.node == "b"]
@@ -506,6 +513,57 @@ def test_versions_strictly_increase_across_recomputes(model_dirs: dict[str, Path
         for v, vs in per_node.items():
             assert vs == sorted(set(vs)), f"{v}: published versions {vs}"
         assert per_node["a"][-1] == 12
+
+
+def test_a_failed_recompute_write_leaves_the_caches_as_stored(model_dirs: dict[str, Path], tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The page index moves before the WriteBatch is written: a failed write must not leave it pointing at
+    pages that do not exist, nor versions that were never stored."""
+    model = load_model_dir(model_dirs["sage"])
+    with GraphStore(tmp_path / "s", seed=SEED) as store:
+        engine = Engine(store, model)
+        store.apply(_random_graph_events(40, 120, seed=5))
+        engine.recompute()
+        before = _metas(store)
+        store.apply([EdgeUpsert("v1", "v2", 10), NodeUpsert("v3", 10, (0.5, -0.5, 0.25, 1.0))])
+        real_write = store.write
+
+        def failing(*args: Any, **kwargs: Any) -> int:
+            raise OSError("disk full")
+
+        monkeypatch.setattr(store, "write", failing)
+        with pytest.raises(OSError):
+            engine.recompute()
+        monkeypatch.setattr(store, "write", real_write)
+        assert _metas(store) == before
+        versions, _, _ = engine.meta.get(np.asarray([store.iid(v) for v in before]))
+        assert versions.tolist() == [before[v].version for v in before]  # the cache reads the log again
+        stats = engine.recompute()
+        assert stats.changed[-1] > 0 and engine.pending() == 0
+        after = _metas(store)
+        assert all(after[v].version in (before[v].version, before[v].version + 1) for v in before)
+        assert_embeddings_close(_final_stored(engine), _from_scratch(engine))
+
+
+def test_the_page_log_compacts_during_a_stream_and_stays_exact(model_dirs: dict[str, Path], tmp_path: Path) -> None:
+    model = load_model_dir(model_dirs["gcn"])
+    rnd = random.Random(4)
+    with GraphStore(tmp_path / "s", seed=SEED) as store:
+        engine = Engine(store, model)
+        engine.meta.gc_slack = 0
+        store.apply(_random_graph_events(300, 900, seed=6))
+        engine.recompute()
+        for step in range(25):
+            store.apply([EdgeUpsert(f"v{rnd.randrange(300)}", f"v{rnd.randrange(300)}", 100 + step) for _ in range(20)])
+            engine.recompute()
+            assert engine.meta.stored_slots() <= 2 * engine.meta.live() + 300
+        slots = engine.meta.stored_slots()
+        assert slots < 2 * engine.meta.live() + 300
+        engine.tables.clear()
+        engine.meta.clear()
+        assert engine.meta.stored_slots() == slots
+        assert_embeddings_close(_final_stored(engine), _from_scratch(engine))
+        assert set(_metas(store)) == {store.name(i) for i in store.node_iids()}
 
 
 def test_recreated_node_versions_keep_increasing(model_dirs: dict[str, Path], tmp_path: Path) -> None:
@@ -547,30 +605,43 @@ def test_mode_changes_when_features_equal_the_zero_default(model_dirs: dict[str,
     assert seen["metas"]["b"].mode == "full"
 
 
-def test_backfill_moves_a_layout_1_store_forward(model_dirs: dict[str, Path], tmp_path: Path) -> None:
-    """A store written before final rows moved into embmeta: version floors are kept, old outbox records dropped."""
+@pytest.mark.parametrize("layout", [1, 2])
+def test_backfill_moves_an_older_store_forward(model_dirs: dict[str, Path], tmp_path: Path, layout: int) -> None:
+    """A store with per-node embmeta records: version floors are kept, the records move into pages, old outbox
+    records are dropped."""
     model = load_model_dir(model_dirs["sage"])
     f = (0.3, 0.1, -0.2, 0.9)
+    head = keys.EMBMETA_HEAD
     with GraphStore(tmp_path / "s", seed=SEED) as store:
         engine = Engine(store, model)
         store.apply([NodeUpsert("a", 1, f), EdgeUpsert("a", "b", 1), EdgeUpsert("b", "c", 1)])
         engine.backfill()
-        # what layout 1 left: a binding without "layout", a deleted node's floor as version+ts+mode, an outbox
-        # record of format 2
+        a, b = store.iid("a"), store.iid("b")
+        # what the older layout left: per-node records (a deleted node's floor, a live node's row), an older
+        # binding, and for layout 1 an outbox record of format 2; the pages are what layout 3 would have written
         binding = json.loads(store.column("meta").get(b"model"))
-        binding.pop("layout")
+        if layout == 1:
+            binding.pop("layout")
+            store.column("embmeta").put(keys.encode_iid(10_000), head.pack(7, 5.0) + b"deleted")
+            store.column("outbox").put(keys.U64.pack(99), b"\x02" + bytes(40))
+        else:
+            binding["layout"] = 2
+            store.column("embmeta").put(keys.encode_iid(10_000), head.pack(7, 5.0) + bytes((7,)) + b"deleted")
+            row = np.full(engine.tables.dims[-1], 0.5, dtype="<f4").tobytes()
+            store.column("embmeta").put(keys.encode_iid(a), head.pack(40, 1.0) + bytes((4,)) + b"full" + row)
+        store.write((), clear=("embpages",))
         store.column("meta").put(b"model", json.dumps(binding, sort_keys=True).encode())
-        gone = keys.encode_iid(10_000)
-        store.column("embmeta").put(gone, keys.EMBMETA_HEAD.pack(7, 5.0) + b"deleted")
-        store.column("outbox").put(keys.U64.pack(99), b"\x02" + bytes(40))
     with GraphStore(tmp_path / "s") as store:
         engine = Engine(store, model)
         assert engine.needs_backfill()
         engine.backfill(publish=True)
         assert not engine.needs_backfill()
-        meta, row = decode_final(store.column("embmeta").get(gone))
-        assert meta == EmbeddingMeta(7, 5.0, "deleted") and row is None
+        assert list(store.column("embmeta").keys()) == []
+        assert _stored_final(store, 10_000) == (EmbeddingMeta(7, 5.0, "deleted"), None)
         assert store.column("outbox").get(keys.U64.pack(99)) is None
+        if layout == 2:  # the backfill counts on from the moved version
+            assert _stored_final(store, a)[0].version == 41
+            assert _stored_final(store, b)[0].version == 1
         published = _Publisher().collect(engine)
         assert {e.node for e in published} == {"a", "b", "c"}
         assert_embeddings_close(_final_stored(engine), _from_scratch(engine))

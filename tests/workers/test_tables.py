@@ -3,39 +3,115 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from graph_state import keys
 from graph_state.store import GraphStore
-from workers.tables import EmbeddingMeta, MetaTable, decode_final, decode_outbox, encode_outbox
+from workers.tables import (PAGE_ROWS, EmbeddingMeta, MetaTable, decode_legacy_final, decode_outbox, decode_page,
+                            encode_outbox)
 
 
-def test_meta_table_writes_what_embedding_meta_encodes(tmp_path) -> None:
+def _set(table: MetaTable, iids, versions, times, modes) -> None:
+    table.set(np.asarray(iids, dtype=np.int64), np.asarray(versions), np.asarray(times, dtype=np.float64),
+              np.asarray([table.code(m) for m in modes], dtype=np.int16))
+
+
+def test_meta_table_pages_round_trip_through_a_fresh_table(tmp_path) -> None:
     with GraphStore(tmp_path / "s") as store:
         table = MetaTable(store)
         iids = np.asarray([3, 0, 7, 12], dtype=np.int64)
         modes = ["full", "cold_start", "full", "feature_only"]
-        table.set(iids, np.asarray([5, 1, 2, 9]), np.asarray([10.5, 0.0, 3.25, 7.0]),
-                  np.asarray([table.code(m) for m in modes], dtype=np.int16))
+        _set(table, iids, [5, 1, 2, 9], [10.5, 0.0, 3.25, 7.0], modes)
         rows = np.arange(4 * 3, dtype=np.float32).reshape(4, 3) - 4.5
-        store.write(table.encode(iids, rows))
-        for i, iid in enumerate(iids.tolist()):
-            raw = store.column("embmeta").get(keys.encode_iid(iid))
-            want = EmbeddingMeta(int(table.version[iid]), float(table.event_ts[iid]), modes[i])
-            assert raw == want.encode(rows[i])
-            meta, row = decode_final(raw)
-            assert meta == want
-            np.testing.assert_array_equal(row, rows[i])
-        # withdrawn: the metadata stays, the row goes
-        table.set(iids[:1], np.asarray([6]), np.asarray([11.0]), np.asarray([table.code("deleted")], dtype=np.int16))
-        store.write(table.encode(iids[:1], None))
-        meta, row = decode_final(store.column("embmeta").get(keys.encode_iid(3)))
-        assert meta == EmbeddingMeta(6, 11.0, "deleted") and row is None
-        # a fresh table reads the stored values back
+        puts = table.encode(iids, rows)
+        assert [(cf, value is None) for cf, _, value in puts] == [("embpages", False)]  # one page for four rows
+        store.write(puts)
+        rec, page_modes, has_rows = decode_page(puts[0][2])
+        assert has_rows and rec["iid"].tolist() == iids.tolist() and rec["version"].tolist() == [5, 1, 2, 9]
+        assert [page_modes[m] for m in rec["mode"].tolist()] == modes
+        np.testing.assert_array_equal(rec["row"], rows)
+        # withdrawn: the metadata stays, the row goes; the first page still holds three current records
+        _set(table, iids[:1], [6], [11.0], ["deleted"])
+        puts = table.encode(iids[:1], None)
+        assert [(cf, value is None) for cf, _, value in puts] == [("embpages", False)]
+        store.write(puts)
         again = MetaTable(store)
         version, event_ts, mode = again.get(np.asarray([3, 0, 99], dtype=np.int64))
         assert version.tolist() == [6, 1, 0]
         assert event_ts.tolist() == [11.0, 0.0, 0.0]
         assert [again.names[c] if c >= 0 else None for c in mode.tolist()] == ["deleted", "cold_start", None]
+        got, present = again.rows(np.asarray([12, 3, 0, 99, 7], dtype=np.int64), 3)
+        assert present.tolist() == [True, False, True, False, True]
+        np.testing.assert_array_equal(got[[0, 2, 4]], rows[[3, 1, 2]])
+        assert not got[[1, 3]].any()
+        items = {iid: (meta, row) for iid, meta, row in again.items()}
+        assert set(items) == {0, 3, 7, 12}
+        assert items[3] == (EmbeddingMeta(6, 11.0, "deleted"), None)
+        assert items[12][0] == EmbeddingMeta(9, 7.0, "feature_only")
+        np.testing.assert_array_equal(items[12][1], rows[3])
+        assert (again.live(), again.stored_slots()) == (4, 5)
+
+
+def test_a_page_whose_records_are_all_superseded_is_deleted_in_the_same_batch(tmp_path) -> None:
+    with GraphStore(tmp_path / "s") as store:
+        table = MetaTable(store)
+        _set(table, [1, 2], [1, 1], [0.0, 0.0], ["full", "full"])
+        store.write(table.encode(np.asarray([1, 2]), np.ones((2, 4), dtype=np.float32)))
+        first = keys.encode_iid(0)
+        assert store.column("embpages").get(first) is not None
+        _set(table, [1, 2], [2, 2], [1.0, 1.0], ["full", "full"])
+        puts = table.encode(np.asarray([2, 1]), np.full((2, 4), 2.0, dtype=np.float32))
+        assert ("embpages", first, None) in puts
+        store.write(puts)
+        assert store.column("embpages").get(first) is None
+        assert (table.live(), table.stored_slots()) == (2, 2)
+        rows, present = MetaTable(store).rows(np.asarray([1, 2]), 4)
+        assert present.all() and (rows == 2.0).all()
+
+
+@pytest.mark.parametrize("cache", ["none", "even iids"])
+def test_the_log_stays_within_twice_the_live_records_and_reloads_to_the_same_state(tmp_path, cache: str) -> None:
+    """Records moved out of sparse pages take their rows from the row cache where it holds them, else from the
+    pages."""
+    rng = np.random.default_rng(3)
+    n, dim = 2_000, 8
+    with GraphStore(tmp_path / "s") as store:
+        table = MetaTable(store, gc_slack=PAGE_ROWS)
+        want_rows = np.zeros((n, dim), dtype=np.float32)
+        want_version = np.zeros(n, dtype=np.int64)
+        if cache == "even iids":
+            def row_cache(iids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+                held = iids % 2 == 0
+                return np.where(held[:, None], want_rows[iids], np.nan).astype(np.float32), held
+
+            table.row_cache = row_cache
+        for step in range(60):
+            ids = np.sort(rng.choice(n, size=int(rng.integers(1, 400)), replace=False)).astype(np.int64)
+            want_version[ids] += 1
+            want_rows[ids] = rng.standard_normal((len(ids), dim)).astype(np.float32)
+            _set(table, ids, want_version[ids], np.full(len(ids), float(step)), ["full"] * len(ids))
+            store.write(table.encode(ids, want_rows[ids]))
+            assert table.stored_slots() <= 2 * table.live() + PAGE_ROWS + 400  # one batch may overshoot
+        assert table.stored_slots() <= 2 * table.live() + PAGE_ROWS + 400
+        pages = sum(1 for _ in store.column("embpages").keys())
+        assert pages * PAGE_ROWS >= table.stored_slots()
+        written = np.flatnonzero(want_version)
+        again = MetaTable(store)
+        version, _, _ = again.get(np.arange(n))
+        np.testing.assert_array_equal(version, want_version)
+        rows, present = again.rows(np.arange(n), dim)
+        np.testing.assert_array_equal(present, want_version > 0)
+        np.testing.assert_array_equal(rows[written], want_rows[written])
+        assert again.stored_slots() == table.stored_slots() and again.live() == len(written)
+        assert sorted(iid for iid, _, _ in again.items()) == written.tolist()
+
+
+def test_legacy_per_node_records_decode() -> None:
+    head = keys.EMBMETA_HEAD.pack(7, 5.0)
+    assert decode_legacy_final(head + b"deleted") == (EmbeddingMeta(7, 5.0, "deleted"), None)  # layout 1
+    assert decode_legacy_final(head + bytes((4,)) + b"full") == (EmbeddingMeta(7, 5.0, "full"), None)
+    meta, row = decode_legacy_final(head + bytes((4,)) + b"full" + np.asarray([1.5, -2.0], dtype="<f4").tobytes())
+    assert meta == EmbeddingMeta(7, 5.0, "full") and row.tolist() == [1.5, -2.0]
 
 
 def test_outbox_record_round_trip() -> None:
