@@ -19,6 +19,7 @@ import gc
 import json
 import logging
 import math
+import operator
 import os
 import time
 from collections import defaultdict
@@ -316,6 +317,17 @@ def _or_reduce(chunks: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndar
     marks, flags = marks[order], flags[order]
     first = np.flatnonzero(np.concatenate(([True], marks[1:] != marks[:-1])))
     return marks[first], np.bitwise_or.reduceat(flags, first)
+
+
+def _padded_rows(flat: list[int], lengths: list[int], width: int) -> np.ndarray:
+    """A ``[len(lengths), width]`` matrix of consecutive runs of ``flat``, padded with -1."""
+    out = np.full((len(lengths), width), -1, dtype=np.int64)
+    if flat:
+        counts = np.asarray(lengths, dtype=np.int64)
+        row = np.repeat(np.arange(len(counts)), counts)
+        col = np.arange(len(flat)) - np.repeat(np.cumsum(counts) - counts, counts)
+        out[row, col] = np.asarray(flat, dtype=np.int64)
+    return out
 
 
 def _split(marks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -941,10 +953,13 @@ class GraphStore:
         # every node whose cached prefix may have changed: compare before and after, vectorised over nodes
         width = max((*self.fanouts, *(d.k for d in self._dense_samples.values())), default=0)
         changed: list[int] = []
-        before_rows: list[list[int]] = []
-        after_rows: list[list[int]] = []
+        before_ids: list[int] = []  # the first ``width`` neighbour ids of every changed prefix, flattened
+        after_ids: list[int] = []
+        before_len: list[int] = []
+        after_len: list[int] = []
         moved: list[tuple[int, int, int]] = []  # (v, degree before, degree after)
         nodes, tops, degree0 = self._nodes, self._top, batch.initial_degree
+        second = operator.itemgetter(1)
         for v, before_top in batch.initial_top.items():
             node = nodes.get(v)
             after_top = tops.get(v, []) if node is not None else []
@@ -952,14 +967,16 @@ class GraphStore:
             if degree0.get(v, 0) != deg_after:
                 moved.append((v, degree0.get(v, 0), deg_after))
             if before_top != after_top and width:
-                before = [u for _, u in before_top[:width]]
-                after = [u for _, u in after_top[:width]]
                 changed.append(v)
-                before_rows.append(before + [-1] * (width - len(before)))
-                after_rows.append(after + [-1] * (width - len(after)))
+                n = len(before_ids)
+                before_ids.extend(map(second, before_top[:width]))
+                before_len.append(len(before_ids) - n)
+                n = len(after_ids)
+                after_ids.extend(map(second, after_top[:width]))
+                after_len.append(len(after_ids) - n)
         ids = np.asarray(changed, dtype=np.int64)
-        before_m = np.asarray(before_rows, dtype=np.int64).reshape(len(changed), width)
-        after_m = np.asarray(after_rows, dtype=np.int64).reshape(len(changed), width)
+        before_m = _padded_rows(before_ids, before_len, width)
+        after_m = _padded_rows(after_ids, after_len, width)
         for d in self._dense_samples.values():  # write-through: the new S_k rows replace the old ones
             d.grow(self._next_iid)
             d.mat[ids] = after_m[:, :d.k]

@@ -443,7 +443,7 @@ class Engine:
             np.subtract(rows, old, out=old)  # ``get`` returns copies: the buffer is ours
             np.abs(old, out=old)
             diff = ~present | (old.max(axis=1, initial=0.0) > _ATOL)
-            moved, moved_rows = targets[diff], rows[diff]
+            moved, moved_rows = (targets, rows) if diff.all() else (targets[diff], rows[diff])
             self.tables.set(layer + 1, moved, moved_rows)
             self.tables.set(layer + 1, gone, None)
             if layer < self.num_layers - 1:  # final rows are written with their metadata
