@@ -259,6 +259,17 @@ class _DenseNodes:
             self.degree[iid], self.flags[iid], self.last_ts[iid] = node.degree, node.flags, node.last_ts
         self.known[iid] = True
 
+    def set_many(self, iids: Sequence[int], nodes: Sequence["_Node | None"]) -> None:
+        """:meth:`set` for many nodes with one numpy assignment per column."""
+        if not len(iids):
+            return
+        idx = np.fromiter(iids, dtype=np.int64, count=len(iids))
+        self.grow(int(idx.max()) + 1)
+        self.degree[idx] = [-1 if n is None else n.degree for n in nodes]
+        self.flags[idx] = [0 if n is None else n.flags for n in nodes]
+        self.last_ts[idx] = [0.0 if n is None else n.last_ts for n in nodes]
+        self.known[idx] = True
+
 
 _TAG_SHIFT = 48  # an in-memory mark is tag << 48 | iid
 
@@ -801,9 +812,8 @@ class GraphStore:
             raise
         finally:
             self._batch = None
-        dense = self._dense_nodes
-        for iid in batch.nodes:
-            dense.set(iid, self._nodes[iid])
+        touched = list(batch.nodes)
+        self._dense_nodes.set_many(touched, [self._nodes[iid] for iid in touched])
         if self._marks is not None and batch.marks is not None:
             self._marks.add(*batch.marks)
         for k, index in self._sampled.items():

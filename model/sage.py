@@ -82,8 +82,7 @@ class SAGELayer(nn.Module):
             ``self_count: [B]``, ``nbr_count: [E]`` -> ``[B, out_dim]``.
         """
         check_layer_inputs(type(self).__name__, self.in_dim, x_self, x_nbr, index, self_count, nbr_count)
-        mean = scatter_mean(x_nbr, index, self_count)
-        return self.lin_l(mean) + self.lin_r(x_self)
+        return self._combine(scatter_mean(x_nbr, index, self_count), x_self)
 
     def forward_indexed(
         self,
@@ -116,8 +115,13 @@ class SAGELayer(nn.Module):
             total = F.embedding_bag(nbr_rows, table, offsets, mode="sum")
         else:
             total = x_self.new_zeros(x_self.shape)
-        mean = total / self_count.clamp(min=1).to(x_self.dtype).unsqueeze(-1)
-        return self.lin_l(mean) + self.lin_r(x_self)
+        mean = total.div_(self_count.clamp(min=1).to(x_self.dtype).unsqueeze(-1))
+        return self._combine(mean, x_self)
+
+    def _combine(self, mean: Tensor, x_self: Tensor) -> Tensor:
+        """``lin_l(mean) + lin_r(x_self)`` as two accumulating matrix products (no temporary for the sum)."""
+        out = torch.addmm(self.lin_l.bias, mean, self.lin_l.weight.t())
+        return out.addmm_(x_self, self.lin_r.weight.t())
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.in_dim}, {self.out_dim})"
