@@ -330,6 +330,14 @@ def _or_reduce(chunks: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndar
     return marks[first], np.bitwise_or.reduceat(flags, first)
 
 
+def _sample_pairs(ids: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """The sorted ``u << 32 | v`` pairs of sample rows (``rows[i]`` holds ``S_k(ids[i])``, padded with -1)."""
+    valid = rows >= 0
+    pairs = (rows[valid] << _PAIR_BITS) | np.broadcast_to(ids[:, None], rows.shape)[valid]
+    pairs.sort()
+    return pairs
+
+
 def _padded_rows(flat: list[int], lengths: list[int], width: int) -> np.ndarray:
     """A ``[len(lengths), width]`` matrix of consecutive runs of ``flat``, padded with -1."""
     out = np.full((len(lengths), width), -1, dtype=np.int64)
@@ -1001,16 +1009,14 @@ class GraphStore:
             old, new = before_m[:, :k], after_m[:, :k]
             rows = (old != new).any(axis=1)
             ids_k, old, new = ids[rows], old[rows], new[rows]
-            removed = (old >= 0) & ~(old[:, :, None] == new[:, None, :]).any(axis=2)
-            added = (new >= 0) & ~(new[:, :, None] == old[:, None, :]).any(axis=2)
-            for mask, grid, sink, value in ((removed, old, batch.sampled_removed, None),
-                                            (added, new, batch.sampled_added, b"")):
-                u = grid[mask]
-                v = np.repeat(ids_k, mask.sum(axis=1))
-                rec = np.empty(len(u), dtype=_SAMPLED_KEY)
-                rec["k"], rec["u"], rec["v"] = k, u, v
+            old_pairs, new_pairs = _sample_pairs(ids_k, old), _sample_pairs(ids_k, new)
+            removed = old_pairs[~_member(new_pairs, old_pairs)]
+            added = new_pairs[~_member(old_pairs, new_pairs)]
+            for pairs, sink, value in ((removed, batch.sampled_removed, None), (added, batch.sampled_added, b"")):
+                rec = np.empty(len(pairs), dtype=_SAMPLED_KEY)
+                rec["k"], rec["u"], rec["v"] = k, pairs >> _PAIR_BITS, pairs & ((1 << _PAIR_BITS) - 1)
                 RowBlock("sampled", rec.tobytes(), _SAMPLED_KEY.itemsize, value).write_to(batch.wb, handle)
-                sink[k] = (u << _PAIR_BITS) | v
+                sink[k] = pairs
             counted = deg[np.minimum(deg[:, 1], k) != np.minimum(deg[:, 2], k), 0]
             result.sample_changed[k] = set(ids_k.tolist())
             result.count_changed[k] = set(counted.tolist())
