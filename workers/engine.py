@@ -258,6 +258,7 @@ class Engine:
             if progress:
                 progress(layer + 1)
         self._write_final(targets, h, publish=publish, stats=stats, event_ts=None, force=True)
+        self._commit(self.meta.compact())
         self.store.column("meta").put(b"model", self.binding.encode())
         self.store.write((), clear=("dirty",))
         stats.seconds = time.perf_counter() - t0
@@ -472,6 +473,7 @@ class Engine:
                 stats.deleted = len(gone)
                 self._outputs_for_deleted(gone, puts, publish, stats)
         self._write_final(final_iids, final_rows, publish=publish, stats=stats, event_ts=event_ts, force=False, puts=puts)
+        puts.extend(self.meta.compact())  # after the last encode of this WriteBatch
         waiting = [(np.full(len(nodes), DEFERRED_TAG + layer), nodes) for layer, nodes in new_deferred.items()]
         if sum(len(nodes) for _, nodes in waiting):
             tags, nodes = np.concatenate([t for t, _ in waiting]), np.concatenate([n for _, n in waiting])

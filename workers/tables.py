@@ -223,8 +223,9 @@ class MetaTable:
     node) and the metadata arrays are rebuilt from one scan of the log on
     first use. A page whose records were all superseded is deleted in the
     batch that supersedes the last one, and when superseded slots outnumber
-    live ones (plus ``gc_slack``), the sparsest pages' live records are moved
-    into new pages, so the log stays within about twice the live size.
+    live ones (plus ``gc_slack``), :meth:`compact` moves the sparsest pages'
+    live records into new pages, so the log stays within about twice the
+    live size.
 
     A node without stored metadata has version 0 and mode code -1.
 
@@ -257,6 +258,8 @@ class MetaTable:
         self._next_page = 0
         self._dim = 0  # width of the stored rows
         self._dead: list[int] = []
+        self._recent: set[int] = set()  # pages written since the last compact, and their records
+        self._recent_rows = 0
         self._loaded = False
 
     def code(self, mode: str) -> int:
@@ -340,44 +343,27 @@ class MetaTable:
             puts.append(("embpages", keys.encode_iid(seq), None))
         self._dead = []
         old = self.page[iids]
-        fresh = self._append(puts, iids, self.version[iids], self.event_ts[iids], self.mode[iids], rows)
+        self._append(puts, iids, self.version[iids], self.event_ts[iids], self.mode[iids], rows)
         self._release(old, puts)
-        self._collect(puts, fresh, budget=max(len(iids), PAGE_ROWS))
         return puts
 
-    def _append(self, puts: list, iids: np.ndarray, version: np.ndarray, event_ts: np.ndarray, codes: np.ndarray,
-                rows: np.ndarray | None) -> set[int]:
-        written = set()
-        if rows is not None:
-            self._dim = rows.shape[1]
-        for seq, ids, value in zip(itertools.count(self._next_page), *encode_pages(iids, version, event_ts, codes,
-                                                                                    self.names, rows)):
-            puts.append(("embpages", keys.encode_iid(seq), value))
-            self.page[ids], self.slot[ids], self.has_row[ids] = seq, np.arange(len(ids), dtype=np.int32), rows is not None
-            self._size[seq] = self._live[seq] = len(ids)
-            self._slots += len(ids)
-            self._next_page = seq + 1
-            written.add(seq)
-        return written
+    def compact(self) -> list[tuple[str, bytes, bytes | None]]:
+        """The log writes moving the live records of the sparsest pages into new pages, while superseded
+        slots exceed twice the live ones plus ``gc_slack``; at most as many records as were encoded since
+        the last call (at least a page's worth) move.
 
-    def _release(self, pages: np.ndarray, puts: list) -> None:
-        """Records of ``pages`` were superseded: delete the pages left without a current record."""
-        seqs, counts = _counts(pages[pages >= 0])
-        for seq, n in zip(seqs.tolist(), counts.tolist()):
-            left = self._live[seq] - n
-            if left:
-                self._live[seq] = left
-            else:
-                del self._live[seq]
-                self._slots -= self._size.pop(seq)
-                puts.append(("embpages", keys.encode_iid(seq), None))
-
-    def _collect(self, puts: list, keep: set[int], budget: int) -> None:
-        """Move the live records of the sparsest pages into new ones while superseded slots exceed the bound."""
+        Call it after the last :meth:`encode` of a WriteBatch: moved records
+        are written as held in memory (rows from :attr:`row_cache` where it
+        has them), so no node may have metadata set but not yet encoded.
+        """
+        self._load()
+        puts: list[tuple[str, bytes, bytes | None]] = []
+        recent, self._recent = self._recent, set()
+        budget, self._recent_rows = max(self._recent_rows, PAGE_ROWS), 0
         excess = self._slots - 2 * sum(self._live.values()) - self.gc_slack
         if excess <= 0:
-            return
-        order = sorted((live / self._size[seq], seq) for seq, live in self._live.items() if seq not in keep)
+            return puts
+        order = sorted((live / self._size[seq], seq) for seq, live in self._live.items() if seq not in recent)
         chosen, moved, freed = [], 0, 0
         for _, seq in order:
             if freed >= excess or moved + self._live[seq] > budget:
@@ -386,7 +372,7 @@ class MetaTable:
             moved += self._live[seq]
             freed += self._size[seq] - self._live[seq]
         if not chosen:
-            return
+            return puts
         ids = np.flatnonzero(np.isin(self.page, np.asarray(chosen, dtype=np.int64)))
         with_rows = self.has_row[ids]
         for has_rows in (False, True):  # the moved records fill new pages
@@ -405,6 +391,34 @@ class MetaTable:
             del self._live[seq]
             self._slots -= self._size.pop(seq)
             puts.append(("embpages", keys.encode_iid(seq), None))
+        self._recent, self._recent_rows = set(), 0
+        return puts
+
+    def _append(self, puts: list, iids: np.ndarray, version: np.ndarray, event_ts: np.ndarray, codes: np.ndarray,
+                rows: np.ndarray | None) -> None:
+        if rows is not None:
+            self._dim = rows.shape[1]
+        for seq, ids, value in zip(itertools.count(self._next_page), *encode_pages(iids, version, event_ts, codes,
+                                                                                    self.names, rows)):
+            puts.append(("embpages", keys.encode_iid(seq), value))
+            self.page[ids], self.slot[ids], self.has_row[ids] = seq, np.arange(len(ids), dtype=np.int32), rows is not None
+            self._size[seq] = self._live[seq] = len(ids)
+            self._slots += len(ids)
+            self._next_page = seq + 1
+            self._recent.add(seq)
+        self._recent_rows += len(iids)
+
+    def _release(self, pages: np.ndarray, puts: list) -> None:
+        """Records of ``pages`` were superseded: delete the pages left without a current record."""
+        seqs, counts = _counts(pages[pages >= 0])
+        for seq, n in zip(seqs.tolist(), counts.tolist()):
+            left = self._live[seq] - n
+            if left:
+                self._live[seq] = left
+            else:
+                del self._live[seq]
+                self._slots -= self._size.pop(seq)
+                puts.append(("embpages", keys.encode_iid(seq), None))
 
     # ------------------------------------------------------------------ reading rows
     def rows(self, iids: np.ndarray, dim: int) -> tuple[np.ndarray, np.ndarray]:

@@ -90,7 +90,7 @@ def test_the_log_stays_within_twice_the_live_records_and_reloads_to_the_same_sta
             want_version[ids] += 1
             want_rows[ids] = rng.standard_normal((len(ids), dim)).astype(np.float32)
             _set(table, ids, want_version[ids], np.full(len(ids), float(step)), ["full"] * len(ids))
-            store.write(table.encode(ids, want_rows[ids]))
+            store.write(table.encode(ids, want_rows[ids]) + table.compact())
             assert table.stored_slots() <= 2 * table.live() + PAGE_ROWS + 400  # one batch may overshoot
         assert table.stored_slots() <= 2 * table.live() + PAGE_ROWS + 400
         pages = sum(1 for _ in store.column("embpages").keys())
