@@ -14,7 +14,14 @@ Column families and layouts::
     feats     iid >Q                               -> float32[dim] (little-endian)
     edges     src iid >Q, dst iid >Q               -> weight >d, ts >d
     nbrs      v iid >Q, rank >Q, u id (utf-8)      -> u iid >Q
-    sampled   k >H, u iid >Q, v iid >Q             -> b""   (u is in S_k(v))
+    sampled   0xff 0xfe, k >H, chunk >I             -> snapshot of the sampled-by relation of fanout k:
+                                                      sorted u << 32 | v pairs (int64 little-endian),
+                                                      up to 2^20 a chunk (u is in S_k(v))
+              0xff 0xff, seq >Q                    -> the changes of one applied batch since the
+                                                      snapshot: (k <H, added u1, u << 32 | v <q) each,
+                                                      replayed in seq order when the index is loaded
+              k >H, u iid >Q, v iid >Q             -> b"" (the per-pair layout of older stores, moved
+                                                      into a snapshot when first loaded)
     offsets   topic (utf-8), 0x00, partition >I    -> next offset >q
     dirty     k >H, iid >Q                         -> flags >B  (k = fanout, 0 = input)
               0xff, block seq >Q                   -> packed marks: (k >H, iid >Q, flags >B) each
@@ -60,6 +67,11 @@ __all__ = [
     "EMBMETA_HEAD",
     "FLAG_HAS_FEATURES",
     "SAMPLED_KEY_RECORD",
+    "SAMPLED_DELTA_RECORD",
+    "SAMPLED_SNAPSHOT_PREFIX",
+    "SAMPLED_DELTA_PREFIX",
+    "sampled_snapshot_key",
+    "sampled_delta_key",
     "LAYER_KEY_RECORD",
 ]
 
@@ -72,6 +84,7 @@ U64 = struct.Struct(">Q")
 _QQ = struct.Struct(">QQ")
 _QQ_PREFIXED = struct.Struct(">HQQ")
 _HQ = struct.Struct(">HQ")
+_HI = struct.Struct(">HI")
 _BQ = struct.Struct(">BQ")
 _I32 = struct.Struct(">I")
 
@@ -82,6 +95,9 @@ FLAG_HAS_FEATURES = 1
 
 # The fixed-width keys as numpy records, to pack or unpack thousands at once.
 SAMPLED_KEY_RECORD = np.dtype([("k", ">u2"), ("u", ">u8"), ("v", ">u8")])
+SAMPLED_DELTA_RECORD = np.dtype([("k", "<u2"), ("added", "u1"), ("pair", "<i8")])
+SAMPLED_SNAPSHOT_PREFIX = b"\xff\xfe"
+SAMPLED_DELTA_PREFIX = b"\xff\xff"
 DIRTY_MARK_RECORD = np.dtype([("tag", ">u2"), ("iid", ">u8"), ("flags", "u1")])
 LAYER_KEY_RECORD = np.dtype([("layer", "u1"), ("iid", ">u8")])
 
@@ -122,6 +138,16 @@ def sampled_prefix(k: int, u: int) -> bytes:
 
 def sampled_key(k: int, u: int, v: int) -> bytes:
     return _QQ_PREFIXED.pack(k, u, v)
+
+
+def sampled_snapshot_key(k: int, chunk: int) -> bytes:
+    """Key of chunk ``chunk`` of the sampled-by snapshot of fanout ``k`` (8 bytes)."""
+    return SAMPLED_SNAPSHOT_PREFIX + _HI.pack(k, chunk)
+
+
+def sampled_delta_key(seq: int) -> bytes:
+    """Key of the sampled-by changes of one applied batch (10 bytes)."""
+    return SAMPLED_DELTA_PREFIX + U64.pack(seq)
 
 
 def decode_sampled_key(key: bytes) -> tuple[int, int, int]:

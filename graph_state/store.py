@@ -52,6 +52,10 @@ _MIN_TOP = 32
 _BLOCK_CACHE_BYTES = 256 << 20
 _PAIR_BITS = 32  # the in-memory sampled-by index packs (u, v) as u << 32 | v
 _SAMPLED_KEY = keys.SAMPLED_KEY_RECORD
+_SAMPLED_DELTA = keys.SAMPLED_DELTA_RECORD
+_SNAPSHOT_PAIRS = 1 << 20  # pairs per sampled-by snapshot record
+_MAX_INDEXED_IDS = 1 << (_PAIR_BITS - 1)  # u << 32 | v must stay a non-negative int64
+_FOLD_PAIRS = 1 << 20  # sampled-by changes replayed at load before they are folded into a new snapshot
 _F32_MAX = float(np.finfo(np.float32).max)
 
 
@@ -197,9 +201,12 @@ class _SampledIndex:
             new = added[~back]
             self.added = _merge(self.added, new[~_member(self.base, new) & ~_member(self.added, new)])
         if len(self.added) + len(self.removed) > max(self.compact_at, len(self.base) >> 5):
-            base = np.delete(self.base, np.searchsorted(self.base, self.removed))
-            self.base = _merge(base, self.added)
+            self.base = self.pairs()
             self.added, self.removed = self.base[:0], self.base[:0]
+
+    def pairs(self) -> np.ndarray:
+        """Every pair of the relation, sorted."""
+        return _merge(np.delete(self.base, np.searchsorted(self.base, self.removed)), self.added)
 
     def lookup(self, sources: np.ndarray, bound: int | None) -> tuple[np.ndarray, np.ndarray]:
         """``(v of every pair of sources with at most bound dependents, sources with more)``."""
@@ -330,6 +337,16 @@ def _or_reduce(chunks: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndar
     return marks[first], np.bitwise_or.reduceat(flags, first)
 
 
+def _pairs_of(chunks: list[np.ndarray] | None, legacy: list[bytes], k: int) -> np.ndarray:
+    """The stored sampled-by pairs of fanout ``k``: its snapshot, else its keys in the per-pair layout."""
+    if chunks:
+        return np.concatenate(chunks).astype(np.int64)
+    prefix = k.to_bytes(2, "big")
+    rec = np.frombuffer(b"".join(key for key in legacy if len(key) == _SAMPLED_KEY.itemsize and key[:2] == prefix),
+                        dtype=_SAMPLED_KEY)
+    return (rec["u"].astype(np.int64) << _PAIR_BITS) | rec["v"].astype(np.int64)  # keys sort as (u, v)
+
+
 def _sample_pairs(ids: np.ndarray, rows: np.ndarray) -> np.ndarray:
     """The sorted ``u << 32 | v`` pairs of sample rows (``rows[i]`` holds ``S_k(ids[i])``, padded with -1)."""
     valid = rows >= 0
@@ -407,6 +424,7 @@ class _Batch:
         self.nodes: set[int] = set()
         self.sampled_removed: dict[int, np.ndarray] = {}  # u << 32 | v pairs per fanout
         self.sampled_added: dict[int, np.ndarray] = {}
+        self.sampled_changes = 0  # records of the batch's sampled-by delta
 
     def put(self, cf: str, key: bytes, value: bytes) -> None:
         self.wb.put(key, value, self.handles[cf])
@@ -456,7 +474,9 @@ class GraphStore:
         self._nodes: dict[int, _Node | None] = {}
         self._top: dict[int, list[tuple[bytes, int]]] = {}
         self._samples: dict[int, dict[int, list[int]]] = {}  # memo of S_k as iids, dropped when the prefix changes
-        self._sampled: dict[int, _SampledIndex] = {}  # the sampled-by index in memory, built on first use
+        self._sampled: dict[int, _SampledIndex] = {}  # the sampled-by index in memory, loaded on first use
+        self._delta_seq: int | None = None  # key of the next batch's sampled-by changes
+        self._delta_pairs = 0  # sampled-by changes stored since the snapshot (known once the index is loaded)
         self._dense_samples: dict[int, _DenseSamples] = {}  # S_k of many nodes at once, for the engine
         self._dense_nodes = _DenseNodes()
         self._marks: _Marks | None = None  # mirror of the dirty family, loaded on first use
@@ -584,15 +604,19 @@ class GraphStore:
             self._top.clear()  # cached prefixes are shorter than the new largest fanout
         self._samples.clear()
         self._sampled.clear()
-        batch = _Batch(self._handles)
-        for i, iid in enumerate(self.node_iids()):
+        if self._next_iid > _MAX_INDEXED_IDS:
+            raise StoreConfigError(f"the sampled-by index holds at most {_MAX_INDEXED_IDS} nodes "
+                                   f"(this store has interned {self._next_iid})")
+        pairs: dict[int, list[int]] = {k: [] for k in ks}
+        for iid in self.node_iids():
             top = [u for _, u in self._top_of(iid)]
             for k in ks:
-                for u in top[:k]:
-                    batch.put("sampled", keys.sampled_key(k, u, iid), b"")
-            if i % 10_000 == 9_999:
-                self._db.write(batch.wb, self._write_opts)
-                batch = _Batch(self._handles)
+                pairs[k].extend((u << _PAIR_BITS) | iid for u in top[:k])
+            if len(self._top) > self._cache_nodes:
+                self._trim_caches()
+        self._sampled = {k: _SampledIndex(np.sort(np.asarray(p, dtype=np.int64))) for k, p in pairs.items()}
+        self._fold_sampled()  # the snapshot, written before the fanouts that make it current
+        batch = _Batch(self._handles)
         self._meta_put("fanouts", list(ks), batch)
         self._db.write(batch.wb, self._write_opts)
         self._trim_caches()
@@ -827,6 +851,11 @@ class GraphStore:
         for k, index in self._sampled.items():
             index.update(np.asarray(batch.sampled_removed.get(k, ()), dtype=np.int64),
                          np.asarray(batch.sampled_added.get(k, ()), dtype=np.int64))
+        if batch.sampled_changes:
+            self._delta_seq = (self._delta_seq or 0) + 1
+            self._delta_pairs += batch.sampled_changes
+            if self._sampled and self._delta_pairs > _FOLD_PAIRS:
+                self._fold_sampled()
         self._trim_caches()
         result.lap("caches", t)
         return result
@@ -1000,7 +1029,7 @@ class GraphStore:
             d.mat[ids] = after_m[:, :d.k]
             d.valid[ids] = True
         deg = np.asarray(moved, dtype=np.int64).reshape(len(moved), 3)
-        handle = self._handles["sampled"]
+        delta: list[np.ndarray] = []  # this batch's sampled-by changes: one record
         mark_parts: list[tuple[int, np.ndarray, int]] = [
             (0, np.fromiter(result.features_changed, np.int64, len(result.features_changed)), DIRTY_INPUT),
             (0, np.fromiter(result.degree_changed, np.int64, len(result.degree_changed)), DIRTY_DEGREE),
@@ -1012,10 +1041,10 @@ class GraphStore:
             old_pairs, new_pairs = _sample_pairs(ids_k, old), _sample_pairs(ids_k, new)
             removed = old_pairs[~_member(new_pairs, old_pairs)]
             added = new_pairs[~_member(old_pairs, new_pairs)]
-            for pairs, sink, value in ((removed, batch.sampled_removed, None), (added, batch.sampled_added, b"")):
-                rec = np.empty(len(pairs), dtype=_SAMPLED_KEY)
-                rec["k"], rec["u"], rec["v"] = k, pairs >> _PAIR_BITS, pairs & ((1 << _PAIR_BITS) - 1)
-                RowBlock("sampled", rec.tobytes(), _SAMPLED_KEY.itemsize, value).write_to(batch.wb, handle)
+            for pairs, sink, flag in ((removed, batch.sampled_removed, 0), (added, batch.sampled_added, 1)):
+                rec = np.empty(len(pairs), dtype=_SAMPLED_DELTA)
+                rec["k"], rec["added"], rec["pair"] = k, flag, pairs
+                delta.append(rec)
                 sink[k] = pairs
             counted = deg[np.minimum(deg[:, 1], k) != np.minimum(deg[:, 2], k), 0]
             result.sample_changed[k] = set(ids_k.tolist())
@@ -1023,6 +1052,13 @@ class GraphStore:
             mark_parts += [(k, ids_k, DIRTY_SAMPLE), (k, counted, DIRTY_COUNT)]
         if not self.fanouts:
             return
+        changes = np.concatenate(delta)
+        if len(changes):
+            if self._next_iid > _MAX_INDEXED_IDS:
+                raise StoreConfigError(f"the sampled-by index holds at most {_MAX_INDEXED_IDS} nodes "
+                                       f"(this store has interned {self._next_iid})")
+            batch.put("sampled", keys.sampled_delta_key(self._next_delta()), changes.tobytes())
+            batch.sampled_changes = len(changes)
         marks, flags = _or_reduce([(_combine(np.full(len(a), t), a), np.full(len(a), f, dtype=np.uint8))
                                    for t, a, f in mark_parts])
         if len(marks):  # one packed block: flags of marks already stored are OR-combined when read
@@ -1042,6 +1078,7 @@ class GraphStore:
         self._top.clear()
         self._samples.clear()
         self._sampled.clear()
+        self._delta_seq, self._delta_pairs = None, 0
         self._dense_samples.clear()
         self._dense_nodes = _DenseNodes()
         self._marks = None
@@ -1145,19 +1182,67 @@ class GraphStore:
                 dense.valid[missing] = True
         return dense.mat[iids]
 
+    def _next_delta(self) -> int:
+        """The key number for the next batch's sampled-by changes (one past the newest stored)."""
+        if self._delta_seq is None:
+            it = self._cf["sampled"].iter()
+            it.seek_for_prev(keys.SAMPLED_DELTA_PREFIX + b"\xff" * 8)
+            last = it.key() if it.valid() else None
+            del it
+            self._delta_seq = (keys.decode_iid(last[2:]) + 1
+                               if last is not None and len(last) == 10 and last.startswith(keys.SAMPLED_DELTA_PREFIX) else 0)
+        return self._delta_seq
+
     def _sampled_index(self, k: int) -> _SampledIndex | None:
-        index = self._sampled.get(k)
-        if index is None and k in self.fanouts and self._next_iid < (1 << (_PAIR_BITS - 1)):
-            prefix = keys.sampled_prefix(k, 0)[:2]
-            raw = []
-            for key in self._cf["sampled"].keys(from_key=prefix):
-                if not key.startswith(prefix):
-                    break
-                raw.append(key)
-            rec = np.frombuffer(b"".join(raw), dtype=_SAMPLED_KEY)
-            pairs = (rec["u"].astype(np.int64) << _PAIR_BITS) | rec["v"].astype(np.int64)
-            index = self._sampled[k] = _SampledIndex(pairs)  # keys sort as (u, v): already in order
-        return index
+        """The in-memory sampled-by index of fanout ``k`` (None when ``k`` is not one of the fanouts).
+
+        The first call loads every fanout's index: the snapshot, then the
+        stored changes of each batch since, in order. A store with the
+        per-pair layout of older versions, or with more changes than
+        :data:`_FOLD_PAIRS` waiting, gets a new snapshot at once.
+        """
+        if k not in self.fanouts:
+            return None
+        if not self._sampled:
+            self._load_sampled()
+        return self._sampled[k]
+
+    def _load_sampled(self) -> None:
+        snapshot: dict[int, list[np.ndarray]] = defaultdict(list)
+        legacy: list[bytes] = []
+        indexes: dict[int, _SampledIndex] = {}
+        seq, pending = -1, 0
+        for key, value in self._cf["sampled"].items():
+            if len(key) == 8 and key.startswith(keys.SAMPLED_SNAPSHOT_PREFIX):
+                snapshot[int.from_bytes(key[2:4], "big")].append(np.frombuffer(value, dtype="<i8"))
+            elif len(key) == 10 and key.startswith(keys.SAMPLED_DELTA_PREFIX):
+                if not indexes:
+                    indexes = {k: _SampledIndex(_pairs_of(snapshot.get(k), legacy, k)) for k in self.fanouts}
+                rec = np.frombuffer(value, dtype=_SAMPLED_DELTA)
+                for k, index in indexes.items():
+                    mine = rec[rec["k"] == k]
+                    index.update(mine["pair"][mine["added"] == 0], mine["pair"][mine["added"] == 1])
+                seq, pending = keys.decode_iid(key[2:]), pending + len(rec)
+            else:
+                legacy.append(key)
+        if not indexes:
+            indexes = {k: _SampledIndex(_pairs_of(snapshot.get(k), legacy, k)) for k in self.fanouts}
+        self._sampled = indexes
+        self._delta_seq, self._delta_pairs = seq + 1, pending
+        if legacy or pending > _FOLD_PAIRS:
+            self._fold_sampled()
+
+    def _fold_sampled(self) -> None:
+        """Replace the stored sampled-by relation with a snapshot of the in-memory one (one WriteBatch)."""
+        wb = WriteBatch(raw_mode=True)
+        handle = self._handles["sampled"]
+        wb.delete_range(b"", b"\xff" * 20, handle)
+        for k, index in self._sampled.items():
+            pairs = index.pairs().astype("<i8")
+            for chunk, start in enumerate(range(0, len(pairs), _SNAPSHOT_PAIRS)):
+                wb.put(keys.sampled_snapshot_key(k, chunk), pairs[start:start + _SNAPSHOT_PAIRS].tobytes(), handle)
+        self._db.write(wb, self._write_opts)
+        self._delta_pairs = 0
 
     def sampled_by(self, k: int, u: int, limit: int | None = None) -> list[int]:
         """Nodes ``v`` with ``u`` in ``S_k(v)`` in id order (k must be one of the store's fanouts).
@@ -1177,27 +1262,9 @@ class GraphStore:
         """
         sources = np.asarray(sources, dtype=np.int64)
         index = self._sampled_index(k)
-        if index is None:  # a fanout the store does not index, or ids too large to pack
-            deps, over = [], []
-            for u in sources.tolist():
-                got = self._scan_sampled(k, u, None if bound is None else bound + 1)
-                (over.append(u) if bound is not None and len(got) > bound else deps.extend(got))
-            return np.asarray(deps, dtype=np.int64), np.asarray(over, dtype=np.int64)
+        if index is None:  # not one of the store's fanouts: no sample of that size is kept
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
         return index.lookup(sources, bound)
-
-    def _scan_sampled(self, k: int, u: int, limit: int | None) -> list[int]:
-        prefix = keys.sampled_prefix(k, u)
-        out: list[int] = []
-        it = self._cf["sampled"].iter()
-        it.seek(prefix)
-        while it.valid() and (limit is None or len(out) < limit):
-            key = it.key()
-            if not key.startswith(prefix):
-                break
-            out.append(keys.decode_sampled_key(key)[2])
-            it.next()
-        del it
-        return out
 
     def feature_rows(self, iids: Sequence[int], dim: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Features of ``iids`` as a float32 matrix and a has-features mask (zeros where absent).
