@@ -52,9 +52,7 @@ __all__ = [
     "nbr_prefix",
     "nbr_key",
     "decode_nbr_key",
-    "sampled_prefix",
     "sampled_key",
-    "decode_sampled_key",
     "offset_key",
     "decode_offset_key",
     "layer_key",
@@ -132,10 +130,6 @@ def decode_nbr_key(key: bytes) -> tuple[int, int, str]:
     return v, rank, key[16:].decode()
 
 
-def sampled_prefix(k: int, u: int) -> bytes:
-    return _HQ.pack(k, u)
-
-
 def sampled_key(k: int, u: int, v: int) -> bytes:
     return _QQ_PREFIXED.pack(k, u, v)
 
@@ -148,10 +142,6 @@ def sampled_snapshot_key(k: int, chunk: int) -> bytes:
 def sampled_delta_key(seq: int) -> bytes:
     """Key of the sampled-by changes of one applied batch (10 bytes)."""
     return SAMPLED_DELTA_PREFIX + U64.pack(seq)
-
-
-def decode_sampled_key(key: bytes) -> tuple[int, int, int]:
-    return _QQ_PREFIXED.unpack(key)
 
 
 def offset_key(topic: str, partition: int) -> bytes:
