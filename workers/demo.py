@@ -127,21 +127,30 @@ def run_demo(data: Path, out: Path, *, rate: float, limit: int = 0, epochs: int 
         scorer = FraudScorer(broker.bootstrap, model_dir, in_topic=settings.output_topic)
         summary: dict[str, Any] = {}
         produced: dict[str, Any] = {}
+        # the scorer runs until it has read what the worker published (an idle limit alone could end it
+        # before the worker's first publish when the worker starts slowly)
         threads = [
             threading.Thread(target=lambda: summary.update(worker.run(max_idle_s=5.0)), name="worker"),
-            threading.Thread(target=lambda: scorer.run(max_idle_s=8.0), name="scorer"),
+            threading.Thread(target=scorer.run, name="scorer"),
         ]
         t0 = time.perf_counter()
         for t in threads:
             t.start()
         produced.update(produce_file(broker.bootstrap, str(data), fmt="snap", limit=limit, rate=rate,
                                      partitions=settings.partitions, topic=settings.events_topic))
+        read, since = -1, time.monotonic()
         while any(t.is_alive() for t in threads):
             threads[0].join(2.0)
             h = worker.health
             print(f"\rworker: {h.applied:,}/{produced['produced']:,} events applied, {h.published:,} embeddings "
                   f"published, scorer: {scorer.scored:,} scored", end="", file=sys.stderr)
-            if not threads[0].is_alive():
+            if threads[0].is_alive():
+                continue
+            time.sleep(0.5)
+            if scorer.scored + scorer.deleted != read:
+                read, since = scorer.scored + scorer.deleted, time.monotonic()
+            if read >= h.published or time.monotonic() - since > 30.0:
+                scorer.stop()
                 threads[1].join()
         print(file=sys.stderr)
         seconds = time.perf_counter() - t0
