@@ -553,8 +553,13 @@ def test_the_page_log_compacts_during_a_stream_and_stays_exact(model_dirs: dict[
         engine.meta.gc_slack = 0
         store.apply(_random_graph_events(300, 900, seed=6))
         engine.recompute()
+        deleted: set[str] = set()
         for step in range(25):
-            store.apply([EdgeUpsert(f"v{rnd.randrange(300)}", f"v{rnd.randrange(300)}", 100 + step) for _ in range(20)])
+            events = [EdgeUpsert(f"v{rnd.randrange(300)}", f"v{rnd.randrange(300)}", 100 + step) for _ in range(20)]
+            gone = f"v{rnd.randrange(300)}"  # withdrawn records (pages without rows) move too
+            events.append(NodeDelete(gone, 100 + step))
+            deleted = (deleted - {e.src for e in events[:-1]} - {e.dst for e in events[:-1]}) | {gone}
+            store.apply(events)
             engine.recompute()
             assert engine.meta.stored_slots() <= 2 * engine.meta.live() + 300
         slots = engine.meta.stored_slots()
@@ -564,6 +569,8 @@ def test_the_page_log_compacts_during_a_stream_and_stays_exact(model_dirs: dict[
         assert engine.meta.stored_slots() == slots
         assert_embeddings_close(_final_stored(engine), _from_scratch(engine))
         assert set(_metas(store)) == {store.name(i) for i in store.node_iids()}
+        floors = {store.name(i): m for i, m, row in MetaTable(store).items() if m.mode == "deleted" and row is None}
+        assert deleted <= set(floors) and all(m.version > 1 for m in floors.values())
 
 
 def test_recreated_node_versions_keep_increasing(model_dirs: dict[str, Path], tmp_path: Path) -> None:

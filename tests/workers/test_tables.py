@@ -120,3 +120,35 @@ def test_outbox_record_round_trip() -> None:
     assert computed_at == 1234.5
     np.testing.assert_array_equal(back, iids)
     assert decode_outbox(encode_outbox(np.zeros(0, dtype=np.int64), 1.0))[1].tolist() == []
+
+
+def test_compaction_moves_withdrawn_records_into_pages_without_rows(tmp_path) -> None:
+    with GraphStore(tmp_path / "s") as store:
+        table = MetaTable(store, gc_slack=0)
+        ids = np.arange(1000, dtype=np.int64)
+        _set(table, ids, np.full(1000, 3), np.full(1000, 1.0), ["deleted"] * 1000)
+        store.write(table.encode(ids, None))  # withdrawn: pages without rows
+        want = np.zeros((1000, 2), dtype=np.float32)
+        version = np.full(1000, 3)
+        for back in (ids[ids % 10 != 0], ids[(ids % 10 != 0) & (ids % 100 >= 10)]):  # 90 %, then 90 % of those
+            version[back] += 1
+            want[back] = np.random.default_rng(len(back)).standard_normal((len(back), 2)).astype(np.float32)
+            _set(table, back, version[back], np.full(len(back), 2.0), ["full"] * len(back))
+            puts = table.encode(back, want[back])
+            superseded = table.stored_slots() - table.live()
+            moves = table.compact()  # as the engine does: after the last encode of a WriteBatch
+            store.write(puts + moves)
+        assert superseded > table.live() == 1000  # the second round left more superseded records than live ones
+        kinds = {decode_page(value)[2] for _, _, value in moves if value is not None}
+        assert kinds == {False, True}  # withdrawn records and rows both moved to new pages
+        assert table.stored_slots() <= 2 * table.live()
+        again = MetaTable(store)
+        items = {iid: (meta, row) for iid, meta, row in again.items()}
+        withdrawn = set(ids[ids % 10 == 0].tolist())
+        assert {iid for iid, (_, row) in items.items() if row is None} == withdrawn
+        assert all(items[i][0] == EmbeddingMeta(3, 1.0, "deleted") for i in withdrawn)
+        back = ids[ids % 10 != 0]
+        got, present = again.rows(back, 2)
+        assert present.all()
+        np.testing.assert_array_equal(got, want[back])
+        np.testing.assert_array_equal(again.get(back)[0], version[back])
