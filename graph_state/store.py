@@ -604,9 +604,7 @@ class GraphStore:
             self._top.clear()  # cached prefixes are shorter than the new largest fanout
         self._samples.clear()
         self._sampled.clear()
-        if self._next_iid > _MAX_INDEXED_IDS:
-            raise StoreConfigError(f"the sampled-by index holds at most {_MAX_INDEXED_IDS} nodes "
-                                   f"(this store has interned {self._next_iid})")
+        self._check_indexable()
         pairs: dict[int, list[int]] = {k: [] for k in ks}
         for iid in self.node_iids():
             top = [u for _, u in self._top_of(iid)]
@@ -1054,9 +1052,7 @@ class GraphStore:
             return
         changes = np.concatenate(delta)
         if len(changes):
-            if self._next_iid > _MAX_INDEXED_IDS:
-                raise StoreConfigError(f"the sampled-by index holds at most {_MAX_INDEXED_IDS} nodes "
-                                       f"(this store has interned {self._next_iid})")
+            self._check_indexable()
             batch.put("sampled", keys.sampled_delta_key(self._next_delta()), changes.tobytes())
             batch.sampled_changes = len(changes)
         marks, flags = _or_reduce([(_combine(np.full(len(a), t), a), np.full(len(a), f, dtype=np.uint8))
@@ -1182,6 +1178,11 @@ class GraphStore:
                 dense.valid[missing] = True
         return dense.mat[iids]
 
+    def _check_indexable(self) -> None:
+        if self._next_iid > _MAX_INDEXED_IDS:
+            raise StoreConfigError(f"the sampled-by index holds at most {_MAX_INDEXED_IDS} nodes "
+                                   f"(this store has interned {self._next_iid})")
+
     def _next_delta(self) -> int:
         """The key number for the next batch's sampled-by changes (one past the newest stored)."""
         if self._delta_seq is None:
@@ -1210,23 +1211,22 @@ class GraphStore:
     def _load_sampled(self) -> None:
         snapshot: dict[int, list[np.ndarray]] = defaultdict(list)
         legacy: list[bytes] = []
-        indexes: dict[int, _SampledIndex] = {}
-        seq, pending = -1, 0
+        deltas: list[np.ndarray] = []  # in key order, which is batch order
+        seq = -1
         for key, value in self._cf["sampled"].items():
             if len(key) == 8 and key.startswith(keys.SAMPLED_SNAPSHOT_PREFIX):
                 snapshot[int.from_bytes(key[2:4], "big")].append(np.frombuffer(value, dtype="<i8"))
             elif len(key) == 10 and key.startswith(keys.SAMPLED_DELTA_PREFIX):
-                if not indexes:
-                    indexes = {k: _SampledIndex(_pairs_of(snapshot.get(k), legacy, k)) for k in self.fanouts}
-                rec = np.frombuffer(value, dtype=_SAMPLED_DELTA)
-                for k, index in indexes.items():
-                    mine = rec[rec["k"] == k]
-                    index.update(mine["pair"][mine["added"] == 0], mine["pair"][mine["added"] == 1])
-                seq, pending = keys.decode_iid(key[2:]), pending + len(rec)
+                deltas.append(np.frombuffer(value, dtype=_SAMPLED_DELTA))
+                seq = keys.decode_iid(key[2:])
             else:
                 legacy.append(key)
-        if not indexes:
-            indexes = {k: _SampledIndex(_pairs_of(snapshot.get(k), legacy, k)) for k in self.fanouts}
+        indexes = {k: _SampledIndex(_pairs_of(snapshot.get(k), legacy, k)) for k in self.fanouts}
+        for rec in deltas:
+            for k, index in indexes.items():
+                mine = rec[rec["k"] == k]
+                index.update(mine["pair"][mine["added"] == 0], mine["pair"][mine["added"] == 1])
+        pending = sum(len(rec) for rec in deltas)
         self._sampled = indexes
         self._delta_seq, self._delta_pairs = seq + 1, pending
         if legacy or pending > _FOLD_PAIRS:

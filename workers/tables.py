@@ -18,7 +18,7 @@ import numpy as np
 
 from graph_state import keys
 from graph_state.idsets import unique_ids
-from graph_state.store import GraphStore, RowBlock, grow_columns
+from graph_state.store import GraphStore, grow_columns
 
 __all__ = ["EmbeddingTables", "MetaTable", "EmbeddingMeta", "decode_legacy_final", "read_final_rows", "encode_pages",
            "decode_page", "PAGE_ROWS", "OutboxEntry", "encode_outbox", "decode_outbox"]
