@@ -490,13 +490,15 @@ class Engine:
     def _commit(self, puts: list, clear: tuple[str, ...] = ()) -> int:
         """Write ``puts`` in one WriteBatch; if that fails, forget what the caches took from them."""
         try:
-            return self.store.write(puts, clear=clear)
+            written = self.store.write(puts, clear=clear)
         except BaseException:
             self.tables.clear()
             self.meta.clear()  # its page index already points at the pages that were not written
             raw = self.store.column("meta").get(_OUTBOX_SEQ)
             self._seq = 0 if raw is None else keys.decode_iid(raw)
             raise
+        self.meta.committed()  # frames of the pages this batch deleted may now be reused
+        return written
 
     @staticmethod
     def _row_puts(layer: int, iids: np.ndarray, rows: np.ndarray | None) -> list[RowBlock]:

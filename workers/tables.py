@@ -8,8 +8,9 @@ past ``max_rows`` nodes it is dropped and rebuilt lazily from RocksDB.
 
 from __future__ import annotations
 
-import itertools
+import heapq
 import logging
+import os
 import struct
 from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
@@ -29,8 +30,10 @@ _LEGACY_HEAD = keys.EMBMETA_HEAD  # version, event_ts; then the mode (layout 1) 
 _OUTBOX = struct.Struct(">BId")  # format, count, computed_at
 _OUTBOX_FORMAT = 3
 _PAGE_HEAD = struct.Struct(">BBIHB")  # format, has rows, count, row width, number of modes
-_PAGE_FORMAT = 1
-PAGE_ROWS = 128  # records per page of the final-embedding log (about 66 KB at 128 dims)
+_INLINE_FORMAT = 1  # rows inside the record (read from older stores, no longer written)
+_PAGE_FORMAT = 2  # rows in a frame of the row file, the record names the frame
+_FRAME = struct.Struct(">Q")
+PAGE_ROWS = 128  # records per page of the final-embedding log (64 KB of rows at 128 dims)
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,15 +220,29 @@ class MetaTable:
     A recompute changes the final embedding of tens of thousands of nodes;
     one RocksDB record per node made the write cost about 2 µs a node. The
     final rows are therefore stored in *pages* (``embpages``: page sequence
-    number -> up to :data:`PAGE_ROWS` records of iid, version, event time,
-    mode and row), written in the recompute's WriteBatch. The newest page
-    holding a node is its current state; an in-memory index (page, slot per
-    node) and the metadata arrays are rebuilt from one scan of the log on
-    first use. A page whose records were all superseded is deleted in the
-    batch that supersedes the last one, and when superseded slots outnumber
-    live ones (plus ``gc_slack``), :meth:`compact` moves the sparsest pages'
-    live records into new pages, so the log stays within about twice the
-    live size.
+    number -> up to :data:`PAGE_ROWS` records of iid, version, event time
+    and mode, and the frame holding their rows), written in the recompute's
+    WriteBatch. The newest page holding a node is its current state; an
+    in-memory index (page, slot per node) and the metadata arrays are
+    rebuilt from one scan of the log on first use. A page whose records
+    were all superseded is deleted in the batch that supersedes the last
+    one, and when superseded slots outnumber live ones (plus ``gc_slack``),
+    :meth:`compact` moves the sparsest pages' live records into new pages,
+    so the log stays within about twice the live size.
+
+    The rows of a page sit in a fixed-size *frame* of the row file
+    (``final-rows-<width>.f32`` in the store's directory), not in RocksDB:
+    they are most of a recompute's bytes, and RocksDB checksums every byte
+    of its log, flushes and compactions in software. A frame is written
+    (into the OS page cache, like RocksDB's log) before the WriteBatch
+    that points a page at it, and only while no stored page points at it:
+    a new frame, or one whose page's deletion has been written (the caller
+    reports each written batch with :meth:`committed`). A process killed
+    at any moment therefore leaves every stored page pointing at the rows
+    it was written with, and frames written for a batch that never landed
+    are free again on the next load. Records of older stores with their
+    rows inline are still read, and move to frames as compaction reaches
+    them.
 
     A node without stored metadata has version 0 and mode code -1.
 
@@ -258,6 +275,8 @@ class MetaTable:
         self._next_page = 0
         self._dim = 0  # width of the stored rows
         self._dead: list[int] = []
+        self._frame_of: dict[int, tuple[int, int]] = {}  # page -> (row width, frame) of pages with framed rows
+        self._files: dict[int, _FrameFile] = {}  # by row width
         self._recent: set[int] = set()  # pages written since the last compact, and their records
         self._recent_rows = 0
         self._loaded = False
@@ -288,7 +307,9 @@ class MetaTable:
             self._size[seq] = len(ids)
             self._slots += len(ids)
             if has_rows:
-                self._dim = rec["row"].shape[1]
+                self._dim = int(rec["width"])
+                if "frame" in rec:
+                    self._frame_of[seq] = (self._dim, int(rec["frame"]))
             self._next_page = seq + 1
             if not len(ids):
                 continue
@@ -299,6 +320,30 @@ class MetaTable:
         seqs, counts = _counts(self.page[self.page >= 0])
         self._live = dict(zip(seqs.tolist(), counts.tolist()))
         self._dead = [seq for seq in self._size if seq not in self._live]  # deleted with the next write
+        used: dict[int, list[int]] = {}
+        for width, frame in self._frame_of.values():
+            used.setdefault(width, []).append(frame)
+        for width, frames in used.items():
+            self._file(width).start(frames)
+
+    def _file(self, width: int) -> "_FrameFile":
+        file = self._files.get(width)
+        if file is None:
+            file = self._files[width] = _FrameFile(os.path.join(self.store.path, f"final-rows-{width}.f32"), width)
+        return file
+
+    def _drop_page(self, seq: int, puts: list) -> None:
+        """Delete a stored page; its frame is free once that deletion is written."""
+        self._slots -= self._size.pop(seq)
+        puts.append(("embpages", keys.encode_iid(seq), None))
+        framed = self._frame_of.pop(seq, None)
+        if framed is not None:
+            self._file(framed[0]).release(framed[1])
+
+    def committed(self) -> None:
+        """The writes returned so far are stored: frames of the pages they deleted may be reused."""
+        for file in self._files.values():
+            file.committed()
 
     def live(self) -> int:
         """Nodes with stored metadata (withdrawn ones included)."""
@@ -339,8 +384,7 @@ class MetaTable:
         if not len(iids):
             return puts
         for seq in self._dead:
-            self._slots -= self._size.pop(seq)
-            puts.append(("embpages", keys.encode_iid(seq), None))
+            self._drop_page(seq, puts)
         self._dead = []
         old = self.page[iids]
         self._append(puts, iids, self.version[iids], self.event_ts[iids], self.mode[iids], rows)
@@ -389,18 +433,23 @@ class MetaTable:
             self._append(puts, part, self.version[part], self.event_ts[part], self.mode[part], rows)
         for seq in chosen:
             del self._live[seq]
-            self._slots -= self._size.pop(seq)
-            puts.append(("embpages", keys.encode_iid(seq), None))
+            self._drop_page(seq, puts)
         self._recent, self._recent_rows = set(), 0
         return puts
 
     def _append(self, puts: list, iids: np.ndarray, version: np.ndarray, event_ts: np.ndarray, codes: np.ndarray,
                 rows: np.ndarray | None) -> None:
+        frames = None
         if rows is not None:
             self._dim = rows.shape[1]
-        for seq, ids, value in zip(itertools.count(self._next_page), *encode_pages(iids, version, event_ts, codes,
-                                                                                    self.names, rows)):
+            frames = self._file(self._dim).write(np.ascontiguousarray(rows, dtype="<f4"))
+        first = self._next_page
+        for n, (ids, value) in enumerate(zip(*encode_pages(iids, version, event_ts, codes, self.names,
+                                                           0 if rows is None else self._dim, frames))):
+            seq = first + n
             puts.append(("embpages", keys.encode_iid(seq), value))
+            if frames is not None:
+                self._frame_of[seq] = (self._dim, frames[n])
             self.page[ids], self.slot[ids], self.has_row[ids] = seq, np.arange(len(ids), dtype=np.int32), rows is not None
             self._size[seq] = self._live[seq] = len(ids)
             self._slots += len(ids)
@@ -417,8 +466,7 @@ class MetaTable:
                 self._live[seq] = left
             else:
                 del self._live[seq]
-                self._slots -= self._size.pop(seq)
-                puts.append(("embpages", keys.encode_iid(seq), None))
+                self._drop_page(seq, puts)
 
     # ------------------------------------------------------------------ reading rows
     def rows(self, iids: np.ndarray, dim: int) -> tuple[np.ndarray, np.ndarray]:
@@ -437,26 +485,115 @@ class MetaTable:
         bounds = np.searchsorted(sorted_pages, seqs, side="left")
         ends = np.searchsorted(sorted_pages, seqs, side="right")
         raws = self.store.column("embpages").get([keys.encode_iid(s) for s in seqs.tolist()])
-        for lo, hi, raw in zip(bounds.tolist(), ends.tolist(), raws):
-            rec, _, has_rows = decode_page(raw)
-            if has_rows:
-                at = order[lo:hi]
-                out[at] = rec["row"][self.slot[iids[at]]]
-                present[at] = True
+        with _Readers() as files:
+            for lo, hi, raw in zip(bounds.tolist(), ends.tolist(), raws):
+                rec, _, has_rows = decode_page(raw)
+                if has_rows:
+                    at = order[lo:hi]
+                    out[at] = self._page_rows(rec, files)[self.slot[iids[at]]]
+                    present[at] = True
         return out, present
+
+    def _page_rows(self, rec: dict[str, np.ndarray], files: "_Readers") -> np.ndarray:
+        """The rows of a decoded page with rows (read from its frame, the file opened once per ``files``)."""
+        if "row" in rec:
+            return rec["row"]
+        return self._file(int(rec["width"])).read(int(rec["frame"]), len(rec["iid"]), files)
 
     def items(self) -> Iterator[tuple[int, EmbeddingMeta, np.ndarray | None]]:
         """Every stored node in page order: ``(iid, metadata, final row or None once withdrawn)``."""
         self._load()
-        for key, raw in self.store.column("embpages").items():
-            seq = keys.decode_iid(key)
-            if seq not in self._live:
-                continue
-            rec, modes, has_rows = decode_page(raw)
-            ids = rec["iid"].astype(np.int64)
-            for slot in np.flatnonzero((self.page[ids] == seq) & (self.slot[ids] == np.arange(len(ids)))).tolist():
-                meta = EmbeddingMeta(int(rec["version"][slot]), float(rec["event_ts"][slot]), modes[int(rec["mode"][slot])])
-                yield int(ids[slot]), meta, (rec["row"][slot].copy() if has_rows else None)
+        with _Readers() as files:
+            for key, raw in self.store.column("embpages").items():
+                seq = keys.decode_iid(key)
+                if seq not in self._live:
+                    continue
+                rec, modes, has_rows = decode_page(raw)
+                ids = rec["iid"].astype(np.int64)
+                rows = self._page_rows(rec, files) if has_rows else None
+                for slot in np.flatnonzero((self.page[ids] == seq) & (self.slot[ids] == np.arange(len(ids)))).tolist():
+                    meta = EmbeddingMeta(int(rec["version"][slot]), float(rec["event_ts"][slot]),
+                                         modes[int(rec["mode"][slot])])
+                    yield int(ids[slot]), meta, (rows[slot].copy() if rows is not None else None)
+
+
+class _Readers:
+    """Read-only descriptors of row files, each opened on first use; all closed on exit."""
+
+    def __init__(self) -> None:
+        self._fds: dict[str, int] = {}
+
+    def fd(self, path: str) -> int:
+        fd = self._fds.get(path)
+        if fd is None:
+            fd = self._fds[path] = os.open(path, os.O_RDONLY)
+        return fd
+
+    def __enter__(self) -> "_Readers":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+
+
+class _FrameFile:
+    """Fixed-size frames of float32 rows (:data:`PAGE_ROWS` rows of one width) in one file.
+
+    Frames are handed out lowest first among the free ones, so the file
+    stays about as large as the pages that point into it. Which frames are
+    in use is known from the page records alone (:meth:`start`).
+    """
+
+    def __init__(self, path: str, width: int):
+        self.path = path
+        self.row_bytes = width * 4
+        self.frame_bytes = PAGE_ROWS * self.row_bytes
+        self._free: list[int] = []  # a heap
+        self._pending: list[int] = []  # released by writes not yet reported stored
+        self._next = 0
+
+    def start(self, used: list[int]) -> None:
+        """The frames stored pages point at; every other one below the highest is free."""
+        self._next = max(used) + 1 if used else 0
+        taken = np.zeros(self._next, dtype=bool)
+        taken[used] = True
+        self._free = np.flatnonzero(~taken).tolist()  # ascending: already a heap
+        self._pending = []
+
+    def release(self, frame: int) -> None:
+        self._pending.append(frame)
+
+    def committed(self) -> None:
+        for frame in self._pending:
+            heapq.heappush(self._free, frame)
+        self._pending = []
+
+    def write(self, rows: np.ndarray) -> list[int]:
+        """Store ``rows`` (C-contiguous ``<f4``) :data:`PAGE_ROWS` to a frame; return the frames used."""
+        frames = []
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            for start in range(0, len(rows), PAGE_ROWS):
+                frame = heapq.heappop(self._free) if self._free else self._next
+                if frame == self._next:
+                    self._next += 1
+                data = memoryview(rows[start:start + PAGE_ROWS]).cast("B")
+                offset, done = frame * self.frame_bytes, 0
+                while done < len(data):
+                    done += os.pwrite(fd, data[done:], offset + done)
+                frames.append(frame)
+        finally:
+            os.close(fd)
+        return frames
+
+    def read(self, frame: int, count: int, files: "_Readers") -> np.ndarray:
+        """The first ``count`` rows of ``frame``."""
+        size = count * self.row_bytes
+        data = os.pread(files.fd(self.path), size, frame * self.frame_bytes)
+        if len(data) != size:
+            raise OSError(f"row file {self.path!r} ends inside frame {frame} (a page points at rows it does not hold)")
+        return np.frombuffer(data, dtype="<f4").reshape(count, -1)
 
 
 def _counts(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -472,37 +609,40 @@ _COLUMNS = (("iid", ">u8"), ("version", ">u8"), ("event_ts", ">f8"), ("mode", "u
 
 
 def encode_pages(iids: np.ndarray, version: np.ndarray, event_ts: np.ndarray, codes: np.ndarray,
-                 names: Sequence[str], rows: np.ndarray | None) -> tuple[list[np.ndarray], list[bytes]]:
+                 names: Sequence[str], width: int, frames: Sequence[int] | None) -> tuple[list[np.ndarray], list[bytes]]:
     """``embpages`` values for these records, :data:`PAGE_ROWS` a page: ``(iids of each page, values)``.
 
     A value is a header, the modes it uses, then its records column by
     column. Header: format >B, has rows >B, count >I, row width >H, number
     of modes >B, each mode as length >B + ascii. Columns: iid >Q, version >Q,
-    event_ts >d, mode (index into the page's modes) >B, and when the page has
-    rows, float32[count, width] little-endian.
+    event_ts >d, mode (index into the page's modes) >B; when the page has
+    rows (``frames`` given, one per page), the frame of the row file holding
+    them >Q (float32[count, width] little-endian at the frame's start).
     """
     used = unique_ids(codes)
     modes = b"".join(bytes((len(m),)) + m for m in (names[c].encode() for c in used.tolist()))
     columns = [np.asarray(iids).astype(">u8"), np.asarray(version).astype(">u8"), np.asarray(event_ts).astype(">f8"),
                np.searchsorted(used, codes).astype("u1")]
-    if rows is not None:
-        columns.append(np.ascontiguousarray(rows, dtype="<f4"))
-    dim = 0 if rows is None else rows.shape[1]
     pages, values = [], []
-    for start in range(0, len(iids), PAGE_ROWS):
+    for n, start in enumerate(range(0, len(iids), PAGE_ROWS)):
         count = min(PAGE_ROWS, len(iids) - start)
-        head = _PAGE_HEAD.pack(_PAGE_FORMAT, rows is not None, count, dim, len(used))
+        head = _PAGE_HEAD.pack(_PAGE_FORMAT, frames is not None, count, width if frames is not None else 0, len(used))
+        tail = _FRAME.pack(frames[n]) if frames is not None else b""
         pages.append(iids[start:start + count])
-        values.append(b"".join([head, modes, *(memoryview(c[start:start + count]) for c in columns)]))
+        values.append(b"".join([head, modes, *(memoryview(c[start:start + count]) for c in columns), tail]))
     return pages, values
 
 
 def decode_page(raw: bytes) -> tuple[dict[str, np.ndarray], list[str], bool]:
-    """``(columns, modes, has rows)`` of an ``embpages`` value; the columns (``iid``, ``version``, ``event_ts``,
-    ``mode`` and ``row`` when it has rows) are read-only views."""
-    fmt, has_rows, count, dim, n_modes = _PAGE_HEAD.unpack_from(raw)
-    if fmt != _PAGE_FORMAT:
-        raise ValueError(f"Expected embedding page format {_PAGE_FORMAT} (got {fmt})")
+    """``(columns, modes, has rows)`` of an ``embpages`` value.
+
+    The columns (``iid``, ``version``, ``event_ts``, ``mode``) are read-only
+    views, plus for a page with rows its row ``width`` and either ``frame``
+    (the frame of the row file) or, in the older inline format, ``row``.
+    """
+    fmt, has_rows, count, width, n_modes = _PAGE_HEAD.unpack_from(raw)
+    if fmt not in (_PAGE_FORMAT, _INLINE_FORMAT):
+        raise ValueError(f"Expected embedding page format {_PAGE_FORMAT} or {_INLINE_FORMAT} (got {fmt})")
     at = _PAGE_HEAD.size
     modes = []
     for _ in range(n_modes):
@@ -514,5 +654,9 @@ def decode_page(raw: bytes) -> tuple[dict[str, np.ndarray], list[str], bool]:
         columns[name] = np.frombuffer(raw, dtype, count, at)
         at += count * np.dtype(dtype).itemsize
     if has_rows:
-        columns["row"] = np.frombuffer(raw, "<f4", count * dim, at).reshape(count, dim)
+        columns["width"] = np.asarray(width)
+        if fmt == _INLINE_FORMAT:
+            columns["row"] = np.frombuffer(raw, "<f4", count * width, at).reshape(count, width)
+        else:
+            columns["frame"] = np.asarray(_FRAME.unpack_from(raw, at)[0])
     return columns, modes, bool(has_rows)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import struct
+
 import numpy as np
 import pytest
 
@@ -29,7 +31,9 @@ def test_meta_table_pages_round_trip_through_a_fresh_table(tmp_path) -> None:
         rec, page_modes, has_rows = decode_page(puts[0][2])
         assert has_rows and rec["iid"].tolist() == iids.tolist() and rec["version"].tolist() == [5, 1, 2, 9]
         assert [page_modes[m] for m in rec["mode"].tolist()] == modes
-        np.testing.assert_array_equal(rec["row"], rows)
+        assert (int(rec["width"]), int(rec["frame"])) == (3, 0)  # the rows sit in frame 0 of the row file
+        stored = np.fromfile(tmp_path / "s" / "final-rows-3.f32", dtype="<f4")
+        np.testing.assert_array_equal(stored[:12].reshape(4, 3), rows)
         # withdrawn: the metadata stays, the row goes; the first page still holds three current records
         _set(table, iids[:1], [6], [11.0], ["deleted"])
         puts = table.encode(iids[:1], None)
@@ -91,10 +95,14 @@ def test_the_log_stays_within_twice_the_live_records_and_reloads_to_the_same_sta
             want_rows[ids] = rng.standard_normal((len(ids), dim)).astype(np.float32)
             _set(table, ids, want_version[ids], np.full(len(ids), float(step)), ["full"] * len(ids))
             store.write(table.encode(ids, want_rows[ids]) + table.compact())
+            table.committed()
             assert table.stored_slots() <= 2 * table.live() + PAGE_ROWS + 400  # one batch may overshoot
         assert table.stored_slots() <= 2 * table.live() + PAGE_ROWS + 400
         pages = sum(1 for _ in store.column("embpages").keys())
         assert pages * PAGE_ROWS >= table.stored_slots()
+        # frames of deleted pages are reused: the row file holds little more than the stored pages' frames
+        frames = (tmp_path / "s" / f"final-rows-{dim}.f32").stat().st_size / (PAGE_ROWS * dim * 4)
+        assert frames <= pages + 10
         written = np.flatnonzero(want_version)
         again = MetaTable(store)
         version, _, _ = again.get(np.arange(n))
@@ -152,3 +160,84 @@ def test_compaction_moves_withdrawn_records_into_pages_without_rows(tmp_path) ->
         assert present.all()
         np.testing.assert_array_equal(got, want[back])
         np.testing.assert_array_equal(again.get(back)[0], version[back])
+
+
+def _frame(store: GraphStore, seq: int) -> int:
+    rec, _, has_rows = decode_page(store.column("embpages").get(keys.encode_iid(seq)))
+    assert has_rows
+    return int(rec["frame"])
+
+
+def test_a_frame_is_reused_only_once_the_deletion_of_its_page_is_stored(tmp_path) -> None:
+    """Rows are written before the WriteBatch that points a page at them: a batch that never lands (a crash
+    between the two) must leave every stored page with the rows it was written with."""
+    with GraphStore(tmp_path / "s") as store:
+        table = MetaTable(store)
+        ids = np.asarray([1, 2], dtype=np.int64)
+        _set(table, ids, [1, 1], [0.0, 0.0], ["full", "full"])
+        store.write(table.encode(ids, np.ones((2, 4), dtype=np.float32)))
+        table.committed()
+        assert _frame(store, 0) == 0
+        _set(table, ids, [2, 2], [1.0, 1.0], ["full", "full"])
+        lost = table.encode(ids, np.full((2, 4), 2.0, dtype=np.float32))  # deletes page 0: never written
+        assert ("embpages", keys.encode_iid(0), None) in lost
+        _set(table, ids, [3, 3], [2.0, 2.0], ["full", "full"])
+        table.encode(ids, np.full((2, 4), 3.0, dtype=np.float32))  # nor this one
+        # what a restart finds: the stored page and its frame untouched
+        again = MetaTable(store)
+        rows, present = again.rows(ids, 4)
+        assert present.all() and (rows == 1.0).all()
+        assert again.get(ids)[0].tolist() == [1, 1]
+        # the reloaded table frees the frames nothing stored points at, and keeps frame 0 until page 0 goes
+        _set(again, ids, [2, 2], [1.0, 1.0], ["full", "full"])
+        puts = again.encode(ids, np.full((2, 4), 5.0, dtype=np.float32))
+        store.write(puts)
+        assert _frame(store, 1) == 1  # frame 0 still belonged to page 0 when this was written
+        again.committed()
+        _set(again, ids, [3, 3], [2.0, 2.0], ["full", "full"])
+        store.write(again.encode(ids, np.full((2, 4), 6.0, dtype=np.float32)))
+        assert _frame(store, 2) == 0  # page 0's deletion is stored: its frame is reused
+        rows, _ = MetaTable(store).rows(ids, 4)
+        assert (rows == 6.0).all()
+
+
+def _inline_page(iids, version, event_ts, mode: str, rows: np.ndarray) -> bytes:
+    """An ``embpages`` value of the older format that kept the rows inside the record."""
+    count, width = rows.shape
+    head = struct.pack(">BBIHB", 1, 1, count, width, 1) + bytes((len(mode),)) + mode.encode()
+    return (head + np.asarray(iids).astype(">u8").tobytes() + np.asarray(version).astype(">u8").tobytes()
+            + np.asarray(event_ts).astype(">f8").tobytes() + bytes(count) + rows.astype("<f4").tobytes())
+
+
+def test_pages_with_inline_rows_are_read_and_compaction_moves_them_to_frames(tmp_path) -> None:
+    with GraphStore(tmp_path / "s") as store:
+        ids = np.arange(PAGE_ROWS * 3, dtype=np.int64)
+        want = np.random.default_rng(5).standard_normal((len(ids), 4)).astype(np.float32)
+        store.write([("embpages", keys.encode_iid(p), _inline_page(ids[p * PAGE_ROWS:(p + 1) * PAGE_ROWS],
+                                                                    np.full(PAGE_ROWS, 4), np.full(PAGE_ROWS, 1.5),
+                                                                    "full", want[p * PAGE_ROWS:(p + 1) * PAGE_ROWS]))
+                     for p in range(3)])
+        table = MetaTable(store, gc_slack=0)
+        rows, present = table.rows(ids, 4)
+        assert present.all()
+        np.testing.assert_array_equal(rows, want)
+        assert {iid: meta for iid, meta, _ in table.items()}[5] == EmbeddingMeta(4, 1.5, "full")
+        # supersede most records of every page, then half of those again: superseded records outnumber live
+        # ones, and compaction moves the live records of the sparsest pages (two inline ones) into a frame
+        version = np.full(len(ids), 4)
+        for changed in (ids[ids % 32 != 0], ids[(ids % 32 != 0) & (ids % 2 == 0)]):
+            want[changed] += 1.0
+            version[changed] += 1
+            _set(table, changed, version[changed], np.full(len(changed), 2.0), ["full"] * len(changed))
+            puts = table.encode(changed, want[changed])
+            moves = table.compact()
+            store.write(puts + moves)
+            table.committed()
+        assert [decode_page(v)[0]["iid"].tolist() for _, _, v in moves if v is not None] == [[0, 32, 64, 96, 128, 160,
+                                                                                              192, 224]]
+        assert [store.column("embpages").get(keys.encode_iid(p)) is None for p in range(3)] == [True, True, False]
+        again = MetaTable(store)
+        rows, present = again.rows(ids, 4)
+        assert present.all()
+        np.testing.assert_array_equal(rows, want)
+        np.testing.assert_array_equal(again.get(ids)[0], version)
