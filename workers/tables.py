@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import heapq
 import logging
+import mmap
 import os
 import struct
 from dataclasses import dataclass
@@ -276,6 +277,8 @@ class MetaTable:
         self._dim = 0  # width of the stored rows
         self._dead: list[int] = []
         self._frame_of: dict[int, tuple[int, int]] = {}  # page -> (row width, frame) of pages with framed rows
+        for file in getattr(self, "_files", {}).values():
+            file.close()
         self._files: dict[int, _FrameFile] = {}  # by row width
         self._recent: set[int] = set()  # pages written since the last compact, and their records
         self._recent_rows = 0
@@ -552,6 +555,8 @@ class _FrameFile:
         self._free: list[int] = []  # a heap
         self._pending: list[int] = []  # released by writes not yet reported stored
         self._next = 0
+        self._map: mmap.mmap | None = None
+        self._frames: np.ndarray | None = None  # the mapped file, [frame, row, column]
 
     def start(self, used: list[int]) -> None:
         """The frames stored pages point at; every other one below the highest is free."""
@@ -570,22 +575,47 @@ class _FrameFile:
         self._pending = []
 
     def write(self, rows: np.ndarray) -> list[int]:
-        """Store ``rows`` (C-contiguous ``<f4``) :data:`PAGE_ROWS` to a frame; return the frames used."""
-        frames = []
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            for start in range(0, len(rows), PAGE_ROWS):
-                frame = heapq.heappop(self._free) if self._free else self._next
-                if frame == self._next:
-                    self._next += 1
-                data = memoryview(rows[start:start + PAGE_ROWS]).cast("B")
-                offset, done = frame * self.frame_bytes, 0
-                while done < len(data):
-                    done += os.pwrite(fd, data[done:], offset + done)
-                frames.append(frame)
-        finally:
-            os.close(fd)
+        """Store ``rows`` :data:`PAGE_ROWS` to a frame; return the frames used.
+
+        The rows are copied into a shared mapping of the file: they are in
+        the OS page cache, as a ``write`` would leave them, without a system
+        call per frame.
+        """
+        full, rest = divmod(len(rows), PAGE_ROWS)
+        frames = [heapq.heappop(self._free) if self._free else self._new() for _ in range(full + bool(rest))]
+        view = self._view(self._next)
+        if full:
+            view[np.asarray(frames[:full])] = rows[:full * PAGE_ROWS].reshape(full, PAGE_ROWS, -1)
+        if rest:
+            view[frames[-1], :rest] = rows[full * PAGE_ROWS:]
         return frames
+
+    def _new(self) -> int:
+        self._next += 1
+        return self._next - 1
+
+    def _view(self, frames: int) -> np.ndarray:
+        """The file as ``[frame, row, column]`` float32, mapped and grown to hold at least ``frames`` frames."""
+        if self._frames is None or len(self._frames) < frames:
+            self.close()
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                have = os.fstat(fd).st_size // self.frame_bytes
+                size = max(have, frames, 2 * len(self._frames) if self._frames is not None else 0, 16)
+                if size > have:
+                    os.ftruncate(fd, size * self.frame_bytes)
+                self._map = mmap.mmap(fd, size * self.frame_bytes)
+            finally:
+                os.close(fd)
+            self._frames = np.frombuffer(self._map, dtype="<f4").reshape(size, PAGE_ROWS, self.row_bytes // 4)
+        return self._frames
+
+    def close(self) -> None:
+        """Unmap the file (written rows stay in the page cache and reach the file)."""
+        self._frames = None
+        if self._map is not None:
+            self._map.close()
+            self._map = None
 
     def read(self, frame: int, count: int, files: "_Readers") -> np.ndarray:
         """The first ``count`` rows of ``frame``."""
