@@ -30,9 +30,10 @@ Column families and layouts::
                                                       final embedding float32[d]: the per-node layout of
                                                       older stores, moved into embpages by the next backfill
     embpages  page seq >Q                          -> a page of final embeddings: up to 128 records of
-                                                      iid, version, event_ts, mode, float32[d]
-                                                      (workers.tables.encode_page); the newest page
-                                                      holding a node is its current state
+                                                      iid, version, event_ts, mode and the frame of the
+                                                      row file holding their float32[d] rows (older
+                                                      stores: the rows inline; workers.tables.encode_pages);
+                                                      the newest page holding a node is its current state
     outbox    seq >Q                               -> encoded outbox entry
 """
 
