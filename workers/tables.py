@@ -410,16 +410,21 @@ class MetaTable:
         excess = self._slots - 2 * sum(self._live.values()) - self.gc_slack
         if excess <= 0:
             return puts
-        order = sorted((live / self._size[seq], seq) for seq, live in self._live.items() if seq not in recent)
-        chosen, moved, freed = [], 0, 0
-        for _, seq in order:
-            if freed >= excess or moved + self._live[seq] > budget:
-                break
-            chosen.append(seq)
-            moved += self._live[seq]
-            freed += self._size[seq] - self._live[seq]
-        if not chosen:
+        # the sparsest pages first (then the oldest), while the moves fit the budget and until enough is freed
+        n = len(self._live)
+        seqs = np.fromiter(self._live.keys(), np.int64, n)
+        live = np.fromiter(self._live.values(), np.int64, n)
+        size = np.fromiter(map(self._size.__getitem__, self._live.keys()), np.int64, n)
+        old = ~np.isin(seqs, np.fromiter(recent, np.int64, len(recent)))
+        seqs, live, size = seqs[old], live[old], size[old]
+        order = np.lexsort((seqs, live / size))
+        moved, freed = np.cumsum(live[order]), np.cumsum(size[order] - live[order])
+        freed_before = np.concatenate([[0], freed[:-1]])
+        stop = np.flatnonzero((freed_before >= excess) | (moved > budget))
+        chosen = seqs[order[:stop[0] if len(stop) else len(order)]]
+        if not len(chosen):
             return puts
+        chosen = chosen.tolist()
         ids = np.flatnonzero(np.isin(self.page, np.asarray(chosen, dtype=np.int64)))
         with_rows = self.has_row[ids]
         for has_rows in (False, True):  # the moved records fill new pages
