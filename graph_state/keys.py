@@ -25,7 +25,8 @@ Column families and layouts::
     offsets   topic (utf-8), 0x00, partition >I    -> next offset >q
     dirty     k >H, iid >Q                         -> flags >B  (k = fanout, 0 = input)
               0xff, block seq >Q                   -> packed marks: (k >H, iid >Q, flags >B) each
-    emb       layer >B (1 … L-1), iid >Q           -> float32[d] (little-endian)
+    emb       layer >B (1 … L-1), iid >Q           -> float32[d] (little-endian): h^layer of older
+                                                      stores, dropped by the next backfill
     embmeta   iid >Q                               -> version >Q, event_ts >d, mode length >B, mode (ascii),
                                                       final embedding float32[d]: the per-node layout of
                                                       older stores, moved into embpages by the next backfill
@@ -34,6 +35,8 @@ Column families and layouts::
                                                       row file holding their float32[d] rows (older
                                                       stores: the rows inline; workers.tables.encode_pages);
                                                       the newest page holding a node is its current state
+    layerpages layer >B, page seq >Q               -> a page of h^layer rows (1 <= layer < L), laid out as
+                                                      embpages (version, event_ts and mode unused)
     outbox    seq >Q                               -> encoded outbox entry
 """
 
@@ -56,7 +59,6 @@ __all__ = [
     "sampled_key",
     "offset_key",
     "decode_offset_key",
-    "layer_key",
     "dirty_key",
     "dirty_block_key",
     "DIRTY_MARK_RECORD",
@@ -71,12 +73,11 @@ __all__ = [
     "SAMPLED_DELTA_PREFIX",
     "sampled_snapshot_key",
     "sampled_delta_key",
-    "LAYER_KEY_RECORD",
 ]
 
 COLUMN_FAMILIES = (
     "meta", "ids", "names", "nodes", "feats", "edges", "nbrs", "sampled",
-    "offsets", "dirty", "emb", "embmeta", "embpages", "outbox",
+    "offsets", "dirty", "emb", "embmeta", "embpages", "layerpages", "outbox",
 )
 
 U64 = struct.Struct(">Q")
@@ -84,7 +85,6 @@ _QQ = struct.Struct(">QQ")
 _QQ_PREFIXED = struct.Struct(">HQQ")
 _HQ = struct.Struct(">HQ")
 _HI = struct.Struct(">HI")
-_BQ = struct.Struct(">BQ")
 _I32 = struct.Struct(">I")
 
 NODE_RECORD = struct.Struct(">IBd")  # degree, flags, last event ts
@@ -98,7 +98,6 @@ SAMPLED_DELTA_RECORD = np.dtype([("k", "<u2"), ("added", "u1"), ("pair", "<i8")]
 SAMPLED_SNAPSHOT_PREFIX = b"\xff\xfe"
 SAMPLED_DELTA_PREFIX = b"\xff\xff"
 DIRTY_MARK_RECORD = np.dtype([("tag", ">u2"), ("iid", ">u8"), ("flags", "u1")])
-LAYER_KEY_RECORD = np.dtype([("layer", "u1"), ("iid", ">u8")])
 
 
 def encode_iid(iid: int) -> bytes:
@@ -151,10 +150,6 @@ def offset_key(topic: str, partition: int) -> bytes:
 
 def decode_offset_key(key: bytes) -> tuple[str, int]:
     return key[:-5].decode(), _I32.unpack(key[-4:])[0]
-
-
-def layer_key(layer: int, iid: int) -> bytes:
-    return _BQ.pack(layer, iid)
 
 
 

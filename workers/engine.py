@@ -38,7 +38,7 @@ import torch
 
 from graph_state import keys
 from graph_state.idsets import setdiff_ids, unique_ids
-from graph_state.store import DIRTY_COUNT, DIRTY_DEGREE, DIRTY_INPUT, DIRTY_SAMPLE, GraphStore, RowBlock
+from graph_state.store import DIRTY_COUNT, DIRTY_DEGREE, DIRTY_INPUT, DIRTY_SAMPLE, GraphStore
 from workers.tables import EmbeddingTables, MetaTable, OutboxEntry, decode_legacy_final, encode_outbox
 
 __all__ = ["Engine", "RecomputeStats", "EngineError"]
@@ -50,8 +50,7 @@ DEFERRED_TAG = 0x8000  # dirty key tag 0x8000 + l: dependents of v at layer l ar
 _ATOL = 1e-6
 _SMALL_LAYER = 4096  # a layer over fewer targets runs on one torch thread
 _OUTBOX_SEQ = b"outbox_seq"
-_LAYOUT = 3  # version of the emb/embpages layout: a store written with another one needs a backfill
-_EMB_KEY = keys.LAYER_KEY_RECORD
+_LAYOUT = 4  # version of the embpages/layerpages layout: a store written with another one needs a backfill
 
 
 @contextmanager
@@ -157,8 +156,13 @@ class Engine:
         for layer in range(self.num_layers):
             dims.append(self._out_dim(layer, dims[-1]))
         self.meta = MetaTable(store)  # versions, modes and final rows: the page log, cached
-        self.tables = EmbeddingTables(store, dims, self.meta)
-        self.meta.row_cache = lambda iids: self.tables.cached(self.num_layers, iids)
+        # h^l of the layers in between: one page log each, rows alone
+        self.logs = {l: MetaTable(store, family="layerpages", prefix=bytes((l,)), rows_name=f"layer{l}-rows")
+                     for l in range(1, self.num_layers)}
+        self.logs[self.num_layers] = self.meta
+        self.tables = EmbeddingTables(store, dims, self.logs)
+        for l, log in self.logs.items():
+            log.row_cache = lambda iids, l=l: self.tables.cached(l, iids)
         self._uses_counts = [bool(getattr(c, "uses_neighbour_counts", False)) for c in self.gnn.convs]
         self._deferred_since: float | None = None
         self._capped = 0
@@ -242,7 +246,8 @@ class Engine:
         self._migrate_layout()
         targets = np.fromiter(self.store.node_iids(), dtype=np.int64)
         self.tables.clear()
-        self.meta.clear()
+        for log in self.logs.values():
+            log.clear()
         prev = self._full_inputs(targets)
         table, pos = prev(targets)
         self.tables.set(0, targets, table[pos])
@@ -258,9 +263,9 @@ class Engine:
             if progress:
                 progress(layer + 1)
         self._write_final(targets, h, publish=publish, stats=stats, event_ts=None, force=True)
-        self._commit(self.meta.compact())
+        self._commit([put for log in self.logs.values() for put in log.compact()])
         self.store.column("meta").put(b"model", self.binding.encode())
-        self.store.write((), clear=("dirty",))
+        self.store.write((), clear=("dirty", "emb"))  # emb: where older layouts kept h^l
         stats.seconds = time.perf_counter() - t0
         return stats
 
@@ -324,7 +329,7 @@ class Engine:
     def _write_layer_rows(self, layer: int, iids: np.ndarray, rows: np.ndarray) -> None:
         step = 50_000
         for start in range(0, len(iids), step):
-            self.store.write(self._row_puts(layer, iids[start:start + step], rows[start:start + step]))
+            self._commit(self.logs[layer].put_rows(iids[start:start + step], rows[start:start + step]))
 
     def from_scratch(self) -> tuple[np.ndarray, np.ndarray]:
         """Every node's final embedding computed in memory (nothing is written)."""
@@ -448,8 +453,8 @@ class Engine:
             self.tables.set(layer + 1, moved, moved_rows)
             self.tables.set(layer + 1, gone, None)
             if layer < self.num_layers - 1:  # final rows are written with their metadata
-                puts.extend(self._row_puts(layer + 1, moved, moved_rows))
-                puts.extend(self._row_puts(layer + 1, gone, None))
+                puts.extend(self.logs[layer + 1].put_rows(moved, moved_rows))
+                puts.extend(self.logs[layer + 1].put_rows(gone, None))
             stats.recomputed.append(len(targets))
             stats.changed.append(len(moved))
             changed = np.concatenate([moved, gone])
@@ -473,7 +478,8 @@ class Engine:
                 stats.deleted = len(gone)
                 self._outputs_for_deleted(gone, puts, publish, stats)
         self._write_final(final_iids, final_rows, publish=publish, stats=stats, event_ts=event_ts, force=False, puts=puts)
-        puts.extend(self.meta.compact())  # after the last encode of this WriteBatch
+        for log in self.logs.values():  # after the last encode of this WriteBatch
+            puts.extend(log.compact())
         waiting = [(np.full(len(nodes), DEFERRED_TAG + layer), nodes) for layer, nodes in new_deferred.items()]
         if sum(len(nodes) for _, nodes in waiting):
             tags, nodes = np.concatenate([t for t, _ in waiting]), np.concatenate([n for _, n in waiting])
@@ -493,23 +499,14 @@ class Engine:
             written = self.store.write(puts, clear=clear)
         except BaseException:
             self.tables.clear()
-            self.meta.clear()  # its page index already points at the pages that were not written
+            for log in self.logs.values():  # their page indexes already point at the pages that were not written
+                log.clear()
             raw = self.store.column("meta").get(_OUTBOX_SEQ)
             self._seq = 0 if raw is None else keys.decode_iid(raw)
             raise
-        self.meta.committed()  # frames of the pages this batch deleted may now be reused
+        for log in self.logs.values():  # frames of the pages this batch deleted may now be reused
+            log.committed()
         return written
-
-    @staticmethod
-    def _row_puts(layer: int, iids: np.ndarray, rows: np.ndarray | None) -> list[RowBlock]:
-        """``emb`` writes of ``rows`` (None: deletes) for ``iids`` at ``layer``."""
-        if not len(iids):
-            return []
-        key = np.empty(len(iids), dtype=_EMB_KEY)
-        key["layer"], key["iid"] = layer, iids
-        if rows is None:
-            return [RowBlock("emb", key, _EMB_KEY.itemsize, None)]
-        return [RowBlock("emb", key, _EMB_KEY.itemsize, np.ascontiguousarray(rows, dtype="<f4"), rows.shape[1] * 4)]
 
     def _outputs_for_deleted(self, gone: np.ndarray, puts: list, publish: bool, stats: RecomputeStats) -> None:
         if not len(gone):

@@ -1,9 +1,11 @@
 """Per-layer node embeddings: RocksDB-backed tables with a dense in-memory cache.
 
 Layer 0 is the input (node features, zeros for a node without features);
-layer ``l >= 1`` is ``h^l``. Rows are addressed by interned node id. The cache
-is write-through (rows reach RocksDB in the recompute WriteBatch) and bounded:
-past ``max_rows`` nodes it is dropped and rebuilt lazily from RocksDB.
+layer ``l >= 1`` is ``h^l``, kept in a page log per layer (:class:`MetaTable`:
+page records in RocksDB, rows in frames of a row file). Rows are addressed by
+interned node id. The cache is write-through (rows reach the log in the
+recompute's WriteBatch) and bounded: past ``max_rows`` nodes it is dropped and
+rebuilt lazily from the logs.
 """
 
 from __future__ import annotations
@@ -101,15 +103,16 @@ class EmbeddingTables:
     """Rows of ``h^0 … h^L`` by interned id.
 
     Args:
-        store: the graph store (owner of the ``emb`` column family and features).
+        store: the graph store (owner of the features).
         dims: the row width of each layer, ``dims[0]`` being the feature dim.
-        final: where the final layer's rows are stored (the engine's :class:`MetaTable`).
+        logs: where the rows of layers ``1 … L`` are stored, by layer (the engine's
+            :class:`MetaTable` s; the last one also holds versions and modes).
         max_rows: bound on the number of cached rows per layer.
     """
 
-    def __init__(self, store: GraphStore, dims: Sequence[int], final: "MetaTable", max_rows: int = 4_000_000):
+    def __init__(self, store: GraphStore, dims: Sequence[int], logs: "dict[int, MetaTable]", max_rows: int = 4_000_000):
         self.store = store
-        self.final = final
+        self.logs = logs
         self.dims = list(dims)
         self.max_rows = max_rows
         self._rows: list[np.ndarray] = [np.zeros((0, d), dtype=np.float32) for d in self.dims]
@@ -140,16 +143,7 @@ class EmbeddingTables:
     def _read(self, layer: int, iids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         if layer == 0:
             return self.store.feature_rows(iids.tolist(), self.dims[0])
-        if layer == len(self.dims) - 1:  # final rows live with their metadata
-            return self.final.rows(iids, self.dims[layer])
-        out = np.zeros((len(iids), self.dims[layer]), dtype=np.float32)
-        present = np.zeros(len(iids), dtype=bool)
-        raws = self.store.column("emb").get([keys.layer_key(layer, int(i)) for i in iids])
-        for row, raw in enumerate(raws):
-            if raw is not None:
-                out[row] = np.frombuffer(raw, dtype="<f4")
-                present[row] = True
-        return out, present
+        return self.logs[layer].rows(iids, self.dims[layer])
 
     def get(self, layer: int, iids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Rows of ``iids`` at ``layer`` and a mask of which exist (zeros elsewhere)."""
@@ -247,14 +241,25 @@ class MetaTable:
 
     A node without stored metadata has version 0 and mode code -1.
 
+    The same log keeps the rows of an intermediate layer (``layerpages``,
+    keys prefixed with the layer; its metadata columns are left unused):
+    see :meth:`put_rows`.
+
     Args:
         store: the graph store (owner of the ``embpages`` column family).
         gc_slack: superseded slots tolerated beyond the live count.
+        family: the column family of the page records.
+        prefix: the key prefix of this log's pages in ``family``.
+        rows_name: the row files' name, ``<rows_name>-<width>.f32``.
     """
 
-    def __init__(self, store: GraphStore, gc_slack: int = 1 << 16):
+    def __init__(self, store: GraphStore, gc_slack: int = 1 << 16, *, family: str = "embpages", prefix: bytes = b"",
+                 rows_name: str = "final-rows"):
         self.store = store
         self.gc_slack = gc_slack
+        self.family = family
+        self.prefix = prefix
+        self.rows_name = rows_name
         # final rows held in memory, ``(rows, held mask) = row_cache(iids)``: records moved out of sparse
         # pages take their rows from here instead of reading the pages
         self.row_cache: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]] | None = None
@@ -303,8 +308,7 @@ class MetaTable:
         if self._loaded:
             return
         self._loaded = True
-        for key, raw in self.store.column("embpages").items():
-            seq = keys.decode_iid(key)
+        for seq, raw in self._pages():
             rec, modes, has_rows = decode_page(raw)
             ids = rec["iid"].astype(np.int64)
             self._size[seq] = len(ids)
@@ -329,16 +333,28 @@ class MetaTable:
         for width, frames in used.items():
             self._file(width).start(frames)
 
+    def _key(self, seq: int) -> bytes:
+        return self.prefix + keys.encode_iid(seq)
+
+    def _pages(self) -> Iterator[tuple[int, bytes]]:
+        """``(seq, value)`` of every stored page of this log, in page order."""
+        at = len(self.prefix)
+        for key, raw in self.store.column(self.family).items(from_key=self.prefix):
+            if not key.startswith(self.prefix):
+                break
+            yield keys.decode_iid(key[at:]), raw
+
     def _file(self, width: int) -> "_FrameFile":
         file = self._files.get(width)
         if file is None:
-            file = self._files[width] = _FrameFile(os.path.join(self.store.path, f"final-rows-{width}.f32"), width)
+            file = self._files[width] = _FrameFile(os.path.join(self.store.path, f"{self.rows_name}-{width}.f32"),
+                                                   width)
         return file
 
     def _drop_page(self, seq: int, puts: list) -> None:
         """Delete a stored page; its frame is free once that deletion is written."""
         self._slots -= self._size.pop(seq)
-        puts.append(("embpages", keys.encode_iid(seq), None))
+        puts.append((self.family, self._key(seq), None))
         framed = self._frame_of.pop(seq, None)
         if framed is not None:
             self._file(framed[0]).release(framed[1])
@@ -393,6 +409,15 @@ class MetaTable:
         self._append(puts, iids, self.version[iids], self.event_ts[iids], self.mode[iids], rows)
         self._release(old, puts)
         return puts
+
+    def put_rows(self, iids: np.ndarray, rows: np.ndarray | None) -> list[tuple[str, bytes, bytes | None]]:
+        """:meth:`encode` for a log of rows alone (an intermediate layer): ``rows`` None removes them."""
+        iids = np.asarray(iids, dtype=np.int64)
+        if not len(iids):
+            return []
+        self.set(iids, np.zeros(len(iids), dtype=np.int64), np.zeros(len(iids)), np.full(len(iids), self.code(""),
+                                                                                            dtype=np.int16))
+        return self.encode(iids, rows)
 
     def compact(self) -> list[tuple[str, bytes, bytes | None]]:
         """The log writes moving the live records of the sparsest pages into new pages, while superseded
@@ -455,7 +480,7 @@ class MetaTable:
         for n, (ids, value) in enumerate(zip(*encode_pages(iids, version, event_ts, codes, self.names,
                                                            0 if rows is None else self._dim, frames))):
             seq = first + n
-            puts.append(("embpages", keys.encode_iid(seq), value))
+            puts.append((self.family, self._key(seq), value))
             if frames is not None:
                 self._frame_of[seq] = (self._dim, frames[n])
             self.page[ids], self.slot[ids], self.has_row[ids] = seq, np.arange(len(ids), dtype=np.int32), rows is not None
@@ -492,7 +517,7 @@ class MetaTable:
         seqs = unique_ids(sorted_pages[sorted_pages >= 0])
         bounds = np.searchsorted(sorted_pages, seqs, side="left")
         ends = np.searchsorted(sorted_pages, seqs, side="right")
-        raws = self.store.column("embpages").get([keys.encode_iid(s) for s in seqs.tolist()])
+        raws = self.store.column(self.family).get([self._key(s) for s in seqs.tolist()])
         with _Readers() as files:
             for lo, hi, raw in zip(bounds.tolist(), ends.tolist(), raws):
                 rec, _, has_rows = decode_page(raw)
@@ -512,8 +537,7 @@ class MetaTable:
         """Every stored node in page order: ``(iid, metadata, final row or None once withdrawn)``."""
         self._load()
         with _Readers() as files:
-            for key, raw in self.store.column("embpages").items():
-                seq = keys.decode_iid(key)
+            for seq, raw in self._pages():
                 if seq not in self._live:
                     continue
                 rec, modes, has_rows = decode_page(raw)

@@ -476,7 +476,9 @@ def test_node_delete_withdraws_embedding_and_publishes_deleted(model_dirs: dict[
         floor, row = _stored_final(store, b)
         assert floor.mode == "deleted" and floor.version == before.version + 1  # the version floor stays
         assert row is None  # the row is withdrawn
-        assert store.column("emb").get(keys.layer_key(engine.num_layers, b)) is None
+        hidden = MetaTable(store, family="layerpages", prefix=bytes((1,)), rows_name="layer1-rows")
+        assert hidden.rows(np.asarray([b]), engine.tables.dims[1])[1].tolist() == [False]  # h^1 withdrawn too
+        assert hidden.rows(np.asarray([store.iid("a")]), engine.tables.dims[1])[1].tolist() == [True]
         new = pub.collect(engine)[n_before:]
         gone = [e for e in new if e.node == "b"]
         assert len(gone) == 1 and gone[0].mode == "deleted" and gone[0].embedding is None
@@ -612,10 +614,10 @@ def test_mode_changes_when_features_equal_the_zero_default(model_dirs: dict[str,
     assert seen["metas"]["b"].mode == "full"
 
 
-@pytest.mark.parametrize("layout", [1, 2])
+@pytest.mark.parametrize("layout", [1, 2, 3])
 def test_backfill_moves_an_older_store_forward(model_dirs: dict[str, Path], tmp_path: Path, layout: int) -> None:
     """A store with per-node embmeta records: version floors are kept, the records move into pages, old outbox
-    records are dropped."""
+    records are dropped. Layout 3 kept h^l in the emb family: the backfill drops it and writes the layer logs."""
     model = load_model_dir(model_dirs["sage"])
     f = (0.3, 0.1, -0.2, 0.9)
     head = keys.EMBMETA_HEAD
@@ -627,7 +629,12 @@ def test_backfill_moves_an_older_store_forward(model_dirs: dict[str, Path], tmp_
         # what the older layout left: per-node records (a deleted node's floor, a live node's row), an older
         # binding, and for layout 1 an outbox record of format 2; the pages are what layout 3 would have written
         binding = json.loads(store.column("meta").get(b"model"))
-        if layout == 1:
+        if layout == 3:
+            binding["layout"] = 3
+            store.write((), clear=("layerpages",))
+            row = np.full(engine.tables.dims[1], 0.25, dtype="<f4").tobytes()
+            store.column("emb").put(bytes((1,)) + keys.encode_iid(a), row)
+        elif layout == 1:
             binding.pop("layout")
             store.column("embmeta").put(keys.encode_iid(10_000), head.pack(7, 5.0) + b"deleted")
             store.column("outbox").put(keys.U64.pack(99), b"\x02" + bytes(40))
@@ -636,16 +643,20 @@ def test_backfill_moves_an_older_store_forward(model_dirs: dict[str, Path], tmp_
             store.column("embmeta").put(keys.encode_iid(10_000), head.pack(7, 5.0) + bytes((7,)) + b"deleted")
             row = np.full(engine.tables.dims[-1], 0.5, dtype="<f4").tobytes()
             store.column("embmeta").put(keys.encode_iid(a), head.pack(40, 1.0) + bytes((4,)) + b"full" + row)
-        store.write((), clear=("embpages",))
+        if layout < 3:
+            store.write((), clear=("embpages",))
         store.column("meta").put(b"model", json.dumps(binding, sort_keys=True).encode())
     with GraphStore(tmp_path / "s") as store:
         engine = Engine(store, model)
         assert engine.needs_backfill()
         engine.backfill(publish=True)
         assert not engine.needs_backfill()
-        assert list(store.column("embmeta").keys()) == []
-        assert _stored_final(store, 10_000) == (EmbeddingMeta(7, 5.0, "deleted"), None)
-        assert store.column("outbox").get(keys.U64.pack(99)) is None
+        assert list(store.column("embmeta").keys()) == [] and list(store.column("emb").keys()) == []
+        hidden, present = engine.logs[1].rows(np.asarray([a, b]), engine.tables.dims[1])
+        assert present.all() and not (hidden == 0.25).all()
+        if layout < 3:
+            assert _stored_final(store, 10_000) == (EmbeddingMeta(7, 5.0, "deleted"), None)
+            assert store.column("outbox").get(keys.U64.pack(99)) is None
         if layout == 2:  # the backfill counts on from the moved version
             assert _stored_final(store, a)[0].version == 41
             assert _stored_final(store, b)[0].version == 1

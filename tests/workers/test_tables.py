@@ -241,3 +241,26 @@ def test_pages_with_inline_rows_are_read_and_compaction_moves_them_to_frames(tmp
         assert present.all()
         np.testing.assert_array_equal(rows, want)
         np.testing.assert_array_equal(again.get(ids)[0], version)
+
+
+def test_logs_of_several_layers_share_a_family_without_seeing_each_other(tmp_path) -> None:
+    def logs(store: GraphStore) -> list[MetaTable]:
+        return [MetaTable(store), *(MetaTable(store, family="layerpages", prefix=bytes((layer,)),
+                                              rows_name=f"layer{layer}-rows") for layer in (1, 2))]
+
+    with GraphStore(tmp_path / "s") as store:
+        final, one, two = logs(store)
+        _set(final, [1], [3], [2.0], ["full"])
+        store.write(final.encode(np.asarray([1]), np.full((1, 4), 9.0, dtype=np.float32))
+                    + one.put_rows(np.asarray([1, 2]), np.asarray([[1.0] * 4, [2.0] * 4], dtype=np.float32))
+                    + two.put_rows(np.asarray([2, 3]), np.full((2, 2), 5.0, dtype=np.float32)))
+        store.write(one.put_rows(np.asarray([2]), None))  # withdrawn from layer 1 only
+        assert sorted(p.name for p in (tmp_path / "s").glob("*-rows-*.f32")) == [
+            "final-rows-4.f32", "layer1-rows-4.f32", "layer2-rows-2.f32"]
+        final, one, two = logs(store)
+        rows, present = one.rows(np.asarray([1, 2, 3]), 4)
+        assert present.tolist() == [True, False, False] and rows[0].tolist() == [1.0] * 4
+        rows, present = two.rows(np.asarray([1, 2, 3]), 2)
+        assert present.tolist() == [False, True, True] and (rows[1:] == 5.0).all()
+        assert [(i, m.version, r.tolist()) for i, m, r in final.items()] == [(1, 3, [9.0] * 4)]
+        assert (one.live(), two.live(), final.live()) == (2, 2, 1)
