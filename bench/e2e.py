@@ -46,7 +46,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from common import ROOT, emit, log, peak_rss_mib, percentile  # noqa: E402  (puts the repo root on sys.path)
+from common import ROOT, code_fingerprint, emit, log, machine_load, peak_rss_mib, percentile  # noqa: E402  (puts the repo root on sys.path)
 
 from model import init_model_dir  # noqa: E402
 from stream.broker import EmbeddedBroker  # noqa: E402
@@ -386,6 +386,8 @@ def main(argv: list[str] | None = None) -> int:
         "freshness": fresh,
         "peak_rss_mib": round(peak_rss_mib(), 1),
         "cpu_count": os.cpu_count(),
+        "code": code_fingerprint(),
+        "machine_load_at_end": machine_load(),
     })
     return 0
 

@@ -30,6 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from common import code_fingerprint, machine_load  # noqa: E402  (bench/ is the script's directory)
 from graph_state.store import GraphStore  # noqa: E402
 from stream.events import EdgeUpsert  # noqa: E402
 
@@ -208,6 +209,8 @@ def main(argv: list[str] | None = None) -> dict:
         "hub_over_degree25_read_cost_p50_cpu": control,
         "peak_rss_mib": round(_rss_mib(), 1),
         "rss_after_build_mib": round(rss_after_build, 1),
+        "code": code_fingerprint(),
+        "machine_load_at_end": machine_load(),
     }
     print(json.dumps(result, indent=2))
     return result
