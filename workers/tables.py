@@ -631,8 +631,8 @@ class _FrameFile:
             try:
                 have = os.fstat(fd).st_size // self.frame_bytes
                 size = max(have, frames, 2 * len(self._frames) if self._frames is not None else 0, 16)
-                if size > have:
-                    os.ftruncate(fd, size * self.frame_bytes)
+                if size > have:  # blocks reserved now: a full disk is an OSError here, not a SIGBUS on a later write
+                    os.posix_fallocate(fd, 0, size * self.frame_bytes)
                 self._map = mmap.mmap(fd, size * self.frame_bytes)
             finally:
                 os.close(fd)
