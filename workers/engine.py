@@ -25,9 +25,11 @@ the removal of the consumed marks go into one WriteBatch.
 
 from __future__ import annotations
 
+import glob
 import itertools
 import json
 import logging
+import os
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -241,6 +243,10 @@ class Engine:
     # ------------------------------------------------------------------ backfill
     def backfill(self, progress: Callable[[int], None] | None = None, publish: bool = False) -> RecomputeStats:
         """Recompute every node's embedding at every layer from scratch and store them."""
+        with self._forgetting_on_failure():
+            return self._backfill(progress, publish)
+
+    def _backfill(self, progress: Callable[[int], None] | None, publish: bool) -> RecomputeStats:
         t0 = time.perf_counter()
         stats = RecomputeStats()
         self._migrate_layout()
@@ -263,11 +269,50 @@ class Engine:
             if progress:
                 progress(layer + 1)
         self._write_final(targets, h, publish=publish, stats=stats, event_ts=None, force=True)
-        self._commit([put for log in self.logs.values() for put in log.compact()])
+        # rows of nodes that are gone (deleted before the marks that would withdraw them were processed)
+        puts: list = []
+        for layer, log in self.logs.items():
+            stale = setdiff_ids(log.held_iids(), targets)
+            self.tables.set(layer, stale, None)
+            if layer == self.num_layers:
+                self._outputs_for_deleted(stale, puts, publish, stats)
+            else:
+                puts.extend(log.put_rows(stale, None))
+        self._commit(puts + [put for log in self.logs.values() for put in log.compact()])
         self.store.column("meta").put(b"model", self.binding.encode())
         self.store.write((), clear=("dirty", "emb"))  # emb: where older layouts kept h^l
+        self._drop_unused_rows()
         stats.seconds = time.perf_counter() - t0
         return stats
+
+    def _drop_unused_rows(self) -> None:
+        """After a backfill: the logs of layers this model does not have, and row files no page points into."""
+        pages = self.store.column("layerpages")
+        extra = [("layerpages", key, None) for key in pages.keys(from_key=bytes((self.num_layers,)))]
+        if extra:
+            self.store.write(extra)
+        used = set().union(*(log.files_in_use() for log in self.logs.values()))
+        for path in glob.glob(os.path.join(self.store.path, "*-rows-*.f32")):
+            if path not in used:
+                os.unlink(path)
+
+    @contextmanager
+    def _forgetting_on_failure(self) -> Iterator[None]:
+        """Whatever fails between changing the tables and writing them leaves nothing of that change in memory:
+        the page indexes and frame lists are read again from the store, and frames released by the change
+        stay taken."""
+        try:
+            yield
+        except BaseException:
+            self._forget()
+            raise
+
+    def _forget(self) -> None:
+        self.tables.clear()
+        for log in self.logs.values():
+            log.clear()
+        raw = self.store.column("meta").get(_OUTBOX_SEQ)
+        self._seq = 0 if raw is None else keys.decode_iid(raw)
 
     def _migrate_layout(self) -> None:
         """Bring what an older store keeps beyond its nodes' rows to this layout.
@@ -398,6 +443,10 @@ class Engine:
             publish: write outbox entries for changed final embeddings.
             drain: also catch up deferred hub propagation now.
         """
+        with self._forgetting_on_failure():
+            return self._recompute(event_ts, publish, drain)
+
+    def _recompute(self, event_ts: float | None, publish: bool, drain: bool) -> RecomputeStats:
         t0 = time.perf_counter()
         stats = RecomputeStats()
         marks = self._read_marks()
@@ -454,7 +503,7 @@ class Engine:
             self.tables.set(layer + 1, gone, None)
             if layer < self.num_layers - 1:  # final rows are written with their metadata
                 puts.extend(self.logs[layer + 1].put_rows(moved, moved_rows))
-                puts.extend(self.logs[layer + 1].put_rows(gone, None))
+                puts.extend(self.logs[layer + 1].put_rows(gone[self.logs[layer + 1].held(gone)], None))
             stats.recomputed.append(len(targets))
             stats.changed.append(len(moved))
             changed = np.concatenate([moved, gone])
@@ -498,11 +547,7 @@ class Engine:
         try:
             written = self.store.write(puts, clear=clear)
         except BaseException:
-            self.tables.clear()
-            for log in self.logs.values():  # their page indexes already point at the pages that were not written
-                log.clear()
-            raw = self.store.column("meta").get(_OUTBOX_SEQ)
-            self._seq = 0 if raw is None else keys.decode_iid(raw)
+            self._forget()  # the page indexes already point at the pages that were not written
             raise
         for log in self.logs.values():  # frames of the pages this batch deleted may now be reused
             log.committed()

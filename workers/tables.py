@@ -503,7 +503,8 @@ class MetaTable:
 
     # ------------------------------------------------------------------ reading rows
     def rows(self, iids: np.ndarray, dim: int) -> tuple[np.ndarray, np.ndarray]:
-        """The stored final rows (``dim`` wide) of ``iids`` and a mask of which exist (zeros where none is stored)."""
+        """The rows (``dim`` wide) of ``iids`` as held now, encoded but not yet written ones included, and a
+        mask of which exist (zeros where none is held)."""
         self._load()
         iids = np.asarray(iids, dtype=np.int64)
         out = np.zeros((len(iids), dim), dtype=np.float32)
@@ -511,21 +512,56 @@ class MetaTable:
         if not len(iids):
             return out, present
         self._grow(int(iids.max()) + 1)
-        pages = self.page[iids]
+        pages = np.where(self.has_row[iids], self.page[iids], -1)
         order = np.argsort(pages, kind="stable")
         sorted_pages = pages[order]
         seqs = unique_ids(sorted_pages[sorted_pages >= 0])
         bounds = np.searchsorted(sorted_pages, seqs, side="left")
         ends = np.searchsorted(sorted_pages, seqs, side="right")
-        raws = self.store.column(self.family).get([self._key(s) for s in seqs.tolist()])
+        inline = []  # pages of the older format (rows inside the record): always stored, read from RocksDB
         with _Readers() as files:
-            for lo, hi, raw in zip(bounds.tolist(), ends.tolist(), raws):
-                rec, _, has_rows = decode_page(raw)
-                if has_rows:
-                    at = order[lo:hi]
-                    out[at] = self._page_rows(rec, files)[self.slot[iids[at]]]
-                    present[at] = True
+            for lo, hi, seq in zip(bounds.tolist(), ends.tolist(), seqs.tolist()):
+                framed = self._frame_of.get(seq)
+                if framed is None:
+                    inline.append((lo, hi, seq))
+                    continue
+                self._check_width(seq, framed[0], dim)
+                at = order[lo:hi]
+                out[at] = self._file(framed[0]).read(framed[1], self._size[seq], files)[self.slot[iids[at]]]
+                present[at] = True
+        raws = self.store.column(self.family).get([self._key(seq) for _, _, seq in inline]) if inline else []
+        for (lo, hi, seq), raw in zip(inline, raws):
+            rec, _, _ = decode_page(raw)
+            self._check_width(seq, int(rec["width"]), dim)
+            at = order[lo:hi]
+            out[at] = rec["row"][self.slot[iids[at]]]
+            present[at] = True
         return out, present
+
+    def _check_width(self, seq: int, width: int, dim: int) -> None:
+        if width != dim:
+            raise ValueError(f"page {seq} of {self.family!r} holds rows {width} wide, not {dim}: the store was "
+                             f"written by another model; run a backfill")
+
+    def held(self, iids: np.ndarray) -> np.ndarray:
+        """Which of ``iids`` have a row here (written or encoded)."""
+        self._load()
+        iids = np.asarray(iids, dtype=np.int64)
+        inside = iids < len(self.page)
+        out = np.zeros(len(iids), dtype=bool)
+        out[inside] = self.has_row[iids[inside]] & (self.page[iids[inside]] >= 0)
+        return out
+
+    def held_iids(self) -> np.ndarray:
+        """Every iid with a row here."""
+        self._load()
+        return np.flatnonzero(self.has_row & (self.page >= 0)).astype(np.int64)
+
+    def files_in_use(self) -> set[str]:
+        """Paths of the row files that pages of this table point into."""
+        self._load()
+        widths = {width for width, _ in self._frame_of.values()}
+        return {self._file(width).path for width in widths}
 
     def _page_rows(self, rec: dict[str, np.ndarray], files: "_Readers") -> np.ndarray:
         """The rows of a decoded page with rows (read from its frame, the file opened once per ``files``)."""
@@ -611,8 +647,9 @@ class _FrameFile:
         call per frame.
         """
         full, rest = divmod(len(rows), PAGE_ROWS)
-        frames = [heapq.heappop(self._free) if self._free else self._new() for _ in range(full + bool(rest))]
-        view = self._view(self._next)
+        count = full + bool(rest)
+        view = self._view(self._next + max(0, count - len(self._free)))  # may fail: nothing is taken yet
+        frames = [heapq.heappop(self._free) if self._free else self._new() for _ in range(count)]
         if full:
             view[np.asarray(frames[:full])] = rows[:full * PAGE_ROWS].reshape(full, PAGE_ROWS, -1)
         if rest:

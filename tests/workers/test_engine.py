@@ -552,7 +552,8 @@ def test_the_page_log_compacts_during_a_stream_and_stays_exact(model_dirs: dict[
     rnd = random.Random(4)
     with GraphStore(tmp_path / "s", seed=SEED) as store:
         engine = Engine(store, model)
-        engine.meta.gc_slack = 0
+        for log in engine.logs.values():  # the h^1 log compacts too
+            log.gc_slack = 0
         store.apply(_random_graph_events(300, 900, seed=6))
         engine.recompute()
         deleted: set[str] = set()
@@ -563,13 +564,19 @@ def test_the_page_log_compacts_during_a_stream_and_stays_exact(model_dirs: dict[
             deleted = (deleted - {e.src for e in events[:-1]} - {e.dst for e in events[:-1]}) | {gone}
             store.apply(events)
             engine.recompute()
-            assert engine.meta.stored_slots() <= 2 * engine.meta.live() + 300
-        slots = engine.meta.stored_slots()
-        assert slots < 2 * engine.meta.live() + 300
+            for log in engine.logs.values():
+                assert log.stored_slots() <= 2 * log.live() + 300
+        slots = [log.stored_slots() for log in engine.logs.values()]
+        assert all(n < 2 * log.live() + 300 for n, log in zip(slots, engine.logs.values()))
         engine.tables.clear()
-        engine.meta.clear()
-        assert engine.meta.stored_slots() == slots
+        for log in engine.logs.values():
+            log.clear()
+        assert [log.stored_slots() for log in engine.logs.values()] == slots
+        iids = np.fromiter(store.node_iids(), dtype=np.int64)
+        want, _ = engine.compute_layer(0, iids, engine._full_inputs(iids))
+        np.testing.assert_allclose(engine.logs[1].rows(iids, engine.tables.dims[1])[0], want, atol=1e-6)
         assert_embeddings_close(_final_stored(engine), _from_scratch(engine))
+        assert _frames_named_twice(engine) == {}
         assert set(_metas(store)) == {store.name(i) for i in store.node_iids()}
         floors = {store.name(i): m for i, m, row in MetaTable(store).items() if m.mode == "deleted" and row is None}
         assert deleted <= set(floors) and all(m.version > 1 for m in floors.values())
@@ -683,3 +690,114 @@ def test_small_layers_run_on_one_torch_thread_and_restore_the_setting() -> None:
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+# ---------------------------------------------------------------------- row files
+def _frames_named_twice(engine: Engine) -> dict:
+    """Frames of a row file that more than one stored page points at (must be none)."""
+    from collections import Counter
+
+    from workers.tables import decode_page
+
+    named: Counter = Counter()
+    for log in engine.logs.values():
+        for _, raw in log._pages():
+            rec, _, has_rows = decode_page(raw)
+            if has_rows and "frame" in rec:
+                named[(log.rows_name, int(rec["frame"]))] += 1
+    return {frame: n for frame, n in named.items() if n > 1}
+
+
+def test_a_recompute_that_fails_before_its_write_leaves_every_frame_to_its_page(
+        model_dirs: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The layer-1 log has released frames when the final log's frame write fails (a full disk): those frames
+    belong to stored pages until a write deletes them, so a retry and later batches must not reuse them."""
+    from workers import tables
+
+    model = load_model_dir(model_dirs["sage"])
+    rnd = random.Random(5)
+    names = [f"v{i}" for i in range(300)]
+
+    def features() -> tuple[float, ...]:
+        return tuple(rnd.uniform(-1, 1) for _ in range(DIM))
+
+    with GraphStore(tmp_path / "s", seed=SEED) as store:
+        engine = Engine(store, model)
+        store.apply([NodeUpsert(n, 1, features()) for n in names]
+                    + [EdgeUpsert(rnd.choice(names), rnd.choice(names), 2 + j) for j in range(900)])
+        engine.recompute()
+        store.apply([NodeUpsert(n, 10, features()) for n in names])  # supersedes every layer-1 page
+        write = tables._FrameFile.write
+
+        def full_disk(self: Any, rows: np.ndarray) -> list[int]:
+            if "final-rows" in self.path:
+                raise OSError(28, "No space left on device")
+            return write(self, rows)
+
+        monkeypatch.setattr(tables._FrameFile, "write", full_disk)
+        with pytest.raises(OSError):
+            engine.recompute()
+        monkeypatch.setattr(tables._FrameFile, "write", write)
+        assert engine.pending()  # the marks wait for the retry
+        engine.recompute()
+        for t in range(3):  # later batches take frames from the free lists
+            store.apply([NodeUpsert(n, 20 + t, features()) for n in names[::3]])
+            engine.recompute()
+        assert _frames_named_twice(engine) == {}
+    with GraphStore(tmp_path / "s") as store:
+        engine = Engine(store, model)
+        iids = np.fromiter(store.node_iids(), dtype=np.int64)
+        want, _ = engine.compute_layer(0, iids, engine._full_inputs(iids))
+        got, present = engine.logs[1].rows(iids, engine.tables.dims[1])
+        assert present.all()
+        np.testing.assert_allclose(got, want, atol=1e-6)
+        assert_embeddings_close(_final_stored(engine), _from_scratch(engine))
+
+
+def test_rows_encoded_in_the_running_recompute_are_read_back_when_the_cache_cannot_hold_them(
+        model_dirs: dict[str, Path], tmp_path: Path) -> None:
+    """Past ``max_rows`` the layer tables read through the logs: layer 2 reads h^1 rows that layer 1 of the
+    same recompute encoded but has not written yet."""
+    model = load_model_dir(model_dirs["sage"])
+    rnd = random.Random(9)
+    names = [f"v{i}" for i in range(40)]
+    with GraphStore(tmp_path / "s", seed=SEED) as store:
+        engine = Engine(store, model)
+        store.apply([NodeUpsert(n, 1, tuple(rnd.uniform(-1, 1) for _ in range(DIM))) for n in names]
+                    + [EdgeUpsert(rnd.choice(names), rnd.choice(names), 2 + j) for j in range(120)])
+        engine.recompute()
+        engine.tables.max_rows = 10  # a store with more interned ids than the caches may hold
+        engine.tables.clear()
+        store.apply([EdgeUpsert("v1", "v2", 500), NodeUpsert("v5", 501, (0.9, 0.9, -0.9, 0.1))])
+        stats = engine.recompute()
+        assert stats.changed[0] > 0 and engine.pending() == 0
+        assert_embeddings_close(_final_stored(engine), _from_scratch(engine))
+
+
+def test_a_backfill_withdraws_what_nodes_deleted_before_their_recompute_left(
+        model_dirs: dict[str, Path], tmp_path: Path) -> None:
+    """A node deleted by a batch whose recompute never ran (a crash between the two) keeps its rows until
+    a backfill, even one for a model with other widths: the backfill withdraws them and drops the row files
+    nothing points into any more."""
+    f = (0.3, 0.1, -0.2, 0.9)
+    with GraphStore(tmp_path / "s", seed=SEED) as store:
+        engine = Engine(store, load_model_dir(model_dirs["sage"]))
+        store.apply([NodeUpsert(n, 1, f) for n in "abcd"] + [EdgeUpsert("a", "b", 2), EdgeUpsert("c", "d", 2)])
+        engine.recompute()
+        d = store.iid("d")
+        store.apply([NodeDelete("d", 3)])  # not recomputed
+    wider = tmp_path / "wider"
+    init_model_dir(wider, in_dim=DIM, hidden=5, out_dim=7, layers=2, fanouts=FANOUTS, seed=SEED, arch="sage")
+    with GraphStore(tmp_path / "s") as store:
+        engine = Engine(store, load_model_dir(wider))
+        assert engine.needs_backfill()
+        engine.backfill(publish=True)
+        meta, row = _stored_final(store, d)
+        assert meta.mode == "deleted" and row is None
+        assert engine.logs[1].held(np.asarray([d])).tolist() == [False]
+        assert sorted(p.name for p in (tmp_path / "s").glob("*-rows-*.f32")) == ["final-rows-7.f32",
+                                                                                   "layer1-rows-5.f32"]
+        store.apply([NodeUpsert(n, 4 + i, f) for i, n in enumerate("abc")])
+        engine.recompute()
+        assert_embeddings_close(_final_stored(engine), _from_scratch(engine))
+        assert "d" not in _final_stored(engine)
