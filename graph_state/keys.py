@@ -31,8 +31,9 @@ Column families and layouts::
                                                       final embedding float32[d]: the per-node layout of
                                                       older stores, moved into embpages by the next backfill
     embpages  page seq >Q                          -> a page of final embeddings: up to 128 records of
-                                                      iid, version, event_ts, mode and the frame of the
-                                                      row file holding their float32[d] rows (older
+                                                      iid, version, event_ts, mode, the frame of the
+                                                      row file holding their float32[d] rows and a sum
+                                                      of those rows (older
                                                       stores: the rows inline; workers.tables.encode_pages);
                                                       the newest page holding a node is its current state
     layerpages layer >B, page seq >Q               -> a page of h^layer rows (1 <= layer < L), laid out as

@@ -171,6 +171,23 @@ class Engine:
         self._deleted_code = self.meta.code(DELETED)
         raw = store.column("meta").get(_OUTBOX_SEQ)
         self._seq = 0 if raw is None else keys.decode_iid(raw)
+        if not self.needs_backfill():  # a backfill rewrites every row anyway
+            self._mark_damaged_rows()
+
+    def _mark_damaged_rows(self) -> None:
+        """Dirty marks for the nodes whose stored rows failed their check when the logs were read, so the
+        next recompute computes them again (and propagates what really changed)."""
+        tags, nodes = [], []
+        for layer, log in self.logs.items():
+            bad = log.damaged()
+            tags.append(np.full(len(bad), self.fanouts[layer - 1], dtype=np.int64))
+            nodes.append(bad)
+        count = sum(len(n) for n in nodes)
+        if count:
+            self.store.write([self.store.mark_put(np.concatenate(tags), np.concatenate(nodes),
+                                                  np.full(count, DIRTY_SAMPLE, dtype=np.uint8))])
+            logger.warning("store %s: %d stored rows did not match their page records; marked for recompute",
+                           self.store.path, count)
 
     def _out_dim(self, layer: int, in_dim: int) -> int:
         empty = torch.zeros(0, dtype=torch.int64)

@@ -35,7 +35,7 @@ _OUTBOX_FORMAT = 3
 _PAGE_HEAD = struct.Struct(">BBIHB")  # format, has rows, count, row width, number of modes
 _INLINE_FORMAT = 1  # rows inside the record (read from older stores, no longer written)
 _PAGE_FORMAT = 2  # rows in a frame of the row file, the record names the frame
-_FRAME = struct.Struct(">Q")
+_FRAME = struct.Struct(">QQ")  # frame, sum of the rows' 32-bit words
 PAGE_ROWS = 128  # records per page of the final-embedding log (64 KB of rows at 128 dims)
 
 
@@ -282,6 +282,8 @@ class MetaTable:
         self._dim = 0  # width of the stored rows
         self._dead: list[int] = []
         self._frame_of: dict[int, tuple[int, int]] = {}  # page -> (row width, frame) of pages with framed rows
+        self._sum_of: dict[int, int] = {}  # page -> the sum its record holds of its rows (row_sums)
+        self._damaged = np.zeros(0, dtype=np.int64)
         for file in getattr(self, "_files", {}).values():
             file.close()
         self._files: dict[int, _FrameFile] = {}  # by row width
@@ -317,6 +319,7 @@ class MetaTable:
                 self._dim = int(rec["width"])
                 if "frame" in rec:
                     self._frame_of[seq] = (self._dim, int(rec["frame"]))
+                    self._sum_of[seq] = int(rec["sum"])
             self._next_page = seq + 1
             if not len(ids):
                 continue
@@ -332,6 +335,40 @@ class MetaTable:
             used.setdefault(width, []).append(frame)
         for width, frames in used.items():
             self._file(width).start(frames)
+        self._damaged = self._check_frames()
+
+    def _check_frames(self) -> np.ndarray:
+        """The iids whose current page's frame no longer holds the rows the page was written with.
+
+        A killed process leaves the frames right (they are in the page
+        cache); an operating-system crash or power loss may not, since the
+        row files are not synced with RocksDB's log: a frame can still hold
+        zeros or the rows of the page that used it before. The sums catch
+        that (see :meth:`damaged`).
+        """
+        bad: list[int] = []
+        with _Readers() as files:
+            for seq in self._live:
+                framed = self._frame_of.get(seq)
+                if framed is None:
+                    continue
+                try:
+                    rows = self._file(framed[0]).read(framed[1], self._size[seq], files)
+                except OSError:
+                    bad.append(seq)
+                    continue
+                if int(row_sums(rows)[0]) != self._sum_of[seq]:
+                    bad.append(seq)
+        if not bad:
+            return np.zeros(0, dtype=np.int64)
+        logger.warning("%s%s: %d pages whose rows do not match their records (an operating-system crash?)",
+                       self.family, self.prefix.hex(), len(bad))
+        return np.flatnonzero(np.isin(self.page, np.asarray(bad, dtype=np.int64)) & self.has_row).astype(np.int64)
+
+    def damaged(self) -> np.ndarray:
+        """The iids whose stored rows failed the check when the log was read; recompute them."""
+        self._load()
+        return self._damaged
 
     def _key(self, seq: int) -> bytes:
         return self.prefix + keys.encode_iid(seq)
@@ -356,6 +393,7 @@ class MetaTable:
         self._slots -= self._size.pop(seq)
         puts.append((self.family, self._key(seq), None))
         framed = self._frame_of.pop(seq, None)
+        self._sum_of.pop(seq, None)
         if framed is not None:
             self._file(framed[0]).release(framed[1])
 
@@ -472,17 +510,21 @@ class MetaTable:
 
     def _append(self, puts: list, iids: np.ndarray, version: np.ndarray, event_ts: np.ndarray, codes: np.ndarray,
                 rows: np.ndarray | None) -> None:
-        frames = None
+        frames = sums = None
         if rows is not None:
             self._dim = rows.shape[1]
-            frames = self._file(self._dim).write(np.ascontiguousarray(rows, dtype="<f4"))
+            rows = np.ascontiguousarray(rows, dtype="<f4")
+            frames = self._file(self._dim).write(rows)
+            sums = row_sums(rows)
         first = self._next_page
         for n, (ids, value) in enumerate(zip(*encode_pages(iids, version, event_ts, codes, self.names,
-                                                           0 if rows is None else self._dim, frames))):
+                                                           0 if rows is None else self._dim, frames,
+                                                           sums if frames is not None else None))):
             seq = first + n
             puts.append((self.family, self._key(seq), value))
             if frames is not None:
                 self._frame_of[seq] = (self._dim, frames[n])
+                self._sum_of[seq] = sums[n]
             self.page[ids], self.slot[ids], self.has_row[ids] = seq, np.arange(len(ids), dtype=np.int32), rows is not None
             self._size[seq] = self._live[seq] = len(ids)
             self._slots += len(ids)
@@ -692,6 +734,16 @@ class _FrameFile:
         return np.frombuffer(data, dtype="<f4").reshape(count, -1)
 
 
+def row_sums(rows: np.ndarray) -> list[int]:
+    """The sum of the 32-bit words of each :data:`PAGE_ROWS` rows (a page's frame), modulo 2^64."""
+    words = np.ascontiguousarray(rows, dtype="<f4").view("<u4")
+    full = len(words) // PAGE_ROWS
+    sums = words[:full * PAGE_ROWS].reshape(full, -1).sum(axis=1, dtype=np.uint64).tolist() if full else []
+    if len(words) > full * PAGE_ROWS:
+        sums.append(int(words[full * PAGE_ROWS:].sum(dtype=np.uint64)))
+    return sums
+
+
 def _counts(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The distinct values of a 1-D int array (sorted) and how often each occurs."""
     s = np.sort(np.asarray(values, dtype=np.int64))
@@ -705,7 +757,8 @@ _COLUMNS = (("iid", ">u8"), ("version", ">u8"), ("event_ts", ">f8"), ("mode", "u
 
 
 def encode_pages(iids: np.ndarray, version: np.ndarray, event_ts: np.ndarray, codes: np.ndarray,
-                 names: Sequence[str], width: int, frames: Sequence[int] | None) -> tuple[list[np.ndarray], list[bytes]]:
+                 names: Sequence[str], width: int, frames: Sequence[int] | None,
+                 sums: Sequence[int] | None = None) -> tuple[list[np.ndarray], list[bytes]]:
     """``embpages`` values for these records, :data:`PAGE_ROWS` a page: ``(iids of each page, values)``.
 
     A value is a header, the modes it uses, then its records column by
@@ -713,7 +766,9 @@ def encode_pages(iids: np.ndarray, version: np.ndarray, event_ts: np.ndarray, co
     of modes >B, each mode as length >B + ascii. Columns: iid >Q, version >Q,
     event_ts >d, mode (index into the page's modes) >B; when the page has
     rows (``frames`` given, one per page), the frame of the row file holding
-    them >Q (float32[count, width] little-endian at the frame's start).
+    them >Q (float32[count, width] little-endian at the frame's start) and
+    the sum of those rows' 32-bit words modulo 2^64 >Q (``sums``,
+    :func:`row_sums`).
     """
     used = unique_ids(codes)
     modes = b"".join(bytes((len(m),)) + m for m in (names[c].encode() for c in used.tolist()))
@@ -723,7 +778,7 @@ def encode_pages(iids: np.ndarray, version: np.ndarray, event_ts: np.ndarray, co
     for n, start in enumerate(range(0, len(iids), PAGE_ROWS)):
         count = min(PAGE_ROWS, len(iids) - start)
         head = _PAGE_HEAD.pack(_PAGE_FORMAT, frames is not None, count, width if frames is not None else 0, len(used))
-        tail = _FRAME.pack(frames[n]) if frames is not None else b""
+        tail = _FRAME.pack(frames[n], sums[n]) if frames is not None else b""
         pages.append(iids[start:start + count])
         values.append(b"".join([head, modes, *(memoryview(c[start:start + count]) for c in columns), tail]))
     return pages, values
@@ -734,7 +789,8 @@ def decode_page(raw: bytes) -> tuple[dict[str, np.ndarray], list[str], bool]:
 
     The columns (``iid``, ``version``, ``event_ts``, ``mode``) are read-only
     views, plus for a page with rows its row ``width`` and either ``frame``
-    (the frame of the row file) or, in the older inline format, ``row``.
+    (the frame of the row file) and ``sum``, or, in the older inline format,
+    ``row``.
     """
     fmt, has_rows, count, width, n_modes = _PAGE_HEAD.unpack_from(raw)
     if fmt not in (_PAGE_FORMAT, _INLINE_FORMAT):
@@ -754,5 +810,6 @@ def decode_page(raw: bytes) -> tuple[dict[str, np.ndarray], list[str], bool]:
         if fmt == _INLINE_FORMAT:
             columns["row"] = np.frombuffer(raw, "<f4", count * width, at).reshape(count, width)
         else:
-            columns["frame"] = np.asarray(_FRAME.unpack_from(raw, at)[0])
+            frame, total = _FRAME.unpack_from(raw, at)
+            columns["frame"], columns["sum"] = np.asarray(frame), np.asarray(total, dtype=np.uint64)
     return columns, modes, bool(has_rows)

@@ -801,3 +801,43 @@ def test_a_backfill_withdraws_what_nodes_deleted_before_their_recompute_left(
         engine.recompute()
         assert_embeddings_close(_final_stored(engine), _from_scratch(engine))
         assert "d" not in _final_stored(engine)
+
+
+def test_rows_lost_to_an_operating_system_crash_are_recomputed_at_the_next_start(
+        model_dirs: dict[str, Path], tmp_path: Path) -> None:
+    """Frames of the final log and of the h^1 log that no longer hold their pages' rows (zeros, and the rows of
+    another page): the engine marks their nodes at start, and the next recompute makes the store exact again."""
+    from workers.tables import PAGE_ROWS, decode_page
+
+    model = load_model_dir(model_dirs["sage"])
+    with GraphStore(tmp_path / "s", seed=SEED) as store:
+        engine = Engine(store, model)
+        engine.backfill()  # binds the store to the model (a start with another binding backfills instead)
+        store.apply(_random_graph_events(300, 900, seed=3))
+        engine.recompute()
+        dims = engine.tables.dims
+        frames = {}
+        for layer, log in engine.logs.items():
+            frames[layer] = [int(decode_page(raw)[0]["frame"]) for _, raw in log._pages()]
+    for layer, name, fill in ((2, f"final-rows-{dims[2]}.f32", None), (1, f"layer1-rows-{dims[1]}.f32", 1)):
+        path = tmp_path / "s" / name
+        size = PAGE_ROWS * dims[layer] * 4
+        data = bytearray(path.read_bytes())
+        frame = frames[layer][0]
+        other = frames[layer][fill] if fill is not None else None
+        data[frame * size:(frame + 1) * size] = bytes(size) if other is None else data[other * size:(other + 1) * size]
+        path.write_bytes(bytes(data))
+    with GraphStore(tmp_path / "s") as store:
+        engine = Engine(store, model)
+        assert engine.pending() > 0
+        before = _Publisher().collect(engine)
+        engine.recompute()
+        assert engine.pending() == 0
+        assert_embeddings_close(_final_stored(engine), _from_scratch(engine))
+        republished = _Publisher().collect(engine)[len(before):]
+        assert len({e.node for e in republished}) >= 1
+        iids = np.fromiter(store.node_iids(), dtype=np.int64)
+        want, _ = engine.compute_layer(0, iids, engine._full_inputs(iids))
+        np.testing.assert_allclose(engine.logs[1].rows(iids, dims[1])[0], want, atol=1e-6)
+    with GraphStore(tmp_path / "s") as store:
+        assert Engine(store, model).pending() == 0  # nothing is left to repair

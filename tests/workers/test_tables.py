@@ -264,3 +264,27 @@ def test_logs_of_several_layers_share_a_family_without_seeing_each_other(tmp_pat
         assert present.tolist() == [False, True, True] and (rows[1:] == 5.0).all()
         assert [(i, m.version, r.tolist()) for i, m, r in final.items()] == [(1, 3, [9.0] * 4)]
         assert (one.live(), two.live(), final.live()) == (2, 2, 1)
+
+
+def test_frames_that_lost_their_rows_are_reported_when_the_log_is_read(tmp_path) -> None:
+    """An operating-system crash can leave a frame with zeros or another page's rows while RocksDB kept the
+    record pointing at it: the record's sum of the rows tells."""
+    dim = 4
+    with GraphStore(tmp_path / "s") as store:
+        table = MetaTable(store)
+        ids = np.arange(3 * PAGE_ROWS, dtype=np.int64)
+        rows = np.random.default_rng(2).standard_normal((len(ids), dim)).astype(np.float32)
+        _set(table, ids, np.ones(len(ids)), np.zeros(len(ids)), ["full"] * len(ids))
+        store.write(table.encode(ids, rows))
+        table.committed()
+        assert MetaTable(store).damaged().tolist() == []
+        path = tmp_path / "s" / f"final-rows-{dim}.f32"
+        frame_bytes = PAGE_ROWS * dim * 4
+        data = bytearray(path.read_bytes())
+        first, second = _frame(store, 0), _frame(store, 1)
+        data[first * frame_bytes:(first + 1) * frame_bytes] = bytes(frame_bytes)  # zeros
+        data[second * frame_bytes:(second + 1) * frame_bytes] = rows[2 * PAGE_ROWS:].tobytes()  # another page's rows
+        path.write_bytes(bytes(data))
+        assert MetaTable(store).damaged().tolist() == ids[:2 * PAGE_ROWS].tolist()
+        path.unlink()
+        assert MetaTable(store).damaged().tolist() == ids.tolist()
