@@ -34,7 +34,7 @@ from graph_state.idsets import unique_ids
 from graph_state.exceptions import OffsetRegressionError, StoreConfigError, StoreLockedError
 from graph_state.sampler import check_fanout, rank_bytes
 
-__all__ = ["GraphStore", "ApplyResult", "RowBlock", "grow_columns", "DIRTY_INPUT", "DIRTY_SAMPLE", "DIRTY_COUNT", "DIRTY_DEGREE"]
+__all__ = ["GraphStore", "ApplyResult", "grow_columns", "DIRTY_INPUT", "DIRTY_SAMPLE", "DIRTY_COUNT", "DIRTY_DEGREE"]
 
 logger = logging.getLogger(__name__)
 
@@ -375,38 +375,6 @@ def _mark_records(marks: np.ndarray, flags: np.ndarray) -> bytes:
     rec = np.empty(len(marks), dtype=keys.DIRTY_MARK_RECORD)
     (rec["tag"], rec["iid"]), rec["flags"] = _split(marks), flags
     return rec.tobytes()
-
-
-@dataclass(frozen=True)
-class RowBlock:
-    """Many fixed-width writes to one column family, packed: key ``i`` is
-    ``keys[i*key_size:(i+1)*key_size]``; value ``i`` likewise, or a delete
-    when ``values`` is None. Keys and values are bytes or C-contiguous arrays
-    (their memory is read as is, without a copy)."""
-
-    family: str
-    keys: bytes | np.ndarray
-    key_size: int
-    values: bytes | np.ndarray | None
-    value_size: int = 0
-
-    def write_to(self, wb: WriteBatch, handle: Any) -> None:
-        if not self.key_size or not memoryview(self.keys).nbytes:
-            return
-        # numpy splits the packed buffers into bytes objects in C
-        keys_ = np.frombuffer(self.keys, dtype=f"V{self.key_size}").tolist()
-        if self.values is None:
-            delete = wb.delete
-            for key in keys_:
-                delete(key, handle)
-            return
-        put = wb.put
-        if self.value_size == 0:
-            for key in keys_:
-                put(key, b"", handle)
-            return
-        for key, value in zip(keys_, np.frombuffer(self.values, dtype=f"V{self.value_size}").tolist()):
-            put(key, value, handle)
 
 
 class _Batch:
@@ -1385,8 +1353,8 @@ class GraphStore:
         """The column-family view ``name`` (engine-owned families: dirty, emb, embmeta, embpages, outbox)."""
         return self._cf[name]
 
-    def write(self, puts: Iterable[tuple[str, bytes, bytes | None] | RowBlock], clear: Sequence[str] = ()) -> int:
-        """Write ``(family, key, value-or-None-to-delete)`` triples and :class:`RowBlock` s in one WriteBatch.
+    def write(self, puts: Iterable[tuple[str, bytes, bytes | None]], clear: Sequence[str] = ()) -> int:
+        """Write ``(family, key, value-or-None-to-delete)`` triples in one WriteBatch.
 
         Args:
             clear: families emptied first in the same batch, with one range
@@ -1401,13 +1369,7 @@ class GraphStore:
             wb.delete_range(b"", b"\xff" * 32, handles[cf])
         put, delete = wb.put, wb.delete
         marks: list[tuple[bytes, bytes | None]] = []  # dirty writes, replayed on the mirror once written
-        for item in puts:
-            if isinstance(item, RowBlock):
-                if item.family == "dirty":
-                    raise ValueError("dirty marks are written with mark_put (they are mirrored in memory)")
-                item.write_to(wb, handles[item.family])
-                continue
-            cf, key, value = item
+        for cf, key, value in puts:
             if value is None:
                 delete(key, handles[cf])
             else:

@@ -175,7 +175,7 @@ class Engine:
             self._mark_damaged_rows()
 
     def _mark_damaged_rows(self) -> None:
-        """Dirty marks for the nodes whose stored rows failed their check when the logs were read, so the
+        """Dirty marks for the nodes whose stored rows fail their check (:meth:`MetaTable.damaged`), so the
         next recompute computes them again (and propagates what really changed)."""
         tags, nodes = [], []
         for layer, log in self.logs.items():
@@ -560,12 +560,8 @@ class Engine:
         return stats
 
     def _commit(self, puts: list, clear: tuple[str, ...] = ()) -> int:
-        """Write ``puts`` in one WriteBatch; if that fails, forget what the caches took from them."""
-        try:
-            written = self.store.write(puts, clear=clear)
-        except BaseException:
-            self._forget()  # the page indexes already point at the pages that were not written
-            raise
+        """Write ``puts`` in one WriteBatch (its callers run under :meth:`_forgetting_on_failure`)."""
+        written = self.store.write(puts, clear=clear)
         for log in self.logs.values():  # frames of the pages this batch deleted may now be reused
             log.committed()
         return written

@@ -62,7 +62,8 @@ def decode_legacy_final(raw: bytes) -> tuple[EmbeddingMeta, np.ndarray | None]:
 
 
 def read_final_rows(store: GraphStore, iids: Sequence[int] | np.ndarray, dim: int) -> tuple[np.ndarray, np.ndarray]:
-    """The stored final embeddings of ``iids``, read from RocksDB, and a mask of which exist (zero rows elsewhere)."""
+    """The stored final embeddings of ``iids`` (from the page log and its row file) and a mask of which exist
+    (zero rows elsewhere)."""
     return MetaTable(store).rows(np.asarray(iids, dtype=np.int64), dim)
 
 
@@ -283,7 +284,6 @@ class MetaTable:
         self._dead: list[int] = []
         self._frame_of: dict[int, tuple[int, int]] = {}  # page -> (row width, frame) of pages with framed rows
         self._sum_of: dict[int, int] = {}  # page -> the sum its record holds of its rows (row_sums)
-        self._damaged = np.zeros(0, dtype=np.int64)
         for file in getattr(self, "_files", {}).values():
             file.close()
         self._files: dict[int, _FrameFile] = {}  # by row width
@@ -335,17 +335,18 @@ class MetaTable:
             used.setdefault(width, []).append(frame)
         for width, frames in used.items():
             self._file(width).start(frames)
-        self._damaged = self._check_frames()
 
-    def _check_frames(self) -> np.ndarray:
-        """The iids whose current page's frame no longer holds the rows the page was written with.
+    def damaged(self) -> np.ndarray:
+        """The iids whose current page's frame no longer holds the rows the page was written with; recompute
+        them. Reads every live frame.
 
         A killed process leaves the frames right (they are in the page
         cache); an operating-system crash or power loss may not, since the
         row files are not synced with RocksDB's log: a frame can still hold
         zeros or the rows of the page that used it before. The sums catch
-        that (see :meth:`damaged`).
+        that.
         """
+        self._load()
         bad: list[int] = []
         with _Readers() as files:
             for seq in self._live:
@@ -364,11 +365,6 @@ class MetaTable:
         logger.warning("%s%s: %d pages whose rows do not match their records (an operating-system crash?)",
                        self.family, self.prefix.hex(), len(bad))
         return np.flatnonzero(np.isin(self.page, np.asarray(bad, dtype=np.int64)) & self.has_row).astype(np.int64)
-
-    def damaged(self) -> np.ndarray:
-        """The iids whose stored rows failed the check when the log was read; recompute them."""
-        self._load()
-        return self._damaged
 
     def _key(self, seq: int) -> bytes:
         return self.prefix + keys.encode_iid(seq)

@@ -266,7 +266,7 @@ def test_logs_of_several_layers_share_a_family_without_seeing_each_other(tmp_pat
         assert (one.live(), two.live(), final.live()) == (2, 2, 1)
 
 
-def test_frames_that_lost_their_rows_are_reported_when_the_log_is_read(tmp_path) -> None:
+def test_frames_that_lost_their_rows_are_reported_by_the_check(tmp_path) -> None:
     """An operating-system crash can leave a frame with zeros or another page's rows while RocksDB kept the
     record pointing at it: the record's sum of the rows tells."""
     dim = 4
