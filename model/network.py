@@ -161,6 +161,34 @@ class GNN(nn.Module):
             out = conv(x_self, table.index_select(0, nbr_rows), index, self_count, nbr_count)
         return out.relu() if l < self.num_layers - 1 else out
 
+    def projects(self, l: int) -> bool:
+        """Whether layer ``l`` can run from projected inputs (:meth:`project`, :meth:`layer_projected`)."""
+        return hasattr(self.convs[l], "project")
+
+    @torch.no_grad()
+    def project(self, l: int, x: Tensor) -> tuple[Tensor, Tensor]:
+        """Layer ``l``'s two projections of its inputs ``x`` (GraphSAGE: ``W_l x`` and ``W_r x + b_l``).
+
+        Shapes:
+            ``x: [N, dims[l]]`` -> ``([N, dims[l+1]], [N, dims[l+1]])``.
+        """
+        return self.convs[l].project(x)
+
+    @torch.no_grad()
+    def layer_projected(self, l: int, r_self: Tensor, p_table: Tensor, nbr_rows: Tensor,
+                        self_count: Tensor) -> Tensor:
+        """:meth:`layer_indexed` from projected inputs: the targets' second projections and the table of first
+        projections (``p_table[nbr_rows[e]]`` for neighbour ``e``). Equal to it up to float rounding.
+
+        Shapes:
+            ``r_self: [B, dims[l+1]]``, ``p_table: [N, dims[l+1]]``, ``nbr_rows: [E]``,
+            ``self_count: [B]`` -> ``[B, dims[l+1]]``.
+        """
+        if not 0 <= l < self.num_layers:
+            raise ValueError(f"Expected a layer number in [0, {self.num_layers}) (got {l})")
+        out = self.convs[l].forward_projected(r_self, p_table, nbr_rows, self_count)
+        return out.relu() if l < self.num_layers - 1 else out
+
     def forward(self, x: Tensor, edge_index: Tensor | Sequence[Tensor]) -> Tensor:
         """Embed every node of a graph from its sampled edge list(s): the from-scratch reference.
 

@@ -118,6 +118,39 @@ class SAGELayer(nn.Module):
         mean = total.div_(self_count.clamp(min=1).to(x_self.dtype).unsqueeze(-1))
         return self._combine(mean, x_self)
 
+    def project(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """``(W_l x, W_r x + b_l)`` of every row of ``x``.
+
+        The layer is linear before its activation, so
+        ``h_v = mean_{u∈S(v)} W_l x_u + (W_r x_v + b_l)``: a caller that keeps
+        both projections of every node recomputes a target with one
+        ``embedding_bag`` and no matrix product (:meth:`forward_projected`).
+        Equal to :meth:`forward` up to float rounding.
+
+        Shapes:
+            ``x: [N, in_dim]`` -> ``([N, out_dim], [N, out_dim])``.
+        """
+        return torch.mm(x, self.lin_l.weight.t()), torch.addmm(self.lin_l.bias, x, self.lin_r.weight.t())
+
+    def forward_projected(self, r_self: Tensor, p_table: Tensor, nbr_rows: Tensor, self_count: Tensor) -> Tensor:
+        """The layer from projected inputs (:meth:`project`): ``mean_e p_table[nbr_rows[e]] + r_self``.
+
+        Shapes:
+            ``r_self: [B, out_dim]``, ``p_table: [N, out_dim]``, ``nbr_rows: [E]`` grouped by target,
+            ``self_count: [B]`` -> ``[B, out_dim]``.
+        """
+        if r_self.dim() != 2 or r_self.size(1) != self.out_dim or p_table.dim() != 2 or p_table.size(1) != self.out_dim:
+            raise ValueError(f"{type(self).__name__}: Expected r_self [B, {self.out_dim}] and p_table [N, {self.out_dim}] "
+                             f"(got {list(r_self.shape)} and {list(p_table.shape)})")
+        if self_count.numel() != r_self.size(0) or int(self_count.sum()) != nbr_rows.numel():
+            raise ValueError(f"{type(self).__name__}: Expected self_count to sum to the {nbr_rows.numel()} "
+                             f"neighbour rows, one entry per target")
+        if r_self.size(0) == 0 or nbr_rows.numel() == 0:
+            return r_self.clone()
+        offsets = torch.cumsum(self_count, 0) - self_count
+        total = F.embedding_bag(nbr_rows, p_table, offsets, mode="sum")
+        return torch.addcdiv(r_self, total, self_count.clamp(min=1).to(r_self.dtype).unsqueeze(-1))
+
     def _combine(self, mean: Tensor, x_self: Tensor) -> Tensor:
         """``lin_l(mean) + lin_r(x_self)`` as two accumulating matrix products (no temporary for the sum)."""
         out = torch.addmm(self.lin_l.bias, mean, self.lin_l.weight.t())

@@ -76,7 +76,47 @@ def _threads_for(rows: int) -> Iterator[None]:
 
 
 Rows = Callable[[np.ndarray], "tuple[np.ndarray, np.ndarray]"]
-"""Layer inputs by iid: ``rows(iids) -> (table, positions)``, ``table[positions[i]]`` being the row of ``iids[i]``."""
+"""Layer inputs by iid: ``rows(iids) -> (table, positions)``, ``table[positions[i]]`` being the row of ``iids[i]``.
+
+A source may also offer ``projected(iids, project) -> (first, second, positions)``: a
+layer's two projections of those rows (:meth:`model.network.GNN.project`), kept
+between calls where it can."""
+Project = Callable[[np.ndarray], "tuple[np.ndarray, np.ndarray]"]
+
+
+class _DenseRows:
+    """The rows of ``targets`` (zeros for any other iid) as a :data:`Rows` source, projected once on request."""
+
+    def __init__(self, targets: np.ndarray, rows: np.ndarray):
+        self._pos = np.full(int(targets.max()) + 1 if len(targets) else 0, len(rows), dtype=np.int64)
+        self._pos[targets] = np.arange(len(targets))
+        self._rows = np.concatenate([rows, np.zeros((1, rows.shape[1]), dtype=np.float32)])
+        self._projected: tuple[np.ndarray, np.ndarray] | None = None
+
+    def _positions(self, iids: np.ndarray) -> np.ndarray:
+        inside = iids < len(self._pos)
+        return np.where(inside, self._pos[np.where(inside, iids, 0)], len(self._rows) - 1)
+
+    def __call__(self, iids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return self._rows, self._positions(iids)
+
+    def projected(self, iids: np.ndarray, project: Project) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        if self._projected is None:
+            self._projected = project(self._rows)
+        return (*self._projected, self._positions(iids))
+
+
+class _CachedRows:
+    """The engine's cached rows of one layer (:class:`EmbeddingTables`) as a :data:`Rows` source."""
+
+    def __init__(self, tables: EmbeddingTables, layer: int):
+        self.tables, self.layer = tables, layer
+
+    def __call__(self, iids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return self.tables.index(self.layer, iids)
+
+    def projected(self, iids: np.ndarray, project: Project) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return self.tables.projected(self.layer, iids, project)
 
 
 class EngineError(RuntimeError):
@@ -166,6 +206,8 @@ class Engine:
         for l, log in self.logs.items():
             log.row_cache = lambda iids, l=l: self.tables.cached(l, iids)
         self._uses_counts = [bool(getattr(c, "uses_neighbour_counts", False)) for c in self.gnn.convs]
+        # a layer past the first whose inputs (the engine's own h^l) can be kept projected: see compute_layer
+        self._projects = [layer > 0 and self.gnn.projects(layer) for layer in range(self.num_layers)]
         self._deferred_since: float | None = None
         self._capped = 0
         self._deleted_code = self.meta.code(DELETED)
@@ -227,13 +269,29 @@ class Engine:
             count[~self.policy.uses_neighbours_many(degree)] = 0
         return count
 
+    def _projector(self, layer: int) -> Project:
+        def project(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            with _threads_for(len(rows)):
+                first, second = self.gnn.project(layer, torch.from_numpy(rows))
+            return first.numpy(), second.numpy()
+        return project
+
     def compute_layer(self, layer: int, targets: np.ndarray, inputs: Rows) -> tuple[np.ndarray, int]:
         """``h^{layer+1}`` of ``targets`` (0-based layer index) from the ``h^layer`` rows of ``inputs``.
+
+        A GraphSAGE layer past the first runs from its inputs' projections
+        (``W_l h_u`` and ``W_r h_u + b_l`` of every node, kept by the source):
+        a target then costs one gathered sum and no matrix product, and only
+        the rows that changed are projected again. Backfill, recompute and
+        :meth:`from_scratch` all compute such a layer this way, so they agree
+        exactly; against the layer's plain form the difference is float
+        rounding (about 1e-7).
 
         Returns:
             The new rows and the number of sampled neighbours read.
         """
         k = self.fanouts[layer]
+        projected = getattr(inputs, "projected", None) if self._projects[layer] else None
         out = np.empty((len(targets) if len(targets) > self.chunk_nodes else 0, self.tables.dims[layer + 1]),
                        dtype=np.float32)
         sampled = 0
@@ -243,15 +301,21 @@ class Engine:
             sampled += len(flat)
             if k:
                 self._capped += int(np.count_nonzero((counts == k) & (degree > k)))
-            table, pos = inputs(np.concatenate([chunk, flat]))
             self_count = torch.from_numpy(counts.astype(np.int64, copy=False))
-            if self._uses_counts[layer]:
-                nbr_count = torch.from_numpy(self._neighbour_counts(flat, k))
+            if projected is not None:
+                first, second, pos = projected(np.concatenate([chunk, flat]), self._projector(layer))
+                with torch.no_grad(), _threads_for(len(chunk)):
+                    h = self.gnn.layer_projected(layer, torch.from_numpy(second[pos[:len(chunk)]]),
+                                                 torch.from_numpy(first), torch.from_numpy(pos[len(chunk):]), self_count)
             else:
-                nbr_count = torch.zeros(len(flat), dtype=torch.int64)
-            with torch.no_grad(), _threads_for(len(chunk)):
-                h = self.gnn.layer_indexed(layer, torch.from_numpy(table[pos[:len(chunk)]]), torch.from_numpy(table),
-                                           torch.from_numpy(pos[len(chunk):]), self_count, nbr_count)
+                table, pos = inputs(np.concatenate([chunk, flat]))
+                if self._uses_counts[layer]:
+                    nbr_count = torch.from_numpy(self._neighbour_counts(flat, k))
+                else:
+                    nbr_count = torch.zeros(len(flat), dtype=torch.int64)
+                with torch.no_grad(), _threads_for(len(chunk)):
+                    h = self.gnn.layer_indexed(layer, torch.from_numpy(table[pos[:len(chunk)]]), torch.from_numpy(table),
+                                               torch.from_numpy(pos[len(chunk):]), self_count, nbr_count)
             if len(chunk) == len(targets):  # one chunk: keep torch's output, no copy
                 return h.numpy(), sampled
             out[start:start + len(chunk)] = h.numpy()
@@ -277,6 +341,9 @@ class Engine:
         for layer in range(self.num_layers):
             h, sampled = self.compute_layer(layer, targets, prev)
             stats.sampled_neighbours += sampled
+            if self._projects[layer]:  # the next batches start from the projections computed here
+                first, second = prev.projected(np.zeros(0, dtype=np.int64), self._projector(layer))[:2]
+                self.tables.keep_projected(layer, targets, first[:len(targets)], second[:len(targets)])
             stats.recomputed.append(len(targets))
             stats.changed.append(len(targets))
             if layer < self.num_layers - 1:  # final rows are written with their metadata
@@ -378,15 +445,7 @@ class Engine:
     @staticmethod
     def _dense_lookup(targets: np.ndarray, rows: np.ndarray) -> Rows:
         """Rows of ``targets`` as a :data:`Rows` source (zeros for any other iid)."""
-        pos = np.full(int(targets.max()) + 1 if len(targets) else 0, len(rows), dtype=np.int64)
-        pos[targets] = np.arange(len(targets))
-        padded = np.concatenate([rows, np.zeros((1, rows.shape[1]), dtype=np.float32)])
-
-        def lookup(iids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-            inside = iids < len(pos)
-            return padded, np.where(inside, pos[np.where(inside, iids, 0)], len(rows))
-
-        return lookup
+        return _DenseRows(targets, rows)
 
     def _write_layer_rows(self, layer: int, iids: np.ndarray, rows: np.ndarray) -> None:
         step = 50_000
@@ -452,6 +511,17 @@ class Engine:
         deferred.append(over)
         return deps
 
+    def _moved(self, layer: int, iids: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """Which of ``rows`` differ from the held ``h^layer`` of ``iids`` by more than the tolerance, or have
+        none held."""
+        table, pos, present = self.tables.held(layer, iids)
+        if not len(iids):
+            return present
+        with _threads_for(len(iids)):
+            old = torch.from_numpy(table).index_select(0, torch.from_numpy(pos))
+            gap = old.sub_(torch.from_numpy(rows)).abs_().amax(dim=1).numpy()
+        return ~present | (gap > _ATOL)
+
     def recompute(self, event_ts: float | None = None, publish: bool = True, drain: bool = False) -> RecomputeStats:
         """Process every dirty mark; return what was recomputed.
 
@@ -508,13 +578,10 @@ class Engine:
             alive = store.node_arrays(dirty_ids)[0] >= 0
             targets, gone = dirty_ids[alive], dirty_ids[~alive]
             t = stats.lap("dirty", t)
-            rows, sampled = self.compute_layer(layer, targets, lambda ids, l=layer: self.tables.index(l, ids))
+            rows, sampled = self.compute_layer(layer, targets, _CachedRows(self.tables, layer))
             stats.sampled_neighbours += sampled
             t = stats.lap("compute", t)
-            old, present = self.tables.get(layer + 1, targets)
-            np.subtract(rows, old, out=old)  # ``get`` returns copies: the buffer is ours
-            np.abs(old, out=old)
-            diff = ~present | (old.max(axis=1, initial=0.0) > _ATOL)
+            diff = self._moved(layer + 1, targets, rows)
             moved, moved_rows = (targets, rows) if diff.all() else (targets[diff], rows[diff])
             self.tables.set(layer + 1, moved, moved_rows)
             self.tables.set(layer + 1, gone, None)

@@ -119,11 +119,14 @@ class EmbeddingTables:
         self._rows: list[np.ndarray] = [np.zeros((0, d), dtype=np.float32) for d in self.dims]
         self._loaded: list[np.ndarray] = [np.zeros(0, dtype=bool) for _ in self.dims]
         self._present: list[np.ndarray] = [np.zeros(0, dtype=bool) for _ in self.dims]
+        # by layer, projections of the cached rows (:meth:`projected`): (first, second, which rows are current)
+        self._proj: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
 
     def clear(self) -> None:
         self._rows = [np.zeros((0, d), dtype=np.float32) for d in self.dims]
         self._loaded = [np.zeros(0, dtype=bool) for _ in self.dims]
         self._present = [np.zeros(0, dtype=bool) for _ in self.dims]
+        self._proj.clear()
 
     def _grow(self, layer: int, size: int) -> bool:
         have = len(self._loaded[layer])
@@ -139,6 +142,7 @@ class EmbeddingTables:
         present = np.zeros(new, dtype=bool)
         present[:have] = self._present[layer]
         self._rows[layer], self._loaded[layer], self._present[layer] = rows, loaded, present
+        self._proj.pop(layer, None)
         return True
 
     def _read(self, layer: int, iids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -161,6 +165,7 @@ class EmbeddingTables:
             self._rows[layer][missing] = rows
             self._present[layer][missing] = present
             self._loaded[layer][missing] = True
+            self._stale(layer, missing)
         return self._rows[layer][iids], self._present[layer][iids]
 
     def cached(self, layer: int, iids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -189,11 +194,64 @@ class EmbeddingTables:
         rows, _ = self.get(layer, iids)
         return rows, np.arange(len(iids), dtype=np.int64)
 
+    def held(self, layer: int, iids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`index` and a mask of which rows exist: ``(table, positions, present)``."""
+        iids = np.asarray(iids, dtype=np.int64)
+        table, pos = self.index(layer, iids)
+        if table is self._rows[layer]:
+            return table, pos, self._present[layer][iids]
+        return table, pos, self.get(layer, iids)[1]
+
+    def projected(self, layer: int, iids: np.ndarray, project: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(first, second, positions)``: ``project``'s two outputs for the rows of ``iids`` at ``layer``,
+        ``first[positions[i]]`` and ``second[positions[i]]`` being those of ``iids[i]``.
+
+        Projections are kept beside the cache and computed again only for
+        rows set, loaded or invalidated since, so a layer whose inputs barely
+        change costs no matrix product per target (``project`` must map each
+        row on its own, like a linear layer).
+        """
+        table, pos = self.index(layer, iids)
+        if table is not self._rows[layer]:  # beyond the bound: nothing is kept
+            first, second = project(table)
+            return first, second, pos
+        held = self._proj.get(layer)
+        stale = unique_ids(pos[~held[2][pos]]) if held is not None else unique_ids(pos)
+        if len(stale):
+            first, second = project(table[stale])
+            if held is None:
+                held = (np.zeros((len(table), first.shape[1]), dtype=np.float32),
+                        np.zeros((len(table), second.shape[1]), dtype=np.float32), np.zeros(len(table), dtype=bool))
+                self._proj[layer] = held
+            held[0][stale], held[1][stale] = first, second
+            held[2][stale] = True
+        return held[0], held[1], pos
+
+    def keep_projected(self, layer: int, iids: np.ndarray, first: np.ndarray, second: np.ndarray) -> None:
+        """Hold projections of the cached rows of ``iids`` at ``layer`` computed elsewhere (a backfill's)."""
+        iids = np.asarray(iids, dtype=np.int64)
+        if not len(iids) or not self._grow(layer, int(iids.max()) + 1):
+            return
+        size = len(self._rows[layer])
+        held = self._proj.get(layer)
+        if held is None:
+            held = self._proj[layer] = (np.zeros((size, first.shape[1]), dtype=np.float32),
+                                        np.zeros((size, second.shape[1]), dtype=np.float32), np.zeros(size, dtype=bool))
+        held[0][iids], held[1][iids] = first, second
+        held[2][iids] = self._loaded[layer][iids]
+
+    def _stale(self, layer: int, iids: np.ndarray) -> None:
+        held = self._proj.get(layer)
+        if held is not None:
+            held[2][iids] = False
+
     def set(self, layer: int, iids: np.ndarray, rows: np.ndarray | None) -> None:
         """Update cached rows (``rows`` None removes them); the caller writes RocksDB."""
         iids = np.asarray(iids, dtype=np.int64)
         if len(iids) == 0 or not self._grow(layer, int(iids.max()) + 1):
             return
+        self._stale(layer, iids)
         if rows is None:
             self._rows[layer][iids] = 0
             self._present[layer][iids] = False
@@ -206,7 +264,9 @@ class EmbeddingTables:
         """Forget cached rows so the next read goes to RocksDB (after feature writes)."""
         idx = np.asarray(iids, dtype=np.int64)
         if len(idx) and len(self._loaded[layer]):
-            self._loaded[layer][idx[idx < len(self._loaded[layer])]] = False
+            idx = idx[idx < len(self._loaded[layer])]
+            self._loaded[layer][idx] = False
+            self._stale(layer, idx)
 
 
 

@@ -175,3 +175,27 @@ def test_repr_and_reset() -> None:
     gcn.reset_parameters()
     assert torch.count_nonzero(gcn.bias) == 0
     assert GATLayer(3, 2, heads=4).total_out_dim == 8
+
+
+@pytest.mark.parametrize("k", [None, 3, 1])
+def test_sage_from_projected_inputs_equals_the_layer(k: int | None) -> None:
+    nbrs = random_neighbourhoods(40, 90, seed=5, isolated=3)
+    edge_index = sampled_edge_index(nbrs, k)
+    torch.manual_seed(2)
+    x = torch.randn(40, 6)
+    ours, pyg = make_pair("sage", 6, 4, seed=4)
+    targets = torch.tensor([0, 1, 2, 17, 5, 39, 23])  # 0..2 have no neighbours: the output is W_r x + b
+    src, dst = edge_index
+    nbr_rows = torch.cat([src[dst == t] for t in targets.tolist()])  # grouped by target, as the engine feeds them
+    self_count = torch.tensor([int((dst == t).sum()) for t in targets.tolist()])
+    assert self_count[:3].tolist() == [0, 0, 0] and self_count.sum() > 0
+    first, second = ours.project(x)
+    torch.testing.assert_close(first, x @ ours.lin_l.weight.t())
+    torch.testing.assert_close(second, ours.lin_r(x) + ours.lin_l.bias)
+    got = ours.forward_projected(second[targets], first, nbr_rows, self_count)
+    torch.testing.assert_close(got, pyg(x, edge_index)[targets], atol=ATOL, rtol=ATOL)
+    torch.testing.assert_close(got[:3], second[:3])
+    with pytest.raises(ValueError, match="self_count"):
+        ours.forward_projected(second[targets], first, nbr_rows[:-1], self_count)
+    with pytest.raises(ValueError, match="p_table"):
+        ours.forward_projected(second[targets], x, nbr_rows, self_count)

@@ -9,7 +9,7 @@ import pytest
 
 from graph_state import keys
 from graph_state.store import GraphStore
-from workers.tables import (PAGE_ROWS, EmbeddingMeta, MetaTable, decode_legacy_final, decode_outbox, decode_page,
+from workers.tables import (PAGE_ROWS, EmbeddingMeta, EmbeddingTables, MetaTable, decode_legacy_final, decode_outbox, decode_page,
                             encode_outbox)
 
 
@@ -288,3 +288,51 @@ def test_frames_that_lost_their_rows_are_reported_by_the_check(tmp_path) -> None
         assert MetaTable(store).damaged().tolist() == ids[:2 * PAGE_ROWS].tolist()
         path.unlink()
         assert MetaTable(store).damaged().tolist() == ids.tolist()
+
+
+def test_projections_are_kept_beside_the_cache_and_redone_only_for_rows_that_changed(tmp_path) -> None:
+    with GraphStore(tmp_path / "s") as store:
+        tables = EmbeddingTables(store, [3, 4], {1: MetaTable(store, family="layerpages", prefix=b"\x01")})
+        seen: list[list[float]] = []
+
+        def project(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            seen.append(rows[:, 0].tolist())
+            return rows[:, :2] * 2, rows[:, 2:] + 1
+
+        rows = np.arange(6 * 4, dtype=np.float32).reshape(6, 4)
+        tables.set(1, np.arange(6), rows)
+        first, second, pos = tables.projected(1, np.asarray([4, 1, 4]), project)
+        assert sorted(seen.pop()) == [4.0, 16.0]  # rows 1 and 4, each once
+        np.testing.assert_array_equal(first[pos], rows[[4, 1, 4], :2] * 2)
+        np.testing.assert_array_equal(second[pos], rows[[4, 1, 4], 2:] + 1)
+        tables.projected(1, np.asarray([1, 4]), project)
+        assert seen == []  # nothing changed: nothing projected again
+        tables.set(1, np.asarray([4]), np.full((1, 4), -1.0, dtype=np.float32))
+        first, second, pos = tables.projected(1, np.asarray([1, 4, 5]), project)
+        assert sorted(seen.pop()) == [-1.0, 20.0]  # the changed row and the new one
+        np.testing.assert_array_equal(first[pos[1]], [-2.0, -2.0])
+        tables.invalidate(1, [1])
+        tables.projected(1, np.asarray([1]), project)
+        assert seen.pop() == [0.0]  # read again (the log holds nothing: zeros), projected again
+        tables.keep_projected(1, np.asarray([2]), np.asarray([[7.0, 7.0]], dtype=np.float32),
+                              np.asarray([[8.0, 8.0]], dtype=np.float32))
+        first, second, pos = tables.projected(1, np.asarray([2]), project)
+        assert seen == [] and first[pos].tolist() == [[7.0, 7.0]] and second[pos].tolist() == [[8.0, 8.0]]
+        tables.clear()
+        tables.set(1, np.asarray([2]), rows[2:3])
+        tables.projected(1, np.asarray([2]), project)
+        assert seen.pop() == [8.0]
+
+
+def test_projections_of_rows_beyond_the_bound_are_computed_each_time(tmp_path) -> None:
+    with GraphStore(tmp_path / "s") as store:
+        tables = EmbeddingTables(store, [3, 2], {1: MetaTable(store, family="layerpages", prefix=b"\x01")}, max_rows=4)
+        calls = []
+
+        def project(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            calls.append(len(rows))
+            return rows, rows
+
+        tables.set(1, np.asarray([1]), np.ones((1, 2), dtype=np.float32))
+        first, _, pos = tables.projected(1, np.asarray([1, 9]), project)  # 9 is beyond the bound: the cache is dropped
+        assert calls == [2] and first[pos].shape == (2, 2)
