@@ -57,15 +57,17 @@ _SNAPSHOT_PAIRS = 1 << 20  # pairs per sampled-by snapshot record
 _MAX_INDEXED_IDS = 1 << (_PAIR_BITS - 1)  # u << 32 | v must stay a non-negative int64
 _FOLD_PAIRS = 1 << 20  # sampled-by changes replayed at load before they are folded into a new snapshot
 _F32_MAX = float(np.finfo(np.float32).max)
+_PLAIN_NUMBERS = {float, int}
+_UNREAD = object()  # a node record not read yet (``_nodes`` holds None for an absent node)
 
 
 def _finite_features(feats: Sequence[Any]) -> bool:
     """Every entry a real number (not a bool) within float32 range."""
-    if not all(type(x) is float or type(x) is int for x in feats):
+    if not set(map(type, feats)) <= _PLAIN_NUMBERS:
         if not all(_is_finite_number(x) for x in feats):
             return False
-    arr = np.asarray(feats, dtype=np.float64)
-    return bool(np.isfinite(arr).all() and (np.abs(arr) <= _F32_MAX).all())
+    arr = np.fromiter(feats, dtype=np.float64, count=len(feats))
+    return not len(arr) or bool(np.abs(arr).max() <= _F32_MAX)  # NaN compares false
 
 
 def _is_finite_number(x: Any) -> bool:
@@ -698,12 +700,12 @@ class GraphStore:
         key = keys.nbr_key(v, rank_bytes(self.seed, v_name, u_name), u_name)
         truncated = len(top) < node.degree
         node.degree += 1
-        batch.put("nbrs", key, keys.encode_iid(u))
+        batch.wb.put(key, keys.U64.pack(u), batch.handles["nbrs"])
         batch.pending_nbr[v][key] = u
         if truncated and key > top[-1][0]:
             return 1 << 62
         pos = bisect.bisect_left(top, (key,))
-        self._forget_sample(v)
+        self._samples.pop(v, None)  # _forget_sample
         top.insert(pos, (key, u))
         if len(top) > self.top_size:
             top.pop()
@@ -790,10 +792,13 @@ class GraphStore:
                 self._meta_put("feature_dim", dim, batch)
             self._prefetch(events, batch)
             t = result.lap("prefetch", t)
+            handlers = {op: getattr(self, "_apply_" + op)
+                        for op in ("edge_upsert", "edge_delete", "node_upsert", "node_delete")}
+            append = result.event_touches.append
             for ev in events:
                 touches: list[tuple[int, int]] = []
-                result.event_touches.append(touches)
-                getattr(self, "_apply_" + ev.op)(ev, batch, result, touches)
+                append(touches)
+                handlers[ev.op](ev, batch, result, touches)
                 if ev.ts > result.max_ts:
                     result.max_ts = float(ev.ts)
             t = result.lap("events", t)
@@ -857,17 +862,23 @@ class GraphStore:
             batch.stored_edges = {k: raw is not None for k, raw in zip(wanted, self._cf["edges"].get(wanted))}
 
     def _touch(self, name: str, ts: float, batch: _Batch, result: ApplyResult) -> tuple[int, _Node]:
-        iid = self._intern(name, batch)
-        node = self._node(iid)
+        iid = self._iid.get(name)
+        if iid is None:
+            iid = self._intern(name, batch)
+        node = self._nodes.get(iid, _UNREAD)
+        if node is _UNREAD:
+            node = self._node(iid)
         if node is None:
             node = _Node(0, 0, ts)
+            self._nodes[iid] = node
             result.created.add(iid)
             result.features_changed.add(iid)
             result.deleted.discard(iid)
             self._top.setdefault(iid, [])  # a new or deleted node has no neighbour entries
             self._top_of(iid)
-        node.last_ts = max(node.last_ts, float(ts))
-        self._put_node(iid, node, batch)
+        if ts > node.last_ts:
+            node.last_ts = float(ts)
+        batch.nodes.add(iid)  # see _put_node
         return iid, node
 
     def _edge_exists(self, src: int, dst: int) -> bool:
@@ -957,12 +968,14 @@ class GraphStore:
 
     def _finish(self, batch: _Batch, result: ApplyResult) -> None:
         """Node records, net sample changes, the sampled-by index and dirty marks."""
+        put, delete, family = batch.wb.put, batch.wb.delete, batch.handles["nodes"]
+        pack_key, pack_node, nodes = keys.U64.pack, keys.NODE_RECORD.pack, self._nodes
         for iid in batch.nodes:
-            node = self._nodes[iid]
+            node = nodes[iid]
             if node is None:
-                batch.delete("nodes", keys.encode_iid(iid))
+                delete(pack_key(iid), family)
             else:
-                batch.put("nodes", keys.encode_iid(iid), node.encode())
+                put(pack_key(iid), pack_node(node.degree, node.flags, node.last_ts), family)
         # every node whose cached prefix may have changed: compare before and after, vectorised over nodes
         width = max((*self.fanouts, *(d.k for d in self._dense_samples.values())), default=0)
         changed: list[int] = []
