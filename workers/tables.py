@@ -719,7 +719,9 @@ class _FrameFile:
         self._pending: list[int] = []  # released by writes not yet reported stored
         self._next = 0
         self._map: mmap.mmap | None = None
+        self._fd: int | None = None
         self._frames: np.ndarray | None = None  # the mapped file, [frame, row, column]
+        self._mapped = np.zeros(0, dtype=bool)  # by frame: written through the mapping since it was made
 
     def start(self, used: list[int]) -> None:
         """The frames stored pages point at; every other one below the highest is free."""
@@ -740,18 +742,30 @@ class _FrameFile:
     def write(self, rows: np.ndarray) -> list[int]:
         """Store ``rows`` :data:`PAGE_ROWS` to a frame; return the frames used.
 
-        The rows are copied into a shared mapping of the file: they are in
-        the OS page cache, as a ``write`` would leave them, without a system
-        call per frame.
+        A frame written before through the shared mapping of the file is
+        written through it again: its pages are mapped already, so the
+        copy costs no system call. Any other frame is written with
+        ``pwrite``, which is several times cheaper than faulting in pages
+        of a fresh (or evicted) part of the file one by one. Either way
+        the rows are in the OS page cache, where RocksDB's log is too.
         """
         full, rest = divmod(len(rows), PAGE_ROWS)
         count = full + bool(rest)
         view = self._view(self._next + max(0, count - len(self._free)))  # may fail: nothing is taken yet
         frames = [heapq.heappop(self._free) if self._free else self._new() for _ in range(count)]
+        chunks = np.asarray(frames, dtype=np.int64)
+        mapped = self._mapped[chunks]
         if full:
-            view[np.asarray(frames[:full])] = rows[:full * PAGE_ROWS].reshape(full, PAGE_ROWS, -1)
-        if rest:
+            warm = np.flatnonzero(mapped[:full])
+            if len(warm):
+                view[chunks[warm]] = rows[:full * PAGE_ROWS].reshape(full, PAGE_ROWS, -1)[warm]
+        for i in np.flatnonzero(~mapped).tolist():
+            chunk = rows[i * PAGE_ROWS:(i + 1) * PAGE_ROWS]
+            if os.pwrite(self._fd, chunk, frames[i] * self.frame_bytes) != chunk.nbytes:
+                raise OSError(f"short write to row file {self.path!r} (frame {frames[i]})")
+        if rest and mapped[-1]:
             view[frames[-1], :rest] = rows[full * PAGE_ROWS:]
+        self._mapped[chunks[~mapped]] = True  # pwrite left them in the page cache: the mapping takes them over
         return frames
 
     def _new(self) -> int:
@@ -769,9 +783,12 @@ class _FrameFile:
                 if size > have:  # blocks reserved now: a full disk is an OSError here, not a SIGBUS on a later write
                     os.posix_fallocate(fd, 0, size * self.frame_bytes)
                 self._map = mmap.mmap(fd, size * self.frame_bytes)
-            finally:
+            except BaseException:
                 os.close(fd)
+                raise
+            self._fd = fd
             self._frames = np.frombuffer(self._map, dtype="<f4").reshape(size, PAGE_ROWS, self.row_bytes // 4)
+            self._mapped = np.zeros(size, dtype=bool)
         return self._frames
 
     def close(self) -> None:
@@ -780,6 +797,9 @@ class _FrameFile:
         if self._map is not None:
             self._map.close()
             self._map = None
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
     def read(self, frame: int, count: int, files: "_Readers") -> np.ndarray:
         """The first ``count`` rows of ``frame``."""

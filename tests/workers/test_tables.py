@@ -336,3 +336,26 @@ def test_projections_of_rows_beyond_the_bound_are_computed_each_time(tmp_path) -
         tables.set(1, np.asarray([1]), np.ones((1, 2), dtype=np.float32))
         first, _, pos = tables.projected(1, np.asarray([1, 9]), project)  # 9 is beyond the bound: the cache is dropped
         assert calls == [2] and first[pos].shape == (2, 2)
+
+
+def test_frames_hold_what_was_written_whether_fresh_or_rewritten_through_the_mapping(tmp_path) -> None:
+    from workers.tables import _FrameFile, _Readers
+
+    file = _FrameFile(str(tmp_path / "rows-3.f32"), 3)
+    file.start([])
+    rng = np.random.default_rng(0)
+    first = rng.standard_normal((2 * PAGE_ROWS + 5, 3)).astype(np.float32)
+    assert file.write(first) == [0, 1, 2]  # fresh frames: written with pwrite
+    for frame in (0, 2):
+        file.release(frame)
+    file.committed()
+    second = rng.standard_normal((PAGE_ROWS + 7, 3)).astype(np.float32)
+    assert file.write(second) == [0, 2]  # frame 0 again (now through the mapping), then frame 2
+    third = rng.standard_normal((PAGE_ROWS, 3)).astype(np.float32)
+    assert file.write(third) == [3]
+    file.close()
+    with _Readers() as readers:
+        np.testing.assert_array_equal(file.read(0, PAGE_ROWS, readers), second[:PAGE_ROWS])
+        np.testing.assert_array_equal(file.read(1, PAGE_ROWS, readers), first[PAGE_ROWS:2 * PAGE_ROWS])
+        np.testing.assert_array_equal(file.read(2, 7, readers), second[PAGE_ROWS:])
+        np.testing.assert_array_equal(file.read(3, PAGE_ROWS, readers), third)
