@@ -592,7 +592,7 @@ class GraphStore:
     @property
     def top_size(self) -> int:
         """How many rank-ordered neighbours are cached per node."""
-        return max((_MIN_TOP, *self.fanouts))
+        return max(_MIN_TOP, max(self.fanouts, default=0))
 
     # ------------------------------------------------------------------ ids
     def iid(self, name: str) -> int | None:
