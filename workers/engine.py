@@ -211,6 +211,7 @@ class Engine:
         self._deferred_since: float | None = None
         self._capped = 0
         self._deleted_code = self.meta.code(DELETED)
+        self._mode_of: dict[int, int] = {}  # mode code by degree * 2 + has features (the policy is fixed)
         raw = store.column("meta").get(_OUTBOX_SEQ)
         self._seq = 0 if raw is None else keys.decode_iid(raw)
         if not self.needs_backfill():  # a backfill rewrites every row anyway
@@ -469,8 +470,11 @@ class Engine:
         combo = np.maximum(degree, 0) * 2 + ((flags & keys.FLAG_HAS_FEATURES) != 0)
         combos = unique_ids(combo)
         inverse = np.searchsorted(combos, combo)
-        codes = [self.meta.code(self.policy.mode(bool(c & 1), c >> 1)) for c in combos.tolist()]
-        return np.asarray(codes, dtype=np.int16)[inverse]
+        known = self._mode_of
+        for c in combos.tolist():
+            if c not in known:
+                known[c] = self.meta.code(self.policy.mode(bool(c & 1), c >> 1))
+        return np.fromiter(map(known.__getitem__, combos.tolist()), np.int16, len(combos))[inverse]
 
     def _write_final(self, iids: np.ndarray, rows: np.ndarray, *, publish: bool, stats: RecomputeStats,
                      event_ts: float | None, force: bool, puts: list | None = None) -> list:

@@ -591,13 +591,14 @@ class MetaTable:
     def _release(self, pages: np.ndarray, puts: list) -> None:
         """Records of ``pages`` were superseded: delete the pages left without a current record."""
         seqs, counts = _counts(pages[pages >= 0])
-        for seq, n in zip(seqs.tolist(), counts.tolist()):
-            left = self._live[seq] - n
-            if left:
-                self._live[seq] = left
-            else:
-                del self._live[seq]
-                self._drop_page(seq, puts)
+        if not len(seqs):
+            return
+        seqs_list = seqs.tolist()
+        left = np.fromiter(map(self._live.__getitem__, seqs_list), np.int64, len(seqs_list)) - counts
+        self._live.update(zip(seqs_list, left.tolist()))
+        for seq in seqs[left == 0].tolist():
+            del self._live[seq]
+            self._drop_page(seq, puts)
 
     # ------------------------------------------------------------------ reading rows
     def rows(self, iids: np.ndarray, dim: int) -> tuple[np.ndarray, np.ndarray]:
