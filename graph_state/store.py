@@ -988,18 +988,20 @@ class GraphStore:
         second = operator.itemgetter(1)
         for v, before_top in batch.initial_top.items():
             node = nodes.get(v)
-            after_top = tops.get(v, []) if node is not None else []
-            deg_after = node.degree if node is not None else 0
-            if degree0.get(v, 0) != deg_after:
-                moved.append((v, degree0.get(v, 0), deg_after))
-            if before_top != after_top and width:
+            deg_before = degree0[v]
+            if node is None:
+                after_top, deg_after = [], 0
+            else:
+                after_top, deg_after = tops.get(v, []), node.degree
+            if deg_before != deg_after:
+                moved.append((v, deg_before, deg_after))
+            before, after = before_top[:width], after_top[:width]  # only the first ``width`` can be sampled
+            if before != after:
                 changed.append(v)
-                n = len(before_ids)
-                before_ids.extend(map(second, before_top[:width]))
-                before_len.append(len(before_ids) - n)
-                n = len(after_ids)
-                after_ids.extend(map(second, after_top[:width]))
-                after_len.append(len(after_ids) - n)
+                before_ids.extend(map(second, before))
+                before_len.append(len(before))
+                after_ids.extend(map(second, after))
+                after_len.append(len(after))
         ids = np.asarray(changed, dtype=np.int64)
         before_m = _padded_rows(before_ids, before_len, width)
         after_m = _padded_rows(after_ids, after_len, width)

@@ -544,7 +544,9 @@ class MetaTable:
         if not len(chosen):
             return puts
         chosen = chosen.tolist()
-        ids = np.flatnonzero(np.isin(self.page, np.asarray(chosen, dtype=np.int64)))
+        picked = np.zeros(self._next_page + 1, dtype=bool)  # by page; the last entry stands for "no page" (-1)
+        picked[chosen] = True
+        ids = np.flatnonzero(picked[self.page])
         with_rows = self.has_row[ids]
         for has_rows in (False, True):  # the moved records fill new pages
             part = ids[with_rows == has_rows]
@@ -573,6 +575,10 @@ class MetaTable:
             frames = self._file(self._dim).write(rows)
             sums = row_sums(rows)
         first = self._next_page
+        position = np.arange(len(iids), dtype=np.int64)
+        self.page[iids] = first + position // PAGE_ROWS
+        self.slot[iids] = (position % PAGE_ROWS).astype(np.int32)
+        self.has_row[iids] = rows is not None
         for n, (ids, value) in enumerate(zip(*encode_pages(iids, version, event_ts, codes, self.names,
                                                            0 if rows is None else self._dim, frames,
                                                            sums if frames is not None else None))):
@@ -581,11 +587,10 @@ class MetaTable:
             if frames is not None:
                 self._frame_of[seq] = (self._dim, frames[n])
                 self._sum_of[seq] = sums[n]
-            self.page[ids], self.slot[ids], self.has_row[ids] = seq, np.arange(len(ids), dtype=np.int32), rows is not None
             self._size[seq] = self._live[seq] = len(ids)
-            self._slots += len(ids)
-            self._next_page = seq + 1
             self._recent.add(seq)
+        self._slots += len(iids)
+        self._next_page = first + -(-len(iids) // PAGE_ROWS)
         self._recent_rows += len(iids)
 
     def _release(self, pages: np.ndarray, puts: list) -> None:
