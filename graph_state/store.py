@@ -268,15 +268,15 @@ class _DenseNodes:
             self.degree[iid], self.flags[iid], self.last_ts[iid] = node.degree, node.flags, node.last_ts
         self.known[iid] = True
 
-    def set_many(self, iids: Sequence[int], nodes: Sequence["_Node | None"]) -> None:
-        """:meth:`set` for many nodes with one numpy assignment per column."""
+    def set_many(self, iids: Sequence[int], degree: Sequence[int], flags: Sequence[int],
+                 last_ts: Sequence[float]) -> None:
+        """:meth:`set` for many nodes, given column by column (degree -1 for an absent node), with one numpy
+        assignment per column."""
         if not len(iids):
             return
         idx = np.fromiter(iids, dtype=np.int64, count=len(iids))
         self.grow(int(idx.max()) + 1)
-        self.degree[idx] = [-1 if n is None else n.degree for n in nodes]
-        self.flags[idx] = [0 if n is None else n.flags for n in nodes]
-        self.last_ts[idx] = [0.0 if n is None else n.last_ts for n in nodes]
+        self.degree[idx], self.flags[idx], self.last_ts[idx] = degree, flags, last_ts
         self.known[idx] = True
 
 
@@ -392,6 +392,8 @@ class _Batch:
         self.stored_edges: dict[bytes, bool] = {}  # prefetched: does the edge exist before the batch
         self.marks: tuple[np.ndarray, np.ndarray] | None = None  # dirty marks written, for the in-memory mirror
         self.nodes: set[int] = set()
+        # the records of ``nodes`` as written, column by column (iid, degree or -1, flags, last ts)
+        self.node_columns: tuple[list[int], list[int], list[int], list[float]] = ([], [], [], [])
         self.sampled_removed: dict[int, np.ndarray] = {}  # u << 32 | v pairs per fanout
         self.sampled_added: dict[int, np.ndarray] = {}
         self.sampled_changes = 0  # records of the batch's sampled-by delta
@@ -815,8 +817,7 @@ class GraphStore:
             raise
         finally:
             self._batch = None
-        touched = list(batch.nodes)
-        self._dense_nodes.set_many(touched, [self._nodes[iid] for iid in touched])
+        self._dense_nodes.set_many(*batch.node_columns)
         if self._marks is not None and batch.marks is not None:
             self._marks.add(*batch.marks)
         for k, index in self._sampled.items():
@@ -908,8 +909,12 @@ class GraphStore:
     def _apply_edge_upsert(self, ev: Any, batch: _Batch, result: ApplyResult, touches: list) -> None:
         s, sn = self._touch(ev.src, ev.ts, batch, result)
         d, dn = self._touch(ev.dst, ev.ts, batch, result)
-        existed = self._edge_exists(s, d)
-        self._set_edge(batch, s, d, keys.EDGE_RECORD.pack(float(ev.weight), float(ev.ts)))
+        key = keys.edge_key(s, d)
+        existed = batch.edges.get(key)
+        if existed is None:
+            existed = self._edge_exists(s, d)
+        batch.wb.put(key, keys.EDGE_RECORD.pack(float(ev.weight), float(ev.ts)), batch.handles["edges"])
+        batch.edges[key] = True  # as _set_edge
         if not existed and s != d and not self._edge_exists(d, s):
             self._link(s, ev.src, sn, d, ev.dst, dn, batch, result, touches, add=True)
 
@@ -970,12 +975,20 @@ class GraphStore:
         """Node records, net sample changes, the sampled-by index and dirty marks."""
         put, delete, family = batch.wb.put, batch.wb.delete, batch.handles["nodes"]
         pack_key, pack_node, nodes = keys.U64.pack, keys.NODE_RECORD.pack, self._nodes
+        touched, degree, flags, last_ts = batch.node_columns
         for iid in batch.nodes:
             node = nodes[iid]
+            touched.append(iid)
             if node is None:
                 delete(pack_key(iid), family)
+                degree.append(-1)
+                flags.append(0)
+                last_ts.append(0.0)
             else:
                 put(pack_key(iid), pack_node(node.degree, node.flags, node.last_ts), family)
+                degree.append(node.degree)
+                flags.append(node.flags)
+                last_ts.append(node.last_ts)
         # every node whose cached prefix may have changed: compare before and after, vectorised over nodes
         width = max((*self.fanouts, *(d.k for d in self._dense_samples.values())), default=0)
         changed: list[int] = []
