@@ -597,6 +597,29 @@ class GraphStore:
         return max(_MIN_TOP, max(self.fanouts, default=0))
 
     # ------------------------------------------------------------------ ids
+    def warm_ids(self) -> int:
+        """Read the name <-> iid map into memory, up to the node cache bound; return how many were read.
+
+        A long-running worker holds the ids of the nodes it sees anyway; a
+        fresh process would otherwise look up each new name of its first
+        batches in RocksDB, over a thousand a batch on a large graph.
+        """
+        room = self._cache_nodes - len(self._iid)
+        read = 0
+        if room <= 0:
+            return read
+        known, names, decode = self._iid, self._name, keys.decode_iid
+        for key, raw in self._cf["ids"].items():
+            name = key.decode()
+            if name not in known:
+                iid = decode(raw)
+                known[name] = iid
+                names[iid] = name
+                read += 1
+                if read >= room:
+                    break
+        return read
+
     def iid(self, name: str) -> int | None:
         """The interned id of node ``name``, or None if it was never seen."""
         iid = self._iid.get(name)
@@ -849,9 +872,20 @@ class GraphStore:
                     self._name[iid] = name
         known = self._iid
         cold = [known[n] for n in names if n in known and known[n] not in self._nodes]
-        if cold:
-            for iid, raw in zip(cold, self._cf["nodes"].get([keys.encode_iid(i) for i in cold])):
-                self._nodes[iid] = None if raw is None else _Node(*keys.NODE_RECORD.unpack(raw))
+        if cold:  # from the in-memory mirror where it has them (it holds what is stored), else one multi-get
+            ids = np.fromiter(cold, np.int64, len(cold))
+            dense = self._dense_nodes
+            mirrored = np.zeros(len(ids), dtype=bool)
+            inside = ids < len(dense.known)
+            mirrored[inside] = dense.known[ids[inside]]
+            hit = ids[mirrored]
+            for iid, degree, flags, last_ts in zip(hit.tolist(), dense.degree[hit].tolist(), dense.flags[hit].tolist(),
+                                                   dense.last_ts[hit].tolist()):
+                self._nodes[iid] = None if degree < 0 else _Node(degree, flags, last_ts)
+            cold = ids[~mirrored].tolist()
+            if cold:
+                for iid, raw in zip(cold, self._cf["nodes"].get([keys.encode_iid(i) for i in cold])):
+                    self._nodes[iid] = None if raw is None else _Node(*keys.NODE_RECORD.unpack(raw))
         pairs: dict[bytes, None] = {}
         for ev in events:
             if ev.op in ("edge_upsert", "edge_delete"):

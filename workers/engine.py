@@ -194,6 +194,7 @@ class Engine:
         store.set_fanouts(self.fanouts)
         for k in set(self.fanouts):  # build the in-memory sampled-by index now, not in the first batch
             store.sampled_by_many(k, np.zeros(0, dtype=np.int64), None)
+        store.warm_ids()
         dims = [cfg.in_dim]
         for layer in range(self.num_layers):
             dims.append(self._out_dim(layer, dims[-1]))

@@ -394,3 +394,19 @@ def test_deterministic_stream_matches_model_with_reopens(tmp_path):
         assert max(len(model.nbrs("hub")), 0) > 10
     finally:
         store.close()
+
+
+def test_warm_ids_reads_the_name_map_up_to_the_cache_bound(tmp_path):
+    names = [f"w{i}" for i in range(12)] + ["é", "a:b"]
+    with GraphStore(tmp_path / "s", seed=0) as store:
+        store.apply([EdgeUpsert(a, b, 1.0, 1.0) for a, b in zip(names, names[1:])])
+        want = {name: store.iid(name) for name in names}
+    with GraphStore(tmp_path / "s") as store:
+        assert store.warm_ids() == len(names)
+        assert {name: store._iid[name] for name in names} == want  # read from the map, not looked up
+        assert {store._name[iid] for iid in want.values()} == set(names)
+        assert store.warm_ids() == 0  # nothing left to read
+    with GraphStore(tmp_path / "s", cache_nodes=5) as store:
+        assert store.iid("é") == want["é"]
+        assert store.warm_ids() == 4 and len(store._iid) == 5
+        assert all(store.iid(name) == iid for name, iid in want.items())  # the rest still come from RocksDB
