@@ -175,18 +175,19 @@ class GNN(nn.Module):
         return self.convs[l].project(x)
 
     @torch.no_grad()
-    def layer_projected(self, l: int, r_self: Tensor, p_table: Tensor, nbr_rows: Tensor,
+    def layer_projected(self, l: int, table: Tensor, nbr_rows: Tensor, self_rows: Tensor,
                         self_count: Tensor) -> Tensor:
-        """:meth:`layer_indexed` from projected inputs: the targets' second projections and the table of first
-        projections (``p_table[nbr_rows[e]]`` for neighbour ``e``). Equal to it up to float rounding.
+        """:meth:`layer_indexed` from projected inputs (:meth:`project`), both projections of every node
+        stacked in ``table``: neighbour ``e`` reads ``table[nbr_rows[e]]`` (a first projection), target ``b``
+        ``table[self_rows[b]]`` (a second). Equal to :meth:`layer_indexed` up to float rounding.
 
         Shapes:
-            ``r_self: [B, dims[l+1]]``, ``p_table: [N, dims[l+1]]``, ``nbr_rows: [E]``,
-            ``self_count: [B]`` -> ``[B, dims[l+1]]``.
+            ``table: [M, dims[l+1]]``, ``nbr_rows: [E]``, ``self_rows: [B]``, ``self_count: [B]``
+            -> ``[B, dims[l+1]]``.
         """
         if not 0 <= l < self.num_layers:
             raise ValueError(f"Expected a layer number in [0, {self.num_layers}) (got {l})")
-        out = self.convs[l].forward_projected(r_self, p_table, nbr_rows, self_count)
+        out = self.convs[l].forward_projected(table, nbr_rows, self_rows, self_count)
         return out.relu() if l < self.num_layers - 1 else out
 
     def forward(self, x: Tensor, edge_index: Tensor | Sequence[Tensor]) -> Tensor:

@@ -132,24 +132,36 @@ class SAGELayer(nn.Module):
         """
         return torch.mm(x, self.lin_l.weight.t()), torch.addmm(self.lin_l.bias, x, self.lin_r.weight.t())
 
-    def forward_projected(self, r_self: Tensor, p_table: Tensor, nbr_rows: Tensor, self_count: Tensor) -> Tensor:
-        """The layer from projected inputs (:meth:`project`): ``mean_e p_table[nbr_rows[e]] + r_self``.
+    def forward_projected(self, table: Tensor, nbr_rows: Tensor, self_rows: Tensor, self_count: Tensor) -> Tensor:
+        """The layer from projected inputs (:meth:`project`) stacked in one table:
+        ``mean_e table[nbr_rows[e]] + table[self_rows[b]]`` for target ``b``.
+
+        One weighted ``embedding_bag``: each target's bag is its neighbours'
+        first projections weighted ``1 / |S(v)|`` and its own second
+        projection weighted 1.
 
         Shapes:
-            ``r_self: [B, out_dim]``, ``p_table: [N, out_dim]``, ``nbr_rows: [E]`` grouped by target,
+            ``table: [M, out_dim]``, ``nbr_rows: [E]`` grouped by target, ``self_rows: [B]``,
             ``self_count: [B]`` -> ``[B, out_dim]``.
         """
-        if r_self.dim() != 2 or r_self.size(1) != self.out_dim or p_table.dim() != 2 or p_table.size(1) != self.out_dim:
-            raise ValueError(f"{type(self).__name__}: Expected r_self [B, {self.out_dim}] and p_table [N, {self.out_dim}] "
-                             f"(got {list(r_self.shape)} and {list(p_table.shape)})")
-        if self_count.numel() != r_self.size(0) or int(self_count.sum()) != nbr_rows.numel():
+        if table.dim() != 2 or table.size(1) != self.out_dim:
+            raise ValueError(f"{type(self).__name__}: Expected table [M, {self.out_dim}] (got {list(table.shape)})")
+        if self_count.numel() != self_rows.numel() or int(self_count.sum()) != nbr_rows.numel():
             raise ValueError(f"{type(self).__name__}: Expected self_count to sum to the {nbr_rows.numel()} "
                              f"neighbour rows, one entry per target")
-        if r_self.size(0) == 0 or nbr_rows.numel() == 0:
-            return r_self.clone()
-        offsets = torch.cumsum(self_count, 0) - self_count
-        total = F.embedding_bag(nbr_rows, p_table, offsets, mode="sum")
-        return torch.addcdiv(r_self, total, self_count.clamp(min=1).to(r_self.dtype).unsqueeze(-1))
+        if self_rows.numel() == 0:
+            return table.new_zeros((0, self.out_dim))
+        size = self_count + 1
+        starts = torch.cumsum(size, 0) - size
+        own = starts + self_count  # each bag: the neighbours, then the target's own row
+        rows = torch.empty(nbr_rows.numel() + own.numel(), dtype=torch.int64)
+        weights = torch.empty(rows.numel(), dtype=table.dtype)
+        theirs = torch.ones(rows.numel(), dtype=torch.bool)
+        theirs[own] = False
+        rows[theirs], rows[own] = nbr_rows, self_rows
+        weights[theirs] = (1.0 / self_count.clamp(min=1).to(table.dtype)).repeat_interleave(self_count)
+        weights[own] = 1.0
+        return F.embedding_bag(rows, table, starts, mode="sum", per_sample_weights=weights)
 
     def _combine(self, mean: Tensor, x_self: Tensor) -> Tensor:
         """``lin_l(mean) + lin_r(x_self)`` as two accumulating matrix products (no temporary for the sum)."""

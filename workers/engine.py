@@ -78,9 +78,10 @@ def _threads_for(rows: int) -> Iterator[None]:
 Rows = Callable[[np.ndarray], "tuple[np.ndarray, np.ndarray]"]
 """Layer inputs by iid: ``rows(iids) -> (table, positions)``, ``table[positions[i]]`` being the row of ``iids[i]``.
 
-A source may also offer ``projected(iids, project) -> (first, second, positions)``: a
-layer's two projections of those rows (:meth:`model.network.GNN.project`), kept
-between calls where it can."""
+A source may also offer ``projected(iids, project) -> (table, positions, half)``: a
+layer's two projections of those rows (:meth:`model.network.GNN.project`) stacked
+in one table, the second ``half`` rows after the first, kept between calls where
+it can."""
 Project = Callable[[np.ndarray], "tuple[np.ndarray, np.ndarray]"]
 
 
@@ -91,7 +92,7 @@ class _DenseRows:
         self._pos = np.full(int(targets.max()) + 1 if len(targets) else 0, len(rows), dtype=np.int64)
         self._pos[targets] = np.arange(len(targets))
         self._rows = np.concatenate([rows, np.zeros((1, rows.shape[1]), dtype=np.float32)])
-        self._projected: tuple[np.ndarray, np.ndarray] | None = None
+        self._projected: np.ndarray | None = None
 
     def _positions(self, iids: np.ndarray) -> np.ndarray:
         inside = iids < len(self._pos)
@@ -100,10 +101,10 @@ class _DenseRows:
     def __call__(self, iids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return self._rows, self._positions(iids)
 
-    def projected(self, iids: np.ndarray, project: Project) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def projected(self, iids: np.ndarray, project: Project) -> tuple[np.ndarray, np.ndarray, int]:
         if self._projected is None:
-            self._projected = project(self._rows)
-        return (*self._projected, self._positions(iids))
+            self._projected = np.concatenate(project(self._rows))
+        return self._projected, self._positions(iids), len(self._rows)
 
 
 class _CachedRows:
@@ -115,7 +116,7 @@ class _CachedRows:
     def __call__(self, iids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return self.tables.index(self.layer, iids)
 
-    def projected(self, iids: np.ndarray, project: Project) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def projected(self, iids: np.ndarray, project: Project) -> tuple[np.ndarray, np.ndarray, int]:
         return self.tables.projected(self.layer, iids, project)
 
 
@@ -305,10 +306,10 @@ class Engine:
                 self._capped += int(np.count_nonzero((counts == k) & (degree > k)))
             self_count = torch.from_numpy(counts.astype(np.int64, copy=False))
             if projected is not None:
-                first, second, pos = projected(np.concatenate([chunk, flat]), self._projector(layer))
+                table, pos, half = projected(np.concatenate([chunk, flat]), self._projector(layer))
                 with torch.no_grad(), _threads_for(len(chunk)):
-                    h = self.gnn.layer_projected(layer, torch.from_numpy(second[pos[:len(chunk)]]),
-                                                 torch.from_numpy(first), torch.from_numpy(pos[len(chunk):]), self_count)
+                    h = self.gnn.layer_projected(layer, torch.from_numpy(table), torch.from_numpy(pos[len(chunk):]),
+                                                 torch.from_numpy(pos[:len(chunk)] + half), self_count)
             else:
                 table, pos = inputs(np.concatenate([chunk, flat]))
                 if self._uses_counts[layer]:
@@ -344,8 +345,8 @@ class Engine:
             h, sampled = self.compute_layer(layer, targets, prev)
             stats.sampled_neighbours += sampled
             if self._projects[layer]:  # the next batches start from the projections computed here
-                first, second = prev.projected(np.zeros(0, dtype=np.int64), self._projector(layer))[:2]
-                self.tables.keep_projected(layer, targets, first[:len(targets)], second[:len(targets)])
+                table, _, half = prev.projected(np.zeros(0, dtype=np.int64), self._projector(layer))
+                self.tables.keep_projected(layer, targets, table[:len(targets)], table[half:half + len(targets)])
             stats.recomputed.append(len(targets))
             stats.changed.append(len(targets))
             if layer < self.num_layers - 1:  # final rows are written with their metadata

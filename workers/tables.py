@@ -119,8 +119,8 @@ class EmbeddingTables:
         self._rows: list[np.ndarray] = [np.zeros((0, d), dtype=np.float32) for d in self.dims]
         self._loaded: list[np.ndarray] = [np.zeros(0, dtype=bool) for _ in self.dims]
         self._present: list[np.ndarray] = [np.zeros(0, dtype=bool) for _ in self.dims]
-        # by layer, projections of the cached rows (:meth:`projected`): (first, second, which rows are current)
-        self._proj: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        # by layer, projections of the cached rows (:meth:`projected`): (first and second stacked, which are current)
+        self._proj: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
     def clear(self) -> None:
         self._rows = [np.zeros((0, d), dtype=np.float32) for d in self.dims]
@@ -203,9 +203,10 @@ class EmbeddingTables:
         return table, pos, self.get(layer, iids)[1]
 
     def projected(self, layer: int, iids: np.ndarray, project: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
-                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``(first, second, positions)``: ``project``'s two outputs for the rows of ``iids`` at ``layer``,
-        ``first[positions[i]]`` and ``second[positions[i]]`` being those of ``iids[i]``.
+                  ) -> tuple[np.ndarray, np.ndarray, int]:
+        """``(table, positions, half)``: ``project``'s two outputs for the rows of ``iids`` at ``layer``,
+        stacked in one table: ``table[positions[i]]`` is the first of ``iids[i]``, ``table[half + positions[i]]``
+        its second.
 
         Projections are kept beside the cache and computed again only for
         rows set, loaded or invalidated since, so a layer whose inputs barely
@@ -214,37 +215,36 @@ class EmbeddingTables:
         """
         table, pos = self.index(layer, iids)
         if table is not self._rows[layer]:  # beyond the bound: nothing is kept
-            first, second = project(table)
-            return first, second, pos
+            return np.concatenate(project(table)), pos, len(table)
         held = self._proj.get(layer)
-        stale = unique_ids(pos[~held[2][pos]]) if held is not None else unique_ids(pos)
+        stale = unique_ids(pos[~held[1][pos]]) if held is not None else unique_ids(pos)
         if len(stale):
             first, second = project(table[stale])
-            if held is None:
-                held = (np.zeros((len(table), first.shape[1]), dtype=np.float32),
-                        np.zeros((len(table), second.shape[1]), dtype=np.float32), np.zeros(len(table), dtype=bool))
-                self._proj[layer] = held
-            held[0][stale], held[1][stale] = first, second
-            held[2][stale] = True
-        return held[0], held[1], pos
+            held = self._held_projections(layer, first.shape[1])
+            held[0][stale], held[0][len(table) + stale] = first, second
+            held[1][stale] = True
+        return held[0], pos, len(table)
 
     def keep_projected(self, layer: int, iids: np.ndarray, first: np.ndarray, second: np.ndarray) -> None:
         """Hold projections of the cached rows of ``iids`` at ``layer`` computed elsewhere (a backfill's)."""
         iids = np.asarray(iids, dtype=np.int64)
         if not len(iids) or not self._grow(layer, int(iids.max()) + 1):
             return
-        size = len(self._rows[layer])
+        held = self._held_projections(layer, first.shape[1])
+        held[0][iids], held[0][len(self._rows[layer]) + iids] = first, second
+        held[1][iids] = self._loaded[layer][iids]
+
+    def _held_projections(self, layer: int, width: int) -> tuple[np.ndarray, np.ndarray]:
         held = self._proj.get(layer)
         if held is None:
-            held = self._proj[layer] = (np.zeros((size, first.shape[1]), dtype=np.float32),
-                                        np.zeros((size, second.shape[1]), dtype=np.float32), np.zeros(size, dtype=bool))
-        held[0][iids], held[1][iids] = first, second
-        held[2][iids] = self._loaded[layer][iids]
+            size = len(self._rows[layer])
+            held = self._proj[layer] = (np.zeros((2 * size, width), dtype=np.float32), np.zeros(size, dtype=bool))
+        return held
 
     def _stale(self, layer: int, iids: np.ndarray) -> None:
         held = self._proj.get(layer)
         if held is not None:
-            held[2][iids] = False
+            held[1][iids] = False
 
     def set(self, layer: int, iids: np.ndarray, rows: np.ndarray | None) -> None:
         """Update cached rows (``rows`` None removes them); the caller writes RocksDB."""

@@ -192,10 +192,12 @@ def test_sage_from_projected_inputs_equals_the_layer(k: int | None) -> None:
     first, second = ours.project(x)
     torch.testing.assert_close(first, x @ ours.lin_l.weight.t())
     torch.testing.assert_close(second, ours.lin_r(x) + ours.lin_l.bias)
-    got = ours.forward_projected(second[targets], first, nbr_rows, self_count)
+    table = torch.cat([first, second])  # the second projection of node i is row 40 + i
+    got = ours.forward_projected(table, nbr_rows, targets + 40, self_count)
     torch.testing.assert_close(got, pyg(x, edge_index)[targets], atol=ATOL, rtol=ATOL)
     torch.testing.assert_close(got[:3], second[:3])
+    assert ours.forward_projected(table, nbr_rows[:0], targets[:0], self_count[:0]).shape == (0, 4)
     with pytest.raises(ValueError, match="self_count"):
-        ours.forward_projected(second[targets], first, nbr_rows[:-1], self_count)
-    with pytest.raises(ValueError, match="p_table"):
-        ours.forward_projected(second[targets], x, nbr_rows, self_count)
+        ours.forward_projected(table, nbr_rows[:-1], targets + 40, self_count)
+    with pytest.raises(ValueError, match="table"):
+        ours.forward_projected(torch.cat([x, x]), nbr_rows, targets + 40, self_count)

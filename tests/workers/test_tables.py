@@ -299,28 +299,32 @@ def test_projections_are_kept_beside_the_cache_and_redone_only_for_rows_that_cha
             seen.append(rows[:, 0].tolist())
             return rows[:, :2] * 2, rows[:, 2:] + 1
 
+        def both(iids: list[int]) -> tuple[np.ndarray, np.ndarray]:
+            table, pos, half = tables.projected(1, np.asarray(iids), project)
+            return table[pos], table[half + pos]
+
         rows = np.arange(6 * 4, dtype=np.float32).reshape(6, 4)
         tables.set(1, np.arange(6), rows)
-        first, second, pos = tables.projected(1, np.asarray([4, 1, 4]), project)
+        first, second = both([4, 1, 4])
         assert sorted(seen.pop()) == [4.0, 16.0]  # rows 1 and 4, each once
-        np.testing.assert_array_equal(first[pos], rows[[4, 1, 4], :2] * 2)
-        np.testing.assert_array_equal(second[pos], rows[[4, 1, 4], 2:] + 1)
-        tables.projected(1, np.asarray([1, 4]), project)
+        np.testing.assert_array_equal(first, rows[[4, 1, 4], :2] * 2)
+        np.testing.assert_array_equal(second, rows[[4, 1, 4], 2:] + 1)
+        both([1, 4])
         assert seen == []  # nothing changed: nothing projected again
         tables.set(1, np.asarray([4]), np.full((1, 4), -1.0, dtype=np.float32))
-        first, second, pos = tables.projected(1, np.asarray([1, 4, 5]), project)
+        first, second = both([1, 4, 5])
         assert sorted(seen.pop()) == [-1.0, 20.0]  # the changed row and the new one
-        np.testing.assert_array_equal(first[pos[1]], [-2.0, -2.0])
+        assert first[1].tolist() == [-2.0, -2.0] and second[1].tolist() == [0.0, 0.0]
         tables.invalidate(1, [1])
-        tables.projected(1, np.asarray([1]), project)
+        both([1])
         assert seen.pop() == [0.0]  # read again (the log holds nothing: zeros), projected again
         tables.keep_projected(1, np.asarray([2]), np.asarray([[7.0, 7.0]], dtype=np.float32),
                               np.asarray([[8.0, 8.0]], dtype=np.float32))
-        first, second, pos = tables.projected(1, np.asarray([2]), project)
-        assert seen == [] and first[pos].tolist() == [[7.0, 7.0]] and second[pos].tolist() == [[8.0, 8.0]]
+        first, second = both([2])
+        assert seen == [] and first.tolist() == [[7.0, 7.0]] and second.tolist() == [[8.0, 8.0]]
         tables.clear()
         tables.set(1, np.asarray([2]), rows[2:3])
-        tables.projected(1, np.asarray([2]), project)
+        both([2])
         assert seen.pop() == [8.0]
 
 
@@ -334,8 +338,8 @@ def test_projections_of_rows_beyond_the_bound_are_computed_each_time(tmp_path) -
             return rows, rows
 
         tables.set(1, np.asarray([1]), np.ones((1, 2), dtype=np.float32))
-        first, _, pos = tables.projected(1, np.asarray([1, 9]), project)  # 9 is beyond the bound: the cache is dropped
-        assert calls == [2] and first[pos].shape == (2, 2)
+        table, pos, half = tables.projected(1, np.asarray([1, 9]), project)  # 9 is beyond the bound: the cache is dropped
+        assert calls == [2] and half == 2 and table[pos].tolist() == [[0.0, 0.0], [0.0, 0.0]]  # read from the log: none stored
 
 
 def test_frames_hold_what_was_written_whether_fresh_or_rewritten_through_the_mapping(tmp_path) -> None:
