@@ -857,7 +857,20 @@ def encode_pages(iids: np.ndarray, version: np.ndarray, event_ts: np.ndarray, co
     columns = [np.asarray(iids).astype(">u8"), np.asarray(version).astype(">u8"), np.asarray(event_ts).astype(">f8"),
                np.searchsorted(used, codes).astype("u1")]
     pages, values = [], []
-    for n, start in enumerate(range(0, len(iids), PAGE_ROWS)):
+    full = len(iids) // PAGE_ROWS
+    if full:  # the full pages share one layout: build them as the rows of one byte matrix
+        head = _PAGE_HEAD.pack(_PAGE_FORMAT, frames is not None, PAGE_ROWS, width if frames is not None else 0, len(used))
+        parts = [np.broadcast_to(np.frombuffer(head + modes, np.uint8), (full, len(head) + len(modes)))]
+        parts += [c[:full * PAGE_ROWS].reshape(full, PAGE_ROWS).view(np.uint8) for c in columns]
+        if frames is not None:
+            tail = np.empty((full, 2), dtype=">u8")
+            tail[:, 0], tail[:, 1] = frames[:full], sums[:full]
+            parts.append(tail.view(np.uint8))
+        block = np.concatenate(parts, axis=1).tobytes()
+        size = len(block) // full
+        values = [block[at:at + size] for at in range(0, len(block), size)]
+        pages = list(np.asarray(iids)[:full * PAGE_ROWS].reshape(full, PAGE_ROWS))
+    for n, start in enumerate(range(full * PAGE_ROWS, len(iids), PAGE_ROWS), full):
         count = min(PAGE_ROWS, len(iids) - start)
         head = _PAGE_HEAD.pack(_PAGE_FORMAT, frames is not None, count, width if frames is not None else 0, len(used))
         tail = _FRAME.pack(frames[n], sums[n]) if frames is not None else b""

@@ -363,3 +363,29 @@ def test_frames_hold_what_was_written_whether_fresh_or_rewritten_through_the_map
         np.testing.assert_array_equal(file.read(1, PAGE_ROWS, readers), first[PAGE_ROWS:2 * PAGE_ROWS])
         np.testing.assert_array_equal(file.read(2, 7, readers), second[PAGE_ROWS:])
         np.testing.assert_array_equal(file.read(3, PAGE_ROWS, readers), third)
+
+
+@pytest.mark.parametrize("framed", [True, False])
+def test_encoded_pages_decode_to_their_records_full_pages_and_the_rest(framed: bool) -> None:
+    from workers.tables import encode_pages
+
+    n = 2 * PAGE_ROWS + 37
+    rng = np.random.default_rng(3)
+    iids = rng.permutation(10 * n)[:n].astype(np.int64)
+    version = rng.integers(0, 2**40, n)
+    event_ts = rng.random(n) * 1e9
+    names = ["full", "cold_start", "deleted"]
+    codes = rng.integers(0, 2, n).astype(np.int16)  # "deleted" unused: pages list only the modes they use
+    frames, sums = ([7, 2, 11], [0, 2**64 - 1, 12345]) if framed else (None, None)
+    pages, values = encode_pages(iids, version, event_ts, codes, names, 16 if framed else 0, frames, sums)
+    assert [len(p) for p in pages] == [PAGE_ROWS, PAGE_ROWS, 37]
+    for n_page, (ids, value) in enumerate(zip(pages, values)):
+        at = slice(n_page * PAGE_ROWS, n_page * PAGE_ROWS + len(ids))
+        rec, modes, has_rows = decode_page(value)
+        assert has_rows == framed and modes == ["full", "cold_start"]
+        assert rec["iid"].tolist() == ids.tolist() == iids[at].tolist()
+        assert rec["version"].tolist() == version[at].tolist()
+        assert rec["event_ts"].tolist() == event_ts[at].tolist()
+        assert [modes[m] for m in rec["mode"].tolist()] == [names[c] for c in codes[at].tolist()]
+        if framed:
+            assert (int(rec["width"]), int(rec["frame"]), int(rec["sum"])) == (16, frames[n_page], sums[n_page])
