@@ -175,19 +175,19 @@ class GNN(nn.Module):
         return self.convs[l].project(x)
 
     @torch.no_grad()
-    def layer_projected(self, l: int, table: Tensor, nbr_rows: Tensor, self_rows: Tensor,
-                        self_count: Tensor) -> Tensor:
+    def layer_projected(self, l: int, table: Tensor, nbr_rows: Tensor, nbr_valid: Tensor, self_rows: Tensor) -> Tensor:
         """:meth:`layer_indexed` from projected inputs (:meth:`project`), both projections of every node
-        stacked in ``table``: neighbour ``e`` reads ``table[nbr_rows[e]]`` (a first projection), target ``b``
-        ``table[self_rows[b]]`` (a second). Equal to :meth:`layer_indexed` up to float rounding.
+        stacked in ``table``: target ``b``'s neighbours are ``table[nbr_rows[b, j]]`` where ``nbr_valid[b, j]``
+        (first projections; other entries are ignored but must be valid rows), its own row
+        ``table[self_rows[b]]`` (a second projection). Equal to :meth:`layer_indexed` up to float rounding.
 
         Shapes:
-            ``table: [M, dims[l+1]]``, ``nbr_rows: [E]``, ``self_rows: [B]``, ``self_count: [B]``
+            ``table: [M, dims[l+1]]``, ``nbr_rows: [B, k]``, ``nbr_valid: [B, k]``, ``self_rows: [B]``
             -> ``[B, dims[l+1]]``.
         """
         if not 0 <= l < self.num_layers:
             raise ValueError(f"Expected a layer number in [0, {self.num_layers}) (got {l})")
-        out = self.convs[l].forward_projected(table, nbr_rows, self_rows, self_count)
+        out = self.convs[l].forward_projected(table, nbr_rows, nbr_valid, self_rows)
         return out.relu() if l < self.num_layers - 1 else out
 
     def forward(self, x: Tensor, edge_index: Tensor | Sequence[Tensor]) -> Tensor:

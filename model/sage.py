@@ -132,36 +132,30 @@ class SAGELayer(nn.Module):
         """
         return torch.mm(x, self.lin_l.weight.t()), torch.addmm(self.lin_l.bias, x, self.lin_r.weight.t())
 
-    def forward_projected(self, table: Tensor, nbr_rows: Tensor, self_rows: Tensor, self_count: Tensor) -> Tensor:
+    def forward_projected(self, table: Tensor, nbr_rows: Tensor, nbr_valid: Tensor, self_rows: Tensor) -> Tensor:
         """The layer from projected inputs (:meth:`project`) stacked in one table:
-        ``mean_e table[nbr_rows[e]] + table[self_rows[b]]`` for target ``b``.
+        ``mean_{j: nbr_valid[b, j]} table[nbr_rows[b, j]] + table[self_rows[b]]`` for target ``b``.
 
-        One weighted ``embedding_bag``: each target's bag is its neighbours'
-        first projections weighted ``1 / |S(v)|`` and its own second
-        projection weighted 1.
+        One weighted ``embedding_bag`` over fixed-size bags: each target's
+        neighbours' first projections weighted ``1 / |S(v)|`` (entries not
+        valid weigh 0, so they must only be rows of the table), then its own
+        second projection weighted 1.
 
         Shapes:
-            ``table: [M, out_dim]``, ``nbr_rows: [E]`` grouped by target, ``self_rows: [B]``,
-            ``self_count: [B]`` -> ``[B, out_dim]``.
+            ``table: [M, out_dim]``, ``nbr_rows: [B, k]``, ``nbr_valid: [B, k]`` bool, ``self_rows: [B]``
+            -> ``[B, out_dim]``.
         """
         if table.dim() != 2 or table.size(1) != self.out_dim:
             raise ValueError(f"{type(self).__name__}: Expected table [M, {self.out_dim}] (got {list(table.shape)})")
-        if self_count.numel() != self_rows.numel() or int(self_count.sum()) != nbr_rows.numel():
-            raise ValueError(f"{type(self).__name__}: Expected self_count to sum to the {nbr_rows.numel()} "
-                             f"neighbour rows, one entry per target")
+        if nbr_rows.dim() != 2 or nbr_valid.shape != nbr_rows.shape or self_rows.shape != nbr_rows.shape[:1]:
+            raise ValueError(f"{type(self).__name__}: Expected nbr_rows and nbr_valid [B, k] and self_rows [B] "
+                             f"(got {list(nbr_rows.shape)}, {list(nbr_valid.shape)} and {list(self_rows.shape)})")
         if self_rows.numel() == 0:
             return table.new_zeros((0, self.out_dim))
-        size = self_count + 1
-        starts = torch.cumsum(size, 0) - size
-        own = starts + self_count  # each bag: the neighbours, then the target's own row
-        rows = torch.empty(nbr_rows.numel() + own.numel(), dtype=torch.int64)
-        weights = torch.empty(rows.numel(), dtype=table.dtype)
-        theirs = torch.ones(rows.numel(), dtype=torch.bool)
-        theirs[own] = False
-        rows[theirs], rows[own] = nbr_rows, self_rows
-        weights[theirs] = (1.0 / self_count.clamp(min=1).to(table.dtype)).repeat_interleave(self_count)
-        weights[own] = 1.0
-        return F.embedding_bag(rows, table, starts, mode="sum", per_sample_weights=weights)
+        count = nbr_valid.sum(dim=1, keepdim=True).clamp(min=1).to(table.dtype)
+        rows = torch.cat([nbr_rows, self_rows.unsqueeze(1)], dim=1)
+        weights = torch.cat([nbr_valid.to(table.dtype) / count, table.new_ones((len(self_rows), 1))], dim=1)
+        return F.embedding_bag(rows, table, mode="sum", per_sample_weights=weights)
 
     def _combine(self, mean: Tensor, x_self: Tensor) -> Tensor:
         """``lin_l(mean) + lin_r(x_self)`` as two accumulating matrix products (no temporary for the sum)."""

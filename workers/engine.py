@@ -251,8 +251,8 @@ class Engine:
         return self.store.column("meta").get(b"model") != self.binding.encode()
 
     # ------------------------------------------------------------------ one layer
-    def _samples(self, targets: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``(flat neighbour iids grouped by target in rank order, counts, target degrees)``.
+    def _samples(self, targets: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(S_k of every target as a [len(targets), k] iid matrix in rank order padded with -1, target degrees)``.
 
         A node the cold-start policy keeps off its neighbours gets an empty sample.
         """
@@ -261,8 +261,7 @@ class Engine:
         degree, _, _ = store.node_arrays(targets)
         if not self.plain:
             mat[~self.policy.uses_neighbours_many(np.maximum(degree, 0))] = -1
-        valid = mat >= 0
-        return mat[valid], valid.sum(axis=1), degree
+        return mat, degree
 
     def _neighbour_counts(self, nbrs: np.ndarray, k: int) -> np.ndarray:
         """``|S_k(u)|`` of every neighbour row as the layer sees it (0 for a node kept off its neighbours)."""
@@ -300,17 +299,22 @@ class Engine:
         sampled = 0
         for start in range(0, len(targets), self.chunk_nodes):
             chunk = targets[start:start + self.chunk_nodes]
-            flat, counts, degree = self._samples(chunk, k)
-            sampled += len(flat)
+            mat, degree = self._samples(chunk, k)
+            valid = mat >= 0
+            counts = valid.sum(axis=1)
+            sampled += int(counts.sum())
             if k:
                 self._capped += int(np.count_nonzero((counts == k) & (degree > k)))
-            self_count = torch.from_numpy(counts.astype(np.int64, copy=False))
-            if projected is not None:
-                table, pos, half = projected(np.concatenate([chunk, flat]), self._projector(layer))
+            if projected is not None:  # padding points at the target itself, with weight 0
+                table, pos, half = projected(np.concatenate([chunk, np.where(valid, mat, chunk[:, None]).ravel()]),
+                                             self._projector(layer))
+                nbr_rows = pos[len(chunk):].reshape(mat.shape)
                 with torch.no_grad(), _threads_for(len(chunk)):
-                    h = self.gnn.layer_projected(layer, torch.from_numpy(table), torch.from_numpy(pos[len(chunk):]),
-                                                 torch.from_numpy(pos[:len(chunk)] + half), self_count)
+                    h = self.gnn.layer_projected(layer, torch.from_numpy(table), torch.from_numpy(nbr_rows),
+                                                 torch.from_numpy(valid), torch.from_numpy(pos[:len(chunk)] + half))
             else:
+                flat = mat[valid]
+                self_count = torch.from_numpy(counts.astype(np.int64, copy=False))
                 table, pos = inputs(np.concatenate([chunk, flat]))
                 if self._uses_counts[layer]:
                     nbr_count = torch.from_numpy(self._neighbour_counts(flat, k))

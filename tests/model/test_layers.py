@@ -186,18 +186,23 @@ def test_sage_from_projected_inputs_equals_the_layer(k: int | None) -> None:
     ours, pyg = make_pair("sage", 6, 4, seed=4)
     targets = torch.tensor([0, 1, 2, 17, 5, 39, 23])  # 0..2 have no neighbours: the output is W_r x + b
     src, dst = edge_index
-    nbr_rows = torch.cat([src[dst == t] for t in targets.tolist()])  # grouped by target, as the engine feeds them
-    self_count = torch.tensor([int((dst == t).sum()) for t in targets.tolist()])
-    assert self_count[:3].tolist() == [0, 0, 0] and self_count.sum() > 0
+    lists = [src[dst == t].tolist() for t in targets.tolist()]  # each target's sample, as the engine reads it
+    assert [len(x) for x in lists[:3]] == [0, 0, 0] and any(lists)
+    width = max(map(len, lists))
+    nbr_valid = torch.tensor([[j < len(x) for j in range(width)] for x in lists])
+    nbr_rows = torch.tensor([x + [39] * (width - len(x)) for x in lists])  # padding: any row, weight 0
     first, second = ours.project(x)
     torch.testing.assert_close(first, x @ ours.lin_l.weight.t())
     torch.testing.assert_close(second, ours.lin_r(x) + ours.lin_l.bias)
     table = torch.cat([first, second])  # the second projection of node i is row 40 + i
-    got = ours.forward_projected(table, nbr_rows, targets + 40, self_count)
+    got = ours.forward_projected(table, nbr_rows, nbr_valid, targets + 40)
     torch.testing.assert_close(got, pyg(x, edge_index)[targets], atol=ATOL, rtol=ATOL)
     torch.testing.assert_close(got[:3], second[:3])
-    assert ours.forward_projected(table, nbr_rows[:0], targets[:0], self_count[:0]).shape == (0, 4)
-    with pytest.raises(ValueError, match="self_count"):
-        ours.forward_projected(table, nbr_rows[:-1], targets + 40, self_count)
+    empty = ours.forward_projected(table, nbr_rows[:0], nbr_valid[:0], targets[:0])
+    assert empty.shape == (0, 4)
+    no_fanout = ours.forward_projected(table, nbr_rows[:, :0], nbr_valid[:, :0], targets + 40)
+    torch.testing.assert_close(no_fanout, second[targets])
+    with pytest.raises(ValueError, match="nbr_rows and nbr_valid"):
+        ours.forward_projected(table, nbr_rows, nbr_valid[:, :-1], targets + 40)
     with pytest.raises(ValueError, match="table"):
-        ours.forward_projected(torch.cat([x, x]), nbr_rows, targets + 40, self_count)
+        ours.forward_projected(torch.cat([x, x]), nbr_rows, nbr_valid, targets + 40)
