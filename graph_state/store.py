@@ -645,7 +645,9 @@ class GraphStore:
         return name
 
     def _intern(self, name: str, batch: _Batch) -> int:
-        iid = self.iid(name)
+        iid = self._iid.get(name)  # the common case, without a call
+        if iid is None:
+            iid = self.iid(name)
         if iid is None:
             iid = self._next_iid
             self._next_iid += 1
@@ -657,8 +659,9 @@ class GraphStore:
 
     # ------------------------------------------------------------------ node records
     def _node(self, iid: int) -> _Node | None:
-        if iid in self._nodes:
-            return self._nodes[iid]
+        node = self._nodes.get(iid, _UNREAD)  # one lookup; None is an absent node
+        if node is not _UNREAD:
+            return node
         raw = self._cf["nodes"].get(keys.encode_iid(iid))
         node = None if raw is None else _Node(*keys.NODE_RECORD.unpack(raw))
         self._nodes[iid] = node
@@ -725,12 +728,12 @@ class GraphStore:
         key = keys.nbr_key(v, rank_bytes(self.seed, v_name, u_name), u_name)
         truncated = len(top) < node.degree
         node.degree += 1
-        batch.wb.put(key, keys.U64.pack(u), batch.handles["nbrs"])
+        batch.put("nbrs", key, keys.encode_iid(u))
         batch.pending_nbr[v][key] = u
         if truncated and key > top[-1][0]:
             return 1 << 62
         pos = bisect.bisect_left(top, (key,))
-        self._samples.pop(v, None)  # _forget_sample
+        self._forget_sample(v)
         top.insert(pos, (key, u))
         if len(top) > self.top_size:
             top.pop()
@@ -897,15 +900,10 @@ class GraphStore:
             batch.stored_edges = {k: raw is not None for k, raw in zip(wanted, self._cf["edges"].get(wanted))}
 
     def _touch(self, name: str, ts: float, batch: _Batch, result: ApplyResult) -> tuple[int, _Node]:
-        iid = self._iid.get(name)
-        if iid is None:
-            iid = self._intern(name, batch)
-        node = self._nodes.get(iid, _UNREAD)
-        if node is _UNREAD:
-            node = self._node(iid)
+        iid = self._intern(name, batch)
+        node = self._node(iid)
         if node is None:
             node = _Node(0, 0, ts)
-            self._nodes[iid] = node
             result.created.add(iid)
             result.features_changed.add(iid)
             result.deleted.discard(iid)
@@ -913,11 +911,11 @@ class GraphStore:
             self._top_of(iid)
         if ts > node.last_ts:
             node.last_ts = float(ts)
-        batch.nodes.add(iid)  # see _put_node
+        self._put_node(iid, node, batch)
         return iid, node
 
-    def _edge_exists(self, src: int, dst: int) -> bool:
-        key = keys.edge_key(src, dst)
+    def _edge_exists(self, key: bytes) -> bool:
+        """Whether the edge of ``key`` (:func:`keys.edge_key`) is present, this batch's writes included."""
         batch = self._batch
         assert batch is not None
         if key in batch.edges:
@@ -925,8 +923,7 @@ class GraphStore:
         stored = batch.stored_edges.get(key)
         return self._cf["edges"].get(key) is not None if stored is None else stored
 
-    def _set_edge(self, batch: _Batch, src: int, dst: int, record: bytes | None) -> None:
-        key = keys.edge_key(src, dst)
+    def _set_edge(self, batch: _Batch, key: bytes, record: bytes | None) -> None:
         if record is None:
             batch.delete("edges", key)
         else:
@@ -944,20 +941,18 @@ class GraphStore:
         s, sn = self._touch(ev.src, ev.ts, batch, result)
         d, dn = self._touch(ev.dst, ev.ts, batch, result)
         key = keys.edge_key(s, d)
-        existed = batch.edges.get(key)
-        if existed is None:
-            existed = self._edge_exists(s, d)
-        batch.wb.put(key, keys.EDGE_RECORD.pack(float(ev.weight), float(ev.ts)), batch.handles["edges"])
-        batch.edges[key] = True  # as _set_edge
-        if not existed and s != d and not self._edge_exists(d, s):
+        existed = self._edge_exists(key)
+        self._set_edge(batch, key, keys.EDGE_RECORD.pack(float(ev.weight), float(ev.ts)))
+        if not existed and s != d and not self._edge_exists(keys.edge_key(d, s)):
             self._link(s, ev.src, sn, d, ev.dst, dn, batch, result, touches, add=True)
 
     def _apply_edge_delete(self, ev: Any, batch: _Batch, result: ApplyResult, touches: list) -> None:
         s, d = self.iid(ev.src), self.iid(ev.dst)
-        if s is None or d is None or not self._edge_exists(s, d):
+        key = None if s is None or d is None else keys.edge_key(s, d)
+        if key is None or not self._edge_exists(key):
             return
-        self._set_edge(batch, s, d, None)
-        if s != d and not self._edge_exists(d, s):
+        self._set_edge(batch, key, None)
+        if s != d and not self._edge_exists(keys.edge_key(d, s)):
             sn, dn = self._node(s), self._node(d)
             self._put_node(s, sn, batch)
             self._put_node(d, dn, batch)
@@ -980,8 +975,9 @@ class GraphStore:
         for key, u in entries:
             u_name = key[16:].decode()
             for a, b in ((v, u), (u, v)):
-                if self._edge_exists(a, b):
-                    self._set_edge(batch, a, b, None)
+                edge = keys.edge_key(a, b)
+                if self._edge_exists(edge):
+                    self._set_edge(batch, edge, None)
             un = self._node(u)
             self._put_node(u, un, batch)
             touches.append((u, self._remove_nbr(u, u_name, v, ev.id, un, batch)))
@@ -997,8 +993,9 @@ class GraphStore:
             touches.append((v, 0))
             result.degree_changed.add(v)
         node.degree = 0
-        if self._edge_exists(v, v):
-            self._set_edge(batch, v, v, None)
+        loop = keys.edge_key(v, v)
+        if self._edge_exists(loop):
+            self._set_edge(batch, loop, None)
         self._put_node(v, None, batch)
         batch.delete("feats", keys.encode_iid(v))
         result.features_changed.add(v)

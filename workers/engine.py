@@ -286,8 +286,8 @@ class Engine:
         a target then costs one gathered sum and no matrix product, and only
         the rows that changed are projected again. Backfill, recompute and
         :meth:`from_scratch` all compute such a layer this way, so they agree
-        exactly; against the layer's plain form the difference is float
-        rounding (about 1e-7).
+        exactly; against the layer's plain form (and PyG) the difference is
+        float rounding (4.5e-7 in ``bench/backfill.py``).
 
         Returns:
             The new rows and the number of sampled neighbours read.
@@ -356,7 +356,7 @@ class Engine:
             if layer < self.num_layers - 1:  # final rows are written with their metadata
                 self._write_layer_rows(layer + 1, targets, h)
             self.tables.set(layer + 1, targets, h)
-            prev = self._dense_lookup(targets, h)
+            prev = _DenseRows(targets, h)
             if progress:
                 progress(layer + 1)
         self._write_final(targets, h, publish=publish, stats=stats, event_ts=None, force=True)
@@ -447,12 +447,7 @@ class Engine:
 
     def _full_inputs(self, targets: np.ndarray) -> Rows:
         feats, _ = self.store.feature_rows(targets.tolist(), self.tables.dims[0])
-        return self._dense_lookup(targets, feats)
-
-    @staticmethod
-    def _dense_lookup(targets: np.ndarray, rows: np.ndarray) -> Rows:
-        """Rows of ``targets`` as a :data:`Rows` source (zeros for any other iid)."""
-        return _DenseRows(targets, rows)
+        return _DenseRows(targets, feats)
 
     def _write_layer_rows(self, layer: int, iids: np.ndarray, rows: np.ndarray) -> None:
         step = 50_000
@@ -466,7 +461,7 @@ class Engine:
         h = np.zeros((len(targets), self.tables.dims[0]), dtype=np.float32)
         for layer in range(self.num_layers):
             h, _ = self.compute_layer(layer, targets, prev)
-            prev = self._dense_lookup(targets, h)
+            prev = _DenseRows(targets, h)
         return targets, h
 
     # ------------------------------------------------------------------ outputs

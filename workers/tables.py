@@ -197,10 +197,11 @@ class EmbeddingTables:
     def held(self, layer: int, iids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """:meth:`index` and a mask of which rows exist: ``(table, positions, present)``."""
         iids = np.asarray(iids, dtype=np.int64)
-        table, pos = self.index(layer, iids)
-        if table is self._rows[layer]:
+        if len(iids) and self._grow(layer, int(iids.max()) + 1):
+            table, pos = self.index(layer, iids)  # the cache itself
             return table, pos, self._present[layer][iids]
-        return table, pos, self.get(layer, iids)[1]
+        rows, present = self.get(layer, iids)
+        return rows, np.arange(len(iids), dtype=np.int64), present
 
     def projected(self, layer: int, iids: np.ndarray, project: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
                   ) -> tuple[np.ndarray, np.ndarray, int]:
@@ -727,7 +728,7 @@ class _FrameFile:
         self._map: mmap.mmap | None = None
         self._fd: int | None = None
         self._frames: np.ndarray | None = None  # the mapped file, [frame, row, column]
-        self._mapped = np.zeros(0, dtype=bool)  # by frame: written through the mapping since it was made
+        self._mapped = np.zeros(0, dtype=bool)  # by frame: written (either way) since the mapping was made
 
     def start(self, used: list[int]) -> None:
         """The frames stored pages point at; every other one below the highest is free."""
@@ -748,12 +749,12 @@ class _FrameFile:
     def write(self, rows: np.ndarray) -> list[int]:
         """Store ``rows`` :data:`PAGE_ROWS` to a frame; return the frames used.
 
-        A frame written before through the shared mapping of the file is
-        written through it again: its pages are mapped already, so the
-        copy costs no system call. Any other frame is written with
-        ``pwrite``, which is several times cheaper than faulting in pages
-        of a fresh (or evicted) part of the file one by one. Either way
-        the rows are in the OS page cache, where RocksDB's log is too.
+        A frame already written since the file was mapped is written
+        through the shared mapping again: its pages are in the page cache,
+        so the copy costs no system call. Any other frame is written with
+        ``pwrite``, which is cheaper than faulting in pages of a fresh (or
+        evicted) part of the file one by one. Either way the rows are in
+        the OS page cache, where RocksDB's log is too.
         """
         full, rest = divmod(len(rows), PAGE_ROWS)
         count = full + bool(rest)
