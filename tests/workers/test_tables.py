@@ -365,6 +365,39 @@ def test_frames_hold_what_was_written_whether_fresh_or_rewritten_through_the_map
         np.testing.assert_array_equal(file.read(3, PAGE_ROWS, readers), third)
 
 
+def test_fresh_frames_apart_in_the_file_are_written_each_at_its_own_place(tmp_path) -> None:
+    from workers.tables import _FrameFile, _Readers
+
+    file = _FrameFile(str(tmp_path / "rows-2.f32"), 2)
+    file.start([1])  # frame 1 is taken by a stored page: 0 is free, new frames start at 2
+    rows = np.arange((3 * PAGE_ROWS - 4) * 2, dtype=np.float32).reshape(-1, 2)
+    assert file.write(rows) == [0, 2, 3]  # one run of frame 0, then one of frames 2 and 3
+    file.close()
+    with _Readers() as readers:
+        np.testing.assert_array_equal(file.read(0, PAGE_ROWS, readers), rows[:PAGE_ROWS])
+        np.testing.assert_array_equal(file.read(2, PAGE_ROWS, readers), rows[PAGE_ROWS:2 * PAGE_ROWS])
+        np.testing.assert_array_equal(file.read(3, PAGE_ROWS - 4, readers), rows[2 * PAGE_ROWS:])
+        assert not file.read(1, PAGE_ROWS, readers).any()  # untouched
+
+
+def test_a_failed_row_write_fails_the_encode_after_the_rest_of_it_ran(tmp_path, monkeypatch) -> None:
+    from workers import tables as tables_module
+
+    with GraphStore(str(tmp_path / "db")) as store:
+        table = MetaTable(store)
+        ids = np.arange(PAGE_ROWS + 1, dtype=np.int64)
+        table.set(ids, np.ones(len(ids), dtype=np.int64), np.zeros(len(ids)),
+                  np.full(len(ids), table.code("full"), dtype=np.int16))
+        assert len(table.encode(ids[:1], np.ones((1, 4), dtype=np.float32))) == 1  # the rest of the encode works
+
+        def broken(fd: int, rows: np.ndarray, offset: int, path: str) -> None:
+            raise OSError("disk full")
+
+        monkeypatch.setattr(tables_module, "_write_at", broken)
+        with pytest.raises(OSError, match="disk full"):
+            table.encode(ids, np.ones((len(ids), 4), dtype=np.float32))
+
+
 @pytest.mark.parametrize("framed", [True, False])
 def test_encoded_pages_decode_to_their_records_full_pages_and_the_rest(framed: bool) -> None:
     from workers.tables import encode_pages
