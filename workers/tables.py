@@ -15,7 +15,6 @@ import logging
 import mmap
 import os
 import struct
-import threading
 from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
 
@@ -570,33 +569,20 @@ class MetaTable:
 
     def _append(self, puts: list, iids: np.ndarray, version: np.ndarray, event_ts: np.ndarray, codes: np.ndarray,
                 rows: np.ndarray | None) -> None:
-        frames = sums = filling = None
-        if rows is not None:  # the rows go to their frames on a second thread while the records are encoded here
+        frames = sums = None
+        if rows is not None:
             self._dim = rows.shape[1]
             rows = np.ascontiguousarray(rows, dtype="<f4")
-            file = self._file(self._dim)
-            frames = file.reserve(-(-len(rows) // PAGE_ROWS))
-            filling = _Background(file.fill, frames, rows)
-        try:
-            if rows is not None:
-                sums = row_sums(rows)
-            self._index_pages(puts, iids, version, event_ts, codes, frames, sums)
-        except BaseException:
-            if filling is not None:
-                filling.wait()
-            raise
-        if filling is not None:
-            filling.join()  # re-raises the write's error
-
-    def _index_pages(self, puts: list, iids: np.ndarray, version: np.ndarray, event_ts: np.ndarray,
-                     codes: np.ndarray, frames: list[int] | None, sums: list[int] | None) -> None:
+            frames = self._file(self._dim).write(rows)
+            sums = row_sums(rows)
         first = self._next_page
         position = np.arange(len(iids), dtype=np.int64)
         self.page[iids] = first + position // PAGE_ROWS
         self.slot[iids] = (position % PAGE_ROWS).astype(np.int32)
-        self.has_row[iids] = frames is not None
+        self.has_row[iids] = rows is not None
         for n, (ids, value) in enumerate(zip(*encode_pages(iids, version, event_ts, codes, self.names,
-                                                           0 if frames is None else self._dim, frames, sums))):
+                                                           0 if rows is None else self._dim, frames,
+                                                           sums if frames is not None else None))):
             seq = first + n
             puts.append((self.family, self._key(seq), value))
             if frames is not None:
@@ -761,45 +747,33 @@ class _FrameFile:
         self._pending = []
 
     def write(self, rows: np.ndarray) -> list[int]:
-        """Store ``rows`` :data:`PAGE_ROWS` to a frame; return the frames used (:meth:`reserve`, then :meth:`fill`)."""
-        frames = self.reserve(-(-len(rows) // PAGE_ROWS))
-        self.fill(frames, rows)
-        return frames
-
-    def reserve(self, count: int) -> list[int]:
-        """Take ``count`` frames, the lowest free ones first; the file is grown and mapped to hold them."""
-        self._view(self._next + max(0, count - len(self._free)))  # may fail: nothing is taken yet
-        return [heapq.heappop(self._free) if self._free else self._new() for _ in range(count)]
-
-    def fill(self, frames: list[int], rows: np.ndarray) -> None:
-        """Write ``rows`` :data:`PAGE_ROWS` to each of ``frames`` (taken with :meth:`reserve`).
+        """Store ``rows`` :data:`PAGE_ROWS` to a frame; return the frames used.
 
         A frame already written since the file was mapped is written
         through the shared mapping again: its pages are in the page cache,
         so the copy costs no system call. Any other frame is written with
-        ``pwrite`` (one call for a run of consecutive frames), which is
-        cheaper than faulting in pages of a fresh (or evicted) part of the
-        file one by one. Either way the rows are in the OS page cache, where
-        RocksDB's log is too.
+        ``pwrite``, which is cheaper than faulting in pages of a fresh (or
+        evicted) part of the file one by one. Either way the rows are in
+        the OS page cache, where RocksDB's log is too.
         """
-        view = self._view(max(frames, default=-1) + 1)
-        full = len(rows) // PAGE_ROWS
+        full, rest = divmod(len(rows), PAGE_ROWS)
+        count = full + bool(rest)
+        view = self._view(self._next + max(0, count - len(self._free)))  # may fail: nothing is taken yet
+        frames = [heapq.heappop(self._free) if self._free else self._new() for _ in range(count)]
         chunks = np.asarray(frames, dtype=np.int64)
         mapped = self._mapped[chunks]
         if full:
             warm = np.flatnonzero(mapped[:full])
             if len(warm):
                 view[chunks[warm]] = rows[:full * PAGE_ROWS].reshape(full, PAGE_ROWS, -1)[warm]
-        if len(rows) > full * PAGE_ROWS and mapped[-1]:
-            view[frames[-1], :len(rows) - full * PAGE_ROWS] = rows[full * PAGE_ROWS:]
-        cold = np.flatnonzero(~mapped)
-        if len(cold):  # runs of frames that follow each other in the file and in ``rows``
-            breaks = np.flatnonzero((np.diff(cold) != 1) | (np.diff(chunks[cold]) != 1)) + 1
-            for run in np.split(cold, breaks):
-                first, last = int(run[0]), int(run[-1])
-                _write_at(self._fd, rows[first * PAGE_ROWS:(last + 1) * PAGE_ROWS], frames[first] * self.frame_bytes,
-                          self.path)
-            self._mapped[chunks[cold]] = True  # pwrite left them in the page cache: the mapping takes them over
+        for i in np.flatnonzero(~mapped).tolist():
+            chunk = rows[i * PAGE_ROWS:(i + 1) * PAGE_ROWS]
+            if os.pwrite(self._fd, chunk, frames[i] * self.frame_bytes) != chunk.nbytes:
+                raise OSError(f"short write to row file {self.path!r} (frame {frames[i]})")
+        if rest and mapped[-1]:
+            view[frames[-1], :rest] = rows[full * PAGE_ROWS:]
+        self._mapped[chunks[~mapped]] = True  # pwrite left them in the page cache: the mapping takes them over
+        return frames
 
     def _new(self) -> int:
         self._next += 1
@@ -841,39 +815,6 @@ class _FrameFile:
         if len(data) != size:
             raise OSError(f"row file {self.path!r} ends inside frame {frame} (a page points at rows it does not hold)")
         return np.frombuffer(data, dtype="<f4").reshape(count, -1)
-
-
-class _Background:
-    """``fn(*args)`` on a thread of its own; :meth:`join` waits for it and re-raises what it raised."""
-
-    def __init__(self, fn: Callable[..., object], *args: object):
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, args=(fn, args), name="gnnstream-rows", daemon=True)
-        self._thread.start()
-
-    def _run(self, fn: Callable[..., object], args: tuple) -> None:
-        try:
-            fn(*args)
-        except BaseException as exc:  # handed to the joining thread
-            self._error = exc
-
-    def wait(self) -> None:
-        self._thread.join()
-
-    def join(self) -> None:
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-
-
-def _write_at(fd: int, rows: np.ndarray, offset: int, path: str) -> None:
-    """``pwrite`` all of ``rows`` at ``offset``, resuming after a partial write."""
-    data = memoryview(np.ascontiguousarray(rows)).cast("B")
-    while len(data):
-        done = os.pwrite(fd, data, offset)
-        if done <= 0:
-            raise OSError(f"short write to row file {path!r} at byte {offset}")
-        data, offset = data[done:], offset + done
 
 
 def row_sums(rows: np.ndarray) -> list[int]:

@@ -727,17 +727,17 @@ def test_a_recompute_that_fails_before_its_write_leaves_every_frame_to_its_page(
                     + [EdgeUpsert(rnd.choice(names), rnd.choice(names), 2 + j) for j in range(900)])
         engine.recompute()
         store.apply([NodeUpsert(n, 10, features()) for n in names])  # supersedes every layer-1 page
-        fill = tables._FrameFile.fill
+        write = tables._FrameFile.write
 
-        def full_disk(self: Any, frames: list[int], rows: np.ndarray) -> None:
+        def full_disk(self: Any, rows: np.ndarray) -> list[int]:
             if "final-rows" in self.path:
                 raise OSError(28, "No space left on device")
-            fill(self, frames, rows)
+            return write(self, rows)
 
-        monkeypatch.setattr(tables._FrameFile, "fill", full_disk)
+        monkeypatch.setattr(tables._FrameFile, "write", full_disk)
         with pytest.raises(OSError):
             engine.recompute()
-        monkeypatch.setattr(tables._FrameFile, "fill", fill)
+        monkeypatch.setattr(tables._FrameFile, "write", write)
         assert engine.pending()  # the marks wait for the retry
         engine.recompute()
         for t in range(3):  # later batches take frames from the free lists

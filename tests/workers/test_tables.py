@@ -380,7 +380,7 @@ def test_fresh_frames_apart_in_the_file_are_written_each_at_its_own_place(tmp_pa
         assert not file.read(1, PAGE_ROWS, readers).any()  # untouched
 
 
-def test_a_failed_row_write_fails_the_encode_after_the_rest_of_it_ran(tmp_path, monkeypatch) -> None:
+def test_a_failed_row_write_fails_the_encode(tmp_path, monkeypatch) -> None:
     from workers import tables as tables_module
 
     with GraphStore(str(tmp_path / "db")) as store:
@@ -388,13 +388,10 @@ def test_a_failed_row_write_fails_the_encode_after_the_rest_of_it_ran(tmp_path, 
         ids = np.arange(PAGE_ROWS + 1, dtype=np.int64)
         table.set(ids, np.ones(len(ids), dtype=np.int64), np.zeros(len(ids)),
                   np.full(len(ids), table.code("full"), dtype=np.int16))
-        assert len(table.encode(ids[:1], np.ones((1, 4), dtype=np.float32))) == 1  # the rest of the encode works
+        assert len(table.encode(ids[:1], np.ones((1, 4), dtype=np.float32))) == 1  # one page
 
-        def broken(fd: int, rows: np.ndarray, offset: int, path: str) -> None:
-            raise OSError("disk full")
-
-        monkeypatch.setattr(tables_module, "_write_at", broken)
-        with pytest.raises(OSError, match="disk full"):
+        monkeypatch.setattr(tables_module.os, "pwrite", lambda fd, data, offset: 0)  # a full disk
+        with pytest.raises(OSError, match="short write to row file"):
             table.encode(ids, np.ones((len(ids), 4), dtype=np.float32))
 
 
