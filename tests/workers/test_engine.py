@@ -311,6 +311,10 @@ def run_stream(model_dir: Path, batches: list[list], *, hub_bound: int = 50_000,
                     assert e.mode == "deleted", f"deleted node {v!r}: last update is {e.mode}, not deleted"
             never = sorted(fold.nodes - set(last))
             assert not never, f"existing nodes never published: {never[:10]}"
+
+            # a backfill of the same graph stores the same embeddings
+            engine.backfill()
+            assert_embeddings_close(_final_stored(engine), stored, what="Engine.backfill vs stored after the stream")
             return {"fold": fold, "stored": stored, "metas": metas, "outbox": entries, "deferred": deferred}
         finally:
             store.close()
