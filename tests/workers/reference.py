@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import tempfile
 from hashlib import blake2b
 from pathlib import Path
@@ -33,6 +34,7 @@ __all__ = [
     "expected_modes",
     "assert_embeddings_close",
     "fast_tempdir",
+    "gnnstream_command",
     "DATA_DIR",
     "ATOL",
 ]
@@ -42,6 +44,14 @@ ATOL = 1e-4
 DATA_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 
 _SHM = Path("/dev/shm")
+
+
+def gnnstream_command(*argv: Any) -> list[str]:
+    """The command line running ``gnnstream ARGV`` in a process of its own (the installed script of this
+    environment, else the CLI module with this interpreter)."""
+    script = Path(sys.executable).with_name("gnnstream")
+    base = [str(script)] if script.is_file() else [sys.executable, "-m", "workers.cli"]
+    return base + [str(a) for a in argv]
 
 
 def fast_tempdir() -> tempfile.TemporaryDirectory:

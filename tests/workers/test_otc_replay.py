@@ -1,19 +1,28 @@
-"""The whole Bitcoin OTC stream replayed with ``gnnstream apply`` in three runs, then ``verify``."""
+"""The whole Bitcoin OTC stream replayed with ``gnnstream apply`` in three runs of the command, then ``verify``."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from model import init_model_dir
+from tests.workers.reference import DATA_DIR, gnnstream_command
 from workers.cli import main
 
-DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "soc-sign-bitcoinotc.csv"
+DATA = DATA_DIR / "soc-sign-bitcoinotc.csv"
 
 
-def test_full_otc_replay_in_three_runs_verifies(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def _run(*argv: object) -> subprocess.CompletedProcess:
+    """``gnnstream ARGV`` in a process of its own, started and stopped like an operator's run."""
+    env = dict(os.environ, GNNSTREAM_NO_PROGRESS="1")
+    return subprocess.run(gnnstream_command(*argv), capture_output=True, text=True, env=env, timeout=600)
+
+
+def test_full_otc_replay_in_three_runs_verifies(tmp_path: Path) -> None:
     if not DATA.exists():
         pytest.fail(f"Bitcoin OTC data missing at {DATA}: the repository expects ../shared/data beside it")
     events = tmp_path / "otc.jsonl"
@@ -27,13 +36,14 @@ def test_full_otc_replay_in_three_runs_verifies(tmp_path: Path, capsys: pytest.C
     applied = 0
     for end in thirds:  # the file grows between runs; each run resumes at the stored position
         growing.write_bytes(b"".join(lines[:end]))
-        capsys.readouterr()
-        assert main(["apply", "--state", str(tmp_path / "state"), "--model", str(tmp_path / "model"),
-                     str(growing), "--batch", "1000"]) == 0
-        summary = json.loads(capsys.readouterr().out)
+        done = _run("apply", "--state", tmp_path / "state", "--model", tmp_path / "model", growing, "--batch", "1000")
+        assert done.returncode == 0, done.stderr[-2000:]
+        summary = json.loads(done.stdout)
         assert summary["pending"] == 0 and summary["invalid"] == 0
+        assert summary["events"] == end - applied  # only the lines added since the last run
         applied += summary["events"]
     assert applied == len(lines)
-    assert main(["verify", "--state", str(tmp_path / "state")]) == 0
-    report = json.loads(capsys.readouterr().out)
+    done = _run("verify", "--state", tmp_path / "state")
+    assert done.returncode == 0, done.stdout + done.stderr[-2000:]
+    report = json.loads(done.stdout)
     assert report["ok"] and report["nodes"] == 5881 and report["mismatched"] == 0
