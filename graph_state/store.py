@@ -19,7 +19,6 @@ import gc
 import json
 import logging
 import math
-import operator
 import os
 import time
 from collections import defaultdict
@@ -82,6 +81,17 @@ class _Node:
 
     def encode(self) -> bytes:
         return keys.NODE_RECORD.pack(self.degree, self.flags, self.last_ts)
+
+
+class _Prefix:
+    """The first :attr:`GraphStore.top_size` entries of a neighbour list in rank order: the index keys and
+    the neighbour ids side by side (the ids of a sample are a slice, without unpacking entries)."""
+
+    __slots__ = ("keys", "ids")
+
+    def __init__(self) -> None:
+        self.keys: list[bytes] = []
+        self.ids: list[int] = []
 
 
 @dataclass
@@ -386,7 +396,7 @@ class _Batch:
         self.wb = WriteBatch(raw_mode=True)
         self.handles = handles
         self.pending_nbr: dict[int, dict[bytes, int | None]] = defaultdict(dict)
-        self.initial_top: dict[int, list[tuple[bytes, int]]] = {}  # copies of the cached prefixes
+        self.initial_top: dict[int, list[int]] = {}  # the neighbour ids of the cached prefixes, as they were
         self.initial_degree: dict[int, int] = {}
         self.edges: dict[bytes, bool] = {}
         self.stored_edges: dict[bytes, bool] = {}  # prefetched: does the edge exist before the batch
@@ -444,7 +454,7 @@ class GraphStore:
         self._iid: dict[str, int] = {}
         self._name: dict[int, str] = {}
         self._nodes: dict[int, _Node | None] = {}
-        self._top: dict[int, list[tuple[bytes, int]]] = {}
+        self._top: dict[int, _Prefix] = {}
         self._samples: dict[int, dict[int, list[int]]] = {}  # memo of S_k as iids, dropped when the prefix changes
         self._sampled: dict[int, _SampledIndex] = {}  # the sampled-by index in memory, loaded on first use
         self._delta_seq: int | None = None  # key of the next batch's sampled-by changes
@@ -579,7 +589,7 @@ class GraphStore:
         self._check_indexable()
         pairs: dict[int, list[int]] = {k: [] for k in ks}
         for iid in self.node_iids():
-            top = [u for _, u in self._top_of(iid)]
+            top = self._top_of(iid).ids
             for k in ks:
                 pairs[k].extend((u << _PAIR_BITS) | iid for u in top[:k])
             if len(self._top) > self._cache_nodes:
@@ -696,47 +706,49 @@ class GraphStore:
             del it
         yield from added[ai:]
 
-    def _top_of(self, v: int) -> list[tuple[bytes, int]]:
+    def _top_of(self, v: int) -> _Prefix:
         top = self._top.get(v)
         if top is None:
-            top = []
-            size = self.top_size
-            for entry in self._iter_nbrs(v):
-                top.append(entry)
-                if len(top) >= size:
-                    break
+            top = _Prefix()
+            self._refill(v, top, self.top_size)
             self._top[v] = top
-        if self._batch is not None and v not in self._batch.initial_top:
-            self._batch.initial_top[v] = top[:]
+        batch = self._batch
+        if batch is not None and v not in batch.initial_top:
+            batch.initial_top[v] = top.ids[:]
             node = self._node(v)
-            self._batch.initial_degree[v] = node.degree if node else 0
+            batch.initial_degree[v] = node.degree if node else 0
         return top
 
-    def _refill(self, v: int, top: list[tuple[bytes, int]], degree: int) -> None:
+    def _refill(self, v: int, top: _Prefix, degree: int) -> None:
+        """Read entries after the last one held until ``top`` holds ``min(degree, top_size)``."""
         want = min(degree, self.top_size)
-        if len(top) >= want:
+        held, ids = top.keys, top.ids
+        if len(held) >= want:
             return
-        after = top[-1][0] if top else None
-        for entry in self._iter_nbrs(v, after):
-            top.append(entry)
-            if len(top) >= want:
+        for key, u in self._iter_nbrs(v, held[-1] if held else None):
+            held.append(key)
+            ids.append(u)
+            if len(held) >= want:
                 break
 
     def _add_nbr(self, v: int, v_name: str, u: int, u_name: str, node: _Node, batch: _Batch) -> int:
         """Add ``u`` to ``N(v)``; return the rank position it took (or a large number)."""
         top = self._top_of(v)
+        held = top.keys
         key = keys.nbr_key(v, rank_bytes(self.seed, v_name, u_name), u_name)
-        truncated = len(top) < node.degree
+        truncated = len(held) < node.degree
         node.degree += 1
         batch.put("nbrs", key, keys.encode_iid(u))
         batch.pending_nbr[v][key] = u
-        if truncated and key > top[-1][0]:
+        if truncated and key > held[-1]:
             return 1 << 62
-        pos = bisect.bisect_left(top, (key,))
+        pos = bisect.bisect_left(held, key)
         self._forget_sample(v)
-        top.insert(pos, (key, u))
-        if len(top) > self.top_size:
-            top.pop()
+        held.insert(pos, key)
+        top.ids.insert(pos, u)
+        if len(held) > self.top_size:
+            held.pop()
+            top.ids.pop()
         return pos
 
     def _remove_nbr(self, v: int, v_name: str, u: int, u_name: str, node: _Node, batch: _Batch) -> int:
@@ -745,10 +757,11 @@ class GraphStore:
         node.degree -= 1
         batch.delete("nbrs", key)
         batch.pending_nbr[v][key] = None
-        pos = bisect.bisect_left(top, (key,))
-        if pos < len(top) and top[pos][0] == key:
+        pos = bisect.bisect_left(top.keys, key)
+        if pos < len(top.keys) and top.keys[pos] == key:
             self._forget_sample(v)
-            del top[pos]
+            del top.keys[pos]
+            del top.ids[pos]
             self._refill(v, top, node.degree)
             return pos
         return 1 << 62
@@ -907,7 +920,8 @@ class GraphStore:
             result.created.add(iid)
             result.features_changed.add(iid)
             result.deleted.discard(iid)
-            self._top.setdefault(iid, [])  # a new or deleted node has no neighbour entries
+            if iid not in self._top:  # a new or deleted node has no neighbour entries
+                self._top[iid] = _Prefix()
             self._top_of(iid)
         if ts > node.last_ts:
             node.last_ts = float(ts)
@@ -987,7 +1001,7 @@ class GraphStore:
         pending = batch.pending_nbr[v]
         for key, _ in entries:
             pending[key] = None
-        self._top[v] = []
+        self._top[v] = _Prefix()
         self._forget_sample(v)
         if entries:
             touches.append((v, 0))
@@ -1029,22 +1043,22 @@ class GraphStore:
         after_len: list[int] = []
         moved: list[tuple[int, int, int]] = []  # (v, degree before, degree after)
         nodes, tops, degree0 = self._nodes, self._top, batch.initial_degree
-        second = operator.itemgetter(1)
+        empty = _Prefix()
         for v, before_top in batch.initial_top.items():
             node = nodes.get(v)
             deg_before = degree0[v]
             if node is None:
-                after_top, deg_after = [], 0
+                after_top, deg_after = empty.ids, 0
             else:
-                after_top, deg_after = tops.get(v, []), node.degree
+                after_top, deg_after = tops.get(v, empty).ids, node.degree
             if deg_before != deg_after:
                 moved.append((v, deg_before, deg_after))
             before, after = before_top[:width], after_top[:width]  # only the first ``width`` can be sampled
             if before != after:
                 changed.append(v)
-                before_ids.extend(map(second, before))
+                before_ids.extend(before)
                 before_len.append(len(before))
-                after_ids.extend(map(second, after))
+                after_ids.extend(after)
                 after_len.append(len(after))
         ids = np.asarray(changed, dtype=np.int64)
         before_m = _padded_rows(before_ids, before_len, width)
@@ -1153,7 +1167,7 @@ class GraphStore:
         if self._node(iid) is None:
             return []
         if k <= self.top_size:
-            out = [u for _, u in self._top_of(iid)[:k]]
+            out = self._top_of(iid).ids[:k]
             if self._batch is None:
                 self._samples.setdefault(iid, {})[k] = out
             return out
@@ -1335,14 +1349,14 @@ class GraphStore:
             return []
         top = self._top.get(iid)
         if top is not None and k <= self.top_size:
-            entries = top[:k]
+            held = top.keys[:k]
         else:
-            entries = []
-            for entry in self._iter_nbrs(iid):
-                if len(entries) >= k:
+            held = []
+            for key, _ in self._iter_nbrs(iid):
+                if len(held) >= k:
                     break
-                entries.append(entry)
-        return [key[16:].decode() for key, _ in entries]
+                held.append(key)
+        return [key[16:].decode() for key in held]
 
     def features(self, name: str) -> np.ndarray | None:
         iid = self.iid(name)
