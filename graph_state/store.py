@@ -79,8 +79,10 @@ class _Node:
     flags: int
     last_ts: float
 
-    def encode(self) -> bytes:
-        return keys.NODE_RECORD.pack(self.degree, self.flags, self.last_ts)
+    @classmethod
+    def decode(cls, raw: bytes | None) -> "_Node | None":
+        """The record stored under a node's key (None: the node does not exist)."""
+        return None if raw is None else cls(*keys.NODE_RECORD.unpack(raw))
 
 
 class _Prefix:
@@ -672,8 +674,7 @@ class GraphStore:
         node = self._nodes.get(iid, _UNREAD)  # one lookup; None is an absent node
         if node is not _UNREAD:
             return node
-        raw = self._cf["nodes"].get(keys.encode_iid(iid))
-        node = None if raw is None else _Node(*keys.NODE_RECORD.unpack(raw))
+        node = _Node.decode(self._cf["nodes"].get(keys.encode_iid(iid)))
         self._nodes[iid] = node
         return node
 
@@ -901,7 +902,7 @@ class GraphStore:
             cold = ids[~mirrored].tolist()
             if cold:
                 for iid, raw in zip(cold, self._cf["nodes"].get([keys.encode_iid(i) for i in cold])):
-                    self._nodes[iid] = None if raw is None else _Node(*keys.NODE_RECORD.unpack(raw))
+                    self._nodes[iid] = _Node.decode(raw)
         pairs: dict[bytes, None] = {}
         for ev in events:
             if ev.op in ("edge_upsert", "edge_delete"):

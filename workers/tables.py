@@ -858,9 +858,13 @@ def encode_pages(iids: np.ndarray, version: np.ndarray, event_ts: np.ndarray, co
     columns = [np.asarray(iids).astype(">u8"), np.asarray(version).astype(">u8"), np.asarray(event_ts).astype(">f8"),
                np.searchsorted(used, codes).astype("u1")]
     pages, values = [], []
-    full = len(iids) // PAGE_ROWS
+
+    def header(count: int) -> bytes:
+        return _PAGE_HEAD.pack(_PAGE_FORMAT, frames is not None, count, width if frames is not None else 0, len(used))
+
+    full, rest = divmod(len(iids), PAGE_ROWS)
     if full:  # the full pages share one layout: build them as the rows of one byte matrix
-        head = _PAGE_HEAD.pack(_PAGE_FORMAT, frames is not None, PAGE_ROWS, width if frames is not None else 0, len(used))
+        head = header(PAGE_ROWS)
         parts = [np.broadcast_to(np.frombuffer(head + modes, np.uint8), (full, len(head) + len(modes)))]
         parts += [c[:full * PAGE_ROWS].reshape(full, PAGE_ROWS).view(np.uint8) for c in columns]
         if frames is not None:
@@ -871,12 +875,11 @@ def encode_pages(iids: np.ndarray, version: np.ndarray, event_ts: np.ndarray, co
         size = len(block) // full
         values = [block[at:at + size] for at in range(0, len(block), size)]
         pages = list(np.asarray(iids)[:full * PAGE_ROWS].reshape(full, PAGE_ROWS))
-    for n, start in enumerate(range(full * PAGE_ROWS, len(iids), PAGE_ROWS), full):
-        count = min(PAGE_ROWS, len(iids) - start)
-        head = _PAGE_HEAD.pack(_PAGE_FORMAT, frames is not None, count, width if frames is not None else 0, len(used))
-        tail = _FRAME.pack(frames[n], sums[n]) if frames is not None else b""
-        pages.append(iids[start:start + count])
-        values.append(b"".join([head, modes, *(memoryview(c[start:start + count]) for c in columns), tail]))
+    if rest:  # the last page, shorter
+        start = full * PAGE_ROWS
+        tail = _FRAME.pack(frames[full], sums[full]) if frames is not None else b""
+        pages.append(iids[start:])
+        values.append(b"".join([header(rest), modes, *(memoryview(c[start:]) for c in columns), tail]))
     return pages, values
 
 

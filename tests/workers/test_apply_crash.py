@@ -31,6 +31,8 @@ OTC = DATA_DIR / "soc-sign-bitcoinotc.csv"
 RATINGS = 2_400  # -> about 4,100 events with the derived node_upsert events
 TRIALS = 10
 BATCH = 50
+
+
 def _cli(capsys: pytest.CaptureFixture, *argv: Any) -> tuple[int, str, str]:
     capsys.readouterr()
     rc = main([str(a) for a in argv])

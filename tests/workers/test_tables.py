@@ -9,8 +9,8 @@ import pytest
 
 from graph_state import keys
 from graph_state.store import GraphStore
-from workers.tables import (PAGE_ROWS, EmbeddingMeta, EmbeddingTables, MetaTable, decode_legacy_final, decode_outbox, decode_page,
-                            encode_outbox)
+from workers.tables import (PAGE_ROWS, EmbeddingMeta, EmbeddingTables, MetaTable, decode_legacy_final, decode_outbox,
+                            decode_page, encode_outbox)
 
 
 def _set(table: MetaTable, iids, versions, times, modes) -> None:
@@ -371,7 +371,7 @@ def test_fresh_frames_apart_in_the_file_are_written_each_at_its_own_place(tmp_pa
     file = _FrameFile(str(tmp_path / "rows-2.f32"), 2)
     file.start([1])  # frame 1 is taken by a stored page: 0 is free, new frames start at 2
     rows = np.arange((3 * PAGE_ROWS - 4) * 2, dtype=np.float32).reshape(-1, 2)
-    assert file.write(rows) == [0, 2, 3]  # one run of frame 0, then one of frames 2 and 3
+    assert file.write(rows) == [0, 2, 3]  # the free frame 0, then new frames 2 and 3
     file.close()
     with _Readers() as readers:
         np.testing.assert_array_equal(file.read(0, PAGE_ROWS, readers), rows[:PAGE_ROWS])
