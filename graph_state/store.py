@@ -31,7 +31,7 @@ from rocksdict import BlockBasedOptions, Cache, DBCompressionType, Options, Rdic
 from graph_state import keys
 from graph_state.idsets import unique_ids
 from graph_state.exceptions import OffsetRegressionError, StoreConfigError, StoreLockedError
-from graph_state.sampler import check_fanout, rank_bytes
+from graph_state.sampler import check_fanout, seeded_rank_bytes
 
 __all__ = ["GraphStore", "ApplyResult", "grow_columns", "DIRTY_INPUT", "DIRTY_SAMPLE", "DIRTY_COUNT", "DIRTY_DEGREE"]
 
@@ -57,6 +57,7 @@ _MAX_INDEXED_IDS = 1 << (_PAIR_BITS - 1)  # u << 32 | v must stay a non-negative
 _FOLD_PAIRS = 1 << 20  # sampled-by changes replayed at load before they are folded into a new snapshot
 _F32_MAX = float(np.finfo(np.float32).max)
 _PLAIN_NUMBERS = {float, int}
+_PACK_U64 = keys.U64.pack
 _UNREAD = object()  # a node record not read yet (``_nodes`` holds None for an absent node)
 
 
@@ -397,6 +398,7 @@ class _Batch:
     def __init__(self, handles: Mapping[str, Any]):
         self.wb = WriteBatch(raw_mode=True)
         self.handles = handles
+        self.nbrs_family = handles["nbrs"]
         self.pending_nbr: dict[int, dict[bytes, int | None]] = defaultdict(dict)
         self.initial_top: dict[int, list[int]] = {}  # the neighbour ids of the cached prefixes, as they were
         self.initial_degree: dict[int, int] = {}
@@ -446,12 +448,13 @@ class GraphStore:
         self._cache_nodes = cache_nodes
         try:
             self.seed = self._init_meta_int("seed", seed, default=0)
+            self._rank = seeded_rank_bytes(self.seed)
             self.feature_dim = self._init_meta_int("feature_dim", feature_dim, default=None)
         except BaseException:
             self.close()  # release the lock so a corrected retry can open it
             raise
         stored = self._meta_get("fanouts")
-        self.fanouts: tuple[int, ...] = tuple(stored) if stored else ()
+        self.fanouts = tuple(stored) if stored else ()
         self._next_iid = self._meta_get("next_iid") or 0
         self._iid: dict[str, int] = {}
         self._name: dict[int, str] = {}
@@ -606,7 +609,17 @@ class GraphStore:
     @property
     def top_size(self) -> int:
         """How many rank-ordered neighbours are cached per node."""
-        return max(_MIN_TOP, max(self.fanouts, default=0))
+        return self._top_size
+
+    @property
+    def fanouts(self) -> tuple[int, ...]:
+        """The fanouts whose sampled-by index and dirty marks the store keeps (:meth:`set_fanouts`)."""
+        return self._fanouts
+
+    @fanouts.setter
+    def fanouts(self, ks: tuple[int, ...]) -> None:
+        self._fanouts = ks
+        self._top_size = max(_MIN_TOP, max(ks, default=0))
 
     # ------------------------------------------------------------------ ids
     def warm_ids(self) -> int:
@@ -734,27 +747,32 @@ class GraphStore:
 
     def _add_nbr(self, v: int, v_name: str, u: int, u_name: str, node: _Node, batch: _Batch) -> int:
         """Add ``u`` to ``N(v)``; return the rank position it took (or a large number)."""
-        top = self._top_of(v)
+        top = self._top.get(v)
+        if top is None:
+            top = self._top_of(v)
+        elif v not in batch.initial_top:  # _top_of's snapshot, with the record at hand
+            batch.initial_top[v] = top.ids[:]
+            batch.initial_degree[v] = node.degree
         held = top.keys
-        key = keys.nbr_key(v, rank_bytes(self.seed, v_name, u_name), u_name)
+        key = keys.nbr_key(v, self._rank(v_name, u_name), u_name)
         truncated = len(held) < node.degree
         node.degree += 1
-        batch.put("nbrs", key, keys.encode_iid(u))
+        batch.wb.put(key, _PACK_U64(u), batch.nbrs_family)
         batch.pending_nbr[v][key] = u
         if truncated and key > held[-1]:
             return 1 << 62
         pos = bisect.bisect_left(held, key)
-        self._forget_sample(v)
+        self._samples.pop(v, None)  # the memoised samples of v are out of date
         held.insert(pos, key)
         top.ids.insert(pos, u)
-        if len(held) > self.top_size:
+        if len(held) > self._top_size:
             held.pop()
             top.ids.pop()
         return pos
 
     def _remove_nbr(self, v: int, v_name: str, u: int, u_name: str, node: _Node, batch: _Batch) -> int:
         top = self._top_of(v)
-        key = keys.nbr_key(v, rank_bytes(self.seed, v_name, u_name), u_name)
+        key = keys.nbr_key(v, self._rank(v_name, u_name), u_name)
         node.degree -= 1
         batch.delete("nbrs", key)
         batch.pending_nbr[v][key] = None
@@ -834,15 +852,7 @@ class GraphStore:
                 self._meta_put("feature_dim", dim, batch)
             self._prefetch(events, batch)
             t = result.lap("prefetch", t)
-            handlers = {op: getattr(self, "_apply_" + op)
-                        for op in ("edge_upsert", "edge_delete", "node_upsert", "node_delete")}
-            append = result.event_touches.append
-            for ev in events:
-                touches: list[tuple[int, int]] = []
-                append(touches)
-                handlers[ev.op](ev, batch, result, touches)
-                if ev.ts > result.max_ts:
-                    result.max_ts = float(ev.ts)
+            self._run_events(events, batch, result)
             t = result.lap("events", t)
             self._finish(batch, result)
             for (topic, partition), off in (offsets or {}).items():
@@ -952,6 +962,61 @@ class GraphStore:
         touches.append((b, change(b, b_name, a, a_name, bn, batch)))
         result.degree_changed.update((a, b))
 
+    def _run_events(self, events: Sequence[Any], batch: _Batch, result: ApplyResult) -> None:
+        """Apply each event of a validated batch in order.
+
+        An edge upsert between two nodes already read (the common case after
+        :meth:`_prefetch`) runs inline with its lookups bound once a batch;
+        anything else goes through the ``_apply_<op>`` handlers.
+        """
+        handlers = {op: getattr(self, "_apply_" + op) for op in ("edge_upsert", "edge_delete", "node_upsert", "node_delete")}
+        append = result.event_touches.append
+        iid_of, node_of, put_node = self._iid.get, self._nodes.get, batch.nodes.add
+        edges, stored = batch.edges, batch.stored_edges.get
+        put, family, pack_edge, edge_key = batch.wb.put, batch.handles["edges"], keys.EDGE_RECORD.pack, keys.edge_key
+        add_nbr, degree_changed = self._add_nbr, result.degree_changed
+        max_ts = result.max_ts
+        for ev in events:
+            touches: list[tuple[int, int]] = []
+            append(touches)
+            ts = ev.ts
+            if ts > max_ts:
+                max_ts = float(ts)
+            s = d = sn = dn = None
+            if ev.op != "edge_upsert" or (s := iid_of(ev.src)) is None or (d := iid_of(ev.dst)) is None \
+                    or (sn := node_of(s)) is None or (dn := node_of(d)) is None:
+                handlers[ev.op](ev, batch, result, touches)
+                continue
+            # both endpoints exist and are read: _touch without the lookups it would repeat
+            if ts > sn.last_ts:
+                sn.last_ts = float(ts)
+            if ts > dn.last_ts:
+                dn.last_ts = float(ts)
+            put_node(s)
+            put_node(d)
+            key = edge_key(s, d)
+            existed = edges.get(key)
+            if existed is None:
+                existed = stored(key)
+                if existed is None:
+                    existed = self._edge_exists(key)
+            put(key, pack_edge(float(ev.weight), float(ts)), family)
+            edges[key] = True
+            if existed or s == d:
+                continue
+            key = edge_key(d, s)
+            existed = edges.get(key)
+            if existed is None:
+                existed = stored(key)
+                if existed is None:
+                    existed = self._edge_exists(key)
+            if not existed:
+                touches.append((s, add_nbr(s, ev.src, d, ev.dst, sn, batch)))
+                touches.append((d, add_nbr(d, ev.dst, s, ev.src, dn, batch)))
+                degree_changed.add(s)
+                degree_changed.add(d)
+        result.max_ts = max_ts
+
     def _apply_edge_upsert(self, ev: Any, batch: _Batch, result: ApplyResult, touches: list) -> None:
         s, sn = self._touch(ev.src, ev.ts, batch, result)
         d, dn = self._touch(ev.dst, ev.ts, batch, result)
@@ -1042,7 +1107,7 @@ class GraphStore:
         after_ids: list[int] = []
         before_len: list[int] = []
         after_len: list[int] = []
-        moved: list[tuple[int, int, int]] = []  # (v, degree before, degree after)
+        moved: list[int] = []  # v, degree before, degree after of every node whose degree changed, flattened
         nodes, tops, degree0 = self._nodes, self._top, batch.initial_degree
         empty = _Prefix()
         for v, before_top in batch.initial_top.items():
@@ -1053,7 +1118,7 @@ class GraphStore:
             else:
                 after_top, deg_after = tops.get(v, empty).ids, node.degree
             if deg_before != deg_after:
-                moved.append((v, deg_before, deg_after))
+                moved += v, deg_before, deg_after
             before, after = before_top[:width], after_top[:width]  # only the first ``width`` can be sampled
             if before != after:
                 changed.append(v)
@@ -1068,7 +1133,7 @@ class GraphStore:
             d.grow(self._next_iid)
             d.mat[ids] = after_m[:, :d.k]
             d.valid[ids] = True
-        deg = np.asarray(moved, dtype=np.int64).reshape(len(moved), 3)
+        deg = np.fromiter(moved, np.int64, len(moved)).reshape(-1, 3)
         delta: list[np.ndarray] = []  # this batch's sampled-by changes: one record
         mark_parts: list[tuple[int, np.ndarray, int]] = [
             (0, np.fromiter(result.features_changed, np.int64, len(result.features_changed)), DIRTY_INPUT),
@@ -1165,11 +1230,15 @@ class GraphStore:
         memo = self._samples.get(iid)
         if memo is not None and k in memo:
             return memo[k]
+        return self._read_sample(iid, k, remember=self._batch is None)
+
+    def _read_sample(self, iid: int, k: int, remember: bool) -> list[int]:
+        """``S_k`` of ``iid`` from its neighbour-list prefix (or index); ``remember`` keeps it in the memo."""
         if self._node(iid) is None:
             return []
         if k <= self.top_size:
             out = self._top_of(iid).ids[:k]
-            if self._batch is None:
+            if remember:
                 self._samples.setdefault(iid, {})[k] = out
             return out
         out = []
@@ -1213,8 +1282,8 @@ class GraphStore:
             missing = iids[~dense.valid[iids]]
             if len(missing):
                 mat = dense.mat
-                for v in unique_ids(missing).tolist():
-                    s = self.sample_iids(v, k)
+                for v in unique_ids(missing).tolist():  # the rows are the cache: no memo besides
+                    s = self._read_sample(v, k, remember=False)
                     mat[v, :len(s)] = s
                     mat[v, len(s):] = -1
                 dense.valid[missing] = True
