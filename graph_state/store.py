@@ -74,7 +74,7 @@ def _is_finite_number(x: Any) -> bool:
     return not isinstance(x, bool) and isinstance(x, (int, float, np.floating, np.integer)) and math.isfinite(x)
 
 
-@dataclass
+@dataclass(slots=True)
 class _Node:
     degree: int
     flags: int
@@ -84,6 +84,9 @@ class _Node:
     def decode(cls, raw: bytes | None) -> "_Node | None":
         """The record stored under a node's key (None: the node does not exist)."""
         return None if raw is None else cls(*keys.NODE_RECORD.unpack(raw))
+
+
+_GONE = _Node(-1, 0, 0.0)  # stands for a deleted node's record in the columns written at the end of a batch
 
 
 class _Prefix:
@@ -1086,20 +1089,19 @@ class GraphStore:
         """Node records, net sample changes, the sampled-by index and dirty marks."""
         put, delete, family = batch.wb.put, batch.wb.delete, batch.handles["nodes"]
         pack_key, pack_node, nodes = keys.U64.pack, keys.NODE_RECORD.pack, self._nodes
-        touched, degree, flags, last_ts = batch.node_columns
-        for iid in batch.nodes:
-            node = nodes[iid]
-            touched.append(iid)
-            if node is None:
-                delete(pack_key(iid), family)
-                degree.append(-1)
-                flags.append(0)
-                last_ts.append(0.0)
-            else:
-                put(pack_key(iid), pack_node(node.degree, node.flags, node.last_ts), family)
-                degree.append(node.degree)
-                flags.append(node.flags)
-                last_ts.append(node.last_ts)
+        touched = list(batch.nodes)
+        records = [nodes[iid] for iid in touched]
+        gone = [i for i, node in enumerate(records) if node is None]
+        for i in gone:
+            delete(pack_key(touched[i]), family)
+            records[i] = _GONE
+        degree = [node.degree for node in records]
+        flags = [node.flags for node in records]
+        last_ts = [node.last_ts for node in records]
+        for iid, deg, flag, ts in zip(touched, degree, flags, last_ts):
+            if deg >= 0:  # a live node (the deleted ones were deleted above)
+                put(pack_key(iid), pack_node(deg, flag, ts), family)
+        batch.node_columns = touched, degree, flags, last_ts
         # every node whose cached prefix may have changed: compare before and after, vectorised over nodes
         width = max((*self.fanouts, *(d.k for d in self._dense_samples.values())), default=0)
         changed: list[int] = []
