@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
 
 import numpy as np
+import torch
 
 from graph_state import keys
 from graph_state.idsets import unique_ids
@@ -248,7 +249,7 @@ class EmbeddingTables:
             held[1][iids] = False
 
     def set(self, layer: int, iids: np.ndarray, rows: np.ndarray | None) -> None:
-        """Update cached rows (``rows`` None removes them); the caller writes RocksDB."""
+        """Update cached rows of distinct ``iids`` (``rows`` None removes them); the caller writes RocksDB."""
         iids = np.asarray(iids, dtype=np.int64)
         if len(iids) == 0 or not self._grow(layer, int(iids.max()) + 1):
             return
@@ -256,8 +257,9 @@ class EmbeddingTables:
         if rows is None:
             self._rows[layer][iids] = 0
             self._present[layer][iids] = False
-        else:
-            self._rows[layer][iids] = rows
+        else:  # torch's row copy runs on both cores
+            torch.from_numpy(self._rows[layer]).index_copy_(0, torch.from_numpy(iids),
+                                                            torch.from_numpy(np.ascontiguousarray(rows, dtype=np.float32)))
             self._present[layer][iids] = True
         self._loaded[layer][iids] = True
 
