@@ -1098,9 +1098,11 @@ class GraphStore:
         degree = [node.degree for node in records]
         flags = [node.flags for node in records]
         last_ts = [node.last_ts for node in records]
-        for iid, deg, flag, ts in zip(touched, degree, flags, last_ts):
-            if deg >= 0:  # a live node (the deleted ones were deleted above)
-                put(pack_key(iid), pack_node(deg, flag, ts), family)
+        columns = zip(touched, degree, flags, last_ts)
+        if gone:  # the deleted ones were deleted above
+            columns = (column for column, node in zip(columns, records) if node is not _GONE)
+        for iid, deg, flag, ts in columns:
+            put(pack_key(iid), pack_node(deg, flag, ts), family)
         batch.node_columns = touched, degree, flags, last_ts
         # every node whose cached prefix may have changed: compare before and after, vectorised over nodes
         width = max((*self.fanouts, *(d.k for d in self._dense_samples.values())), default=0)

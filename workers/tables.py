@@ -257,9 +257,12 @@ class EmbeddingTables:
         if rows is None:
             self._rows[layer][iids] = 0
             self._present[layer][iids] = False
-        else:  # torch's row copy runs on both cores
-            torch.from_numpy(self._rows[layer]).index_copy_(0, torch.from_numpy(iids),
-                                                            torch.from_numpy(np.ascontiguousarray(rows, dtype=np.float32)))
+        else:  # torch's row copy runs on both cores; it reads rows while it writes, so never from the table itself
+            table = self._rows[layer]
+            rows = np.ascontiguousarray(rows, dtype=np.float32)
+            if np.may_share_memory(rows, table):
+                rows = rows.copy()
+            torch.from_numpy(table).index_copy_(0, torch.from_numpy(iids), torch.from_numpy(rows))
             self._present[layer][iids] = True
         self._loaded[layer][iids] = True
 

@@ -328,6 +328,20 @@ def test_projections_are_kept_beside_the_cache_and_redone_only_for_rows_that_cha
         assert seen.pop() == [8.0]
 
 
+def test_cached_rows_set_from_rows_of_the_cache_itself_move_as_whole_rows(tmp_path) -> None:
+    """Setting rows from a view of the cache (rows shifted by one) gives what numpy assignment gives."""
+    with GraphStore(tmp_path / "s") as store:
+        tables = EmbeddingTables(store, [3, 2], {1: MetaTable(store, family="layerpages", prefix=b"\x01")})
+        tables.set(1, np.arange(4), np.repeat(np.arange(4, dtype=np.float32)[:, None], 2, axis=1))
+        held = tables.cached(1, np.arange(4))[0]
+        view = tables.index(1, np.arange(4))[0][1:3]  # rows 1 and 2 of the cache, not a copy
+        tables.set(1, np.asarray([2, 3]), view)
+        expected = held.copy()
+        expected[[2, 3]] = held[1:3]
+        rows, present = tables.cached(1, np.arange(4))
+        assert present.all() and rows.tolist() == expected.tolist() == [[0, 0], [1, 1], [1, 1], [2, 2]]
+
+
 def test_projections_of_rows_beyond_the_bound_are_computed_each_time(tmp_path) -> None:
     with GraphStore(tmp_path / "s") as store:
         tables = EmbeddingTables(store, [3, 2], {1: MetaTable(store, family="layerpages", prefix=b"\x01")}, max_rows=4)
