@@ -975,7 +975,7 @@ class GraphStore:
         handlers = {op: getattr(self, "_apply_" + op) for op in ("edge_upsert", "edge_delete", "node_upsert", "node_delete")}
         append = result.event_touches.append
         iid_of, node_of, put_node = self._iid.get, self._nodes.get, batch.nodes.add
-        edges, stored = batch.edges, batch.stored_edges.get
+        edges, exists = batch.edges, self._edge_exists
         put, family, pack_edge, edge_key = batch.wb.put, batch.handles["edges"], keys.EDGE_RECORD.pack, keys.edge_key
         add_nbr, degree_changed = self._add_nbr, result.degree_changed
         max_ts = result.max_ts
@@ -998,22 +998,10 @@ class GraphStore:
             put_node(s)
             put_node(d)
             key = edge_key(s, d)
-            existed = edges.get(key)
-            if existed is None:
-                existed = stored(key)
-                if existed is None:
-                    existed = self._edge_exists(key)
+            existed = exists(key)
             put(key, pack_edge(float(ev.weight), float(ts)), family)
             edges[key] = True
-            if existed or s == d:
-                continue
-            key = edge_key(d, s)
-            existed = edges.get(key)
-            if existed is None:
-                existed = stored(key)
-                if existed is None:
-                    existed = self._edge_exists(key)
-            if not existed:
+            if not existed and s != d and not exists(edge_key(d, s)):
                 touches.append((s, add_nbr(s, ev.src, d, ev.dst, sn, batch)))
                 touches.append((d, add_nbr(d, ev.dst, s, ev.src, dn, batch)))
                 degree_changed.add(s)
