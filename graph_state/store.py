@@ -975,10 +975,17 @@ class GraphStore:
         handlers = {op: getattr(self, "_apply_" + op) for op in ("edge_upsert", "edge_delete", "node_upsert", "node_delete")}
         append = result.event_touches.append
         iid_of, node_of, put_node = self._iid.get, self._nodes.get, batch.nodes.add
-        edges, exists = batch.edges, self._edge_exists
+        edges, stored = batch.edges, batch.stored_edges.get
         put, family, pack_edge, edge_key = batch.wb.put, batch.handles["edges"], keys.EDGE_RECORD.pack, keys.edge_key
         add_nbr, degree_changed = self._add_nbr, result.degree_changed
         max_ts = result.max_ts
+
+        def exists(key: bytes) -> bool:  # _edge_exists with the batch's tables bound (a method call costs more)
+            known = edges.get(key)
+            if known is None:
+                known = stored(key)
+            return self._edge_exists(key) if known is None else known
+
         for ev in events:
             touches: list[tuple[int, int]] = []
             append(touches)
