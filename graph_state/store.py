@@ -992,7 +992,6 @@ class GraphStore:
             ts = ev.ts
             if ts > max_ts:
                 max_ts = float(ts)
-            s = d = sn = dn = None
             if ev.op != "edge_upsert" or (s := iid_of(ev.src)) is None or (d := iid_of(ev.dst)) is None \
                     or (sn := node_of(s)) is None or (dn := node_of(d)) is None:
                 handlers[ev.op](ev, batch, result, touches)
