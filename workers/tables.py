@@ -37,6 +37,7 @@ _PAGE_HEAD = struct.Struct(">BBIHB")  # format, has rows, count, row width, numb
 _INLINE_FORMAT = 1  # rows inside the record (read from older stores, no longer written)
 _PAGE_FORMAT = 2  # rows in a frame of the row file, the record names the frame
 _FRAME = struct.Struct(">QQ")  # frame, sum of the rows' 32-bit words
+_GROWTH_DIVISOR = 4  # a row file grows by at least a quarter of its size at a time
 PAGE_ROWS = 128  # records per page of the final-embedding log (64 KB of rows at 128 dims)
 
 
@@ -718,9 +719,12 @@ class _Readers:
 class _FrameFile:
     """Fixed-size frames of float32 rows (:data:`PAGE_ROWS` rows of one width) in one file.
 
-    Frames are handed out lowest first among the free ones, so the file
-    stays about as large as the pages that point into it. Which frames are
-    in use is known from the page records alone (:meth:`start`).
+    Frames are handed out lowest first among the free ones, so the frames
+    in use stay about as many as the pages that point into them. The file
+    grows by at least a fraction (1 / :data:`_GROWTH_DIVISOR`) of its size
+    at a time, so it is mapped again only that often, and holds at most
+    that fraction more than the frames in use. Which frames are in use is
+    known from the page records alone (:meth:`start`).
     """
 
     def __init__(self, path: str, width: int):
@@ -733,7 +737,7 @@ class _FrameFile:
         self._map: mmap.mmap | None = None
         self._fd: int | None = None
         self._frames: np.ndarray | None = None  # the mapped file, [frame, row, column]
-        self._mapped = np.zeros(0, dtype=bool)  # by frame: written (either way) since the mapping was made
+        self._mapped = np.zeros(0, dtype=bool)  # by frame: written (either way) since the file was first mapped
 
     def start(self, used: list[int]) -> None:
         """The frames stored pages point at; every other one below the highest is free."""
@@ -754,12 +758,13 @@ class _FrameFile:
     def write(self, rows: np.ndarray) -> list[int]:
         """Store ``rows`` :data:`PAGE_ROWS` to a frame; return the frames used.
 
-        A frame already written since the file was mapped is written
-        through the shared mapping again: its pages are in the page cache,
-        so the copy costs no system call. Any other frame is written with
-        ``pwrite``, which is cheaper than faulting in pages of a fresh (or
-        evicted) part of the file one by one. Either way the rows are in
-        the OS page cache, where RocksDB's log is too.
+        A frame already written since the file was first mapped (growing
+        the file maps it again and keeps that record) is written through
+        the shared mapping: its pages are in the page cache, so the copy
+        costs no system call. Any other frame is written with ``pwrite``,
+        which is cheaper than faulting in pages of a fresh (or evicted)
+        part of the file one by one. Either way the rows are in the OS page
+        cache, where RocksDB's log is too.
         """
         full, rest = divmod(len(rows), PAGE_ROWS)
         count = full + bool(rest)
@@ -787,11 +792,13 @@ class _FrameFile:
     def _view(self, frames: int) -> np.ndarray:
         """The file as ``[frame, row, column]`` float32, mapped and grown to hold at least ``frames`` frames."""
         if self._frames is None or len(self._frames) < frames:
+            held = len(self._frames) if self._frames is not None else 0  # read before close() drops it
+            written = self._mapped[:held]
             self.close()
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
             try:
                 have = os.fstat(fd).st_size // self.frame_bytes
-                size = max(have, frames, 2 * len(self._frames) if self._frames is not None else 0, 16)
+                size = max(have, frames, held + held // _GROWTH_DIVISOR, 16)
                 if size > have:  # blocks reserved now: a full disk is an OSError here, not a SIGBUS on a later write
                     os.posix_fallocate(fd, 0, size * self.frame_bytes)
                 self._map = mmap.mmap(fd, size * self.frame_bytes)
@@ -801,6 +808,8 @@ class _FrameFile:
             self._fd = fd
             self._frames = np.frombuffer(self._map, dtype="<f4").reshape(size, PAGE_ROWS, self.row_bytes // 4)
             self._mapped = np.zeros(size, dtype=bool)
+            kept = min(held, size)
+            self._mapped[:kept] = written[:kept]  # grown, not reopened: what was written is in the page cache still
         return self._frames
 
     def close(self) -> None:
