@@ -10,10 +10,12 @@ Two measurements, printed as one JSON object:
    cost far more the first time than pages it reuses.
 2. Row-file frames (the final-embedding log's ``_FrameFile``): write
    ``--frames`` frames of :data:`workers.tables.PAGE_ROWS` rows of ``--dim``
-   floats into a fresh file, release them all, and write them again. The
-   first pass grows the file into fresh page-cache pages; the second rewrites
-   pages already cached. The incremental engine's row files grow like the
-   first pass until the log's garbage collection holds them steady.
+   floats into a fresh file, release them all, and write them again, twice.
+   The first pass grows the file into fresh page-cache pages with ``pwrite``;
+   the second rewrites those cached pages through the file's mapping, which
+   maps each page in on its first write; the third writes through pages
+   already mapped. The incremental engine's row files grow like the first
+   pass until the log's garbage collection holds them steady.
 
 Run by hand (``python bench/memory.py``); ``bench/engine.py`` results on a
 fresh machine depend on how much of its memory is still untouched.
@@ -66,14 +68,14 @@ def touch_pass(chunks: int, chunk_bytes: int) -> list[float]:
 
 
 def frame_passes(frames: int, dim: int, workdir: str | None) -> dict[str, float]:
-    """µs a frame: writing ``frames`` fresh frames, then the same frames again."""
+    """µs a frame: writing ``frames`` fresh frames, then the same frames again, twice."""
     rows = np.random.default_rng(0).standard_normal((frames * PAGE_ROWS, dim)).astype(np.float32)
     out = {}
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:
         file = _FrameFile(str(Path(tmp) / f"rows-{dim}.f32"), dim)
         file.start([])
         try:
-            for name in ("fresh", "rewrite"):
+            for name in ("fresh", "rewrite", "rewrite_again"):
                 t = time.perf_counter()
                 taken = file.write(rows)
                 out[f"{name}_us_per_frame"] = round((time.perf_counter() - t) / frames * 1e6, 2)
