@@ -772,10 +772,8 @@ class _FrameFile:
         frames = [heapq.heappop(self._free) if self._free else self._new() for _ in range(count)]
         chunks = np.asarray(frames, dtype=np.int64)
         mapped = self._mapped[chunks]
-        if full:
-            warm = np.flatnonzero(mapped[:full])
-            if len(warm):
-                view[chunks[warm]] = rows[:full * PAGE_ROWS].reshape(full, PAGE_ROWS, -1)[warm]
+        for i in np.flatnonzero(mapped[:full]).tolist():  # frame by frame: no temporary copy of the rows
+            view[frames[i]] = rows[i * PAGE_ROWS:(i + 1) * PAGE_ROWS]
         for i in np.flatnonzero(~mapped).tolist():
             chunk = rows[i * PAGE_ROWS:(i + 1) * PAGE_ROWS]
             if os.pwrite(self._fd, chunk, frames[i] * self.frame_bytes) != chunk.nbytes:
