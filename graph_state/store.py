@@ -33,6 +33,11 @@ from graph_state.idsets import unique_ids
 from graph_state.exceptions import OffsetRegressionError, StoreConfigError, StoreLockedError
 from graph_state.sampler import check_fanout, seeded_rank_bytes
 
+try:  # the per-event update compiled (built by ``pip install``); the interpreted loop below does the same
+    from graph_state import _eventloop
+except ImportError:  # pragma: no cover - only without a C compiler at install time
+    _eventloop = None
+
 __all__ = ["GraphStore", "ApplyResult", "grow_columns", "DIRTY_INPUT", "DIRTY_SAMPLE", "DIRTY_COUNT", "DIRTY_DEGREE"]
 
 logger = logging.getLogger(__name__)
@@ -452,6 +457,7 @@ class GraphStore:
         try:
             self.seed = self._init_meta_int("seed", seed, default=0)
             self._rank = seeded_rank_bytes(self.seed)
+            self._rank_prefix = f"{self.seed}:".encode()
             self.feature_dim = self._init_meta_int("feature_dim", feature_dim, default=None)
         except BaseException:
             self.close()  # release the lock so a corrected retry can open it
@@ -965,14 +971,29 @@ class GraphStore:
         touches.append((b, change(b, b_name, a, a_name, bn, batch)))
         result.degree_changed.update((a, b))
 
+    compiled = _eventloop is not None
+    """Whether batches run their events through the compiled loop (``graph_state._eventloop``); set it to
+    False on an instance to use the interpreted one."""
+
     def _run_events(self, events: Sequence[Any], batch: _Batch, result: ApplyResult) -> None:
         """Apply each event of a validated batch in order.
 
         An edge upsert between two nodes already read (the common case after
         :meth:`_prefetch`) runs inline with its lookups bound once a batch;
-        anything else goes through the ``_apply_<op>`` handlers.
+        anything else goes through the ``_apply_<op>`` handlers. The compiled
+        loop, when built, does the same on the same objects.
         """
         handlers = {op: getattr(self, "_apply_" + op) for op in ("edge_upsert", "edge_delete", "node_upsert", "node_delete")}
+        if self.compiled:
+            def slow(ev: Any, touches: list) -> None:
+                handlers[ev.op](ev, batch, result, touches)
+
+            result.max_ts = _eventloop.run_events(
+                events, self._iid, self._nodes, batch.nodes, batch.edges, batch.stored_edges, self._edge_exists,
+                batch.wb.put, batch.handles["edges"], batch.nbrs_family, self._top, self._top_of, batch.initial_top,
+                batch.initial_degree, self._samples, batch.pending_nbr, self._rank_prefix, self._top_size,
+                result.event_touches, result.degree_changed, slow, float(result.max_ts))
+            return
         append = result.event_touches.append
         iid_of, node_of, put_node = self._iid.get, self._nodes.get, batch.nodes.add
         edges, stored = batch.edges, batch.stored_edges.get

@@ -1,0 +1,121 @@
+"""The compiled event loop (graph_state._eventloop) against the interpreted one it stands in for."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from graph_state import keys
+from graph_state.sampler import rank_bytes
+from graph_state.store import GraphStore, _eventloop
+from stream.events import EdgeDelete, EdgeUpsert, NodeDelete, NodeUpsert
+from tests.graph_state._events import DIM
+
+FANOUTS = (2, 5)
+
+
+def test_the_compiled_event_loop_is_built():
+    # ``pip install -e .`` (make venv) compiles it; a missing module means the install found no C compiler
+    assert _eventloop is not None, "graph_state._eventloop is not built: reinstall with gcc and the Python headers"
+    assert GraphStore.compiled is True
+
+
+@settings(max_examples=300, deadline=None)
+@given(seed=st.integers(0, 2**63), v=st.text(max_size=300), u=st.text(max_size=300))
+def test_rank_bytes_is_the_samplers_blake2b(seed, v, u):
+    # names of every length: one block, several blocks, and past the 512-byte stack buffer (UTF-8 widens them)
+    v, u = v.encode("utf-8", "replace").decode(), u.encode("utf-8", "replace").decode()
+    assert _eventloop.rank_bytes(f"{seed}:".encode(), v, u) == rank_bytes(seed, v, u)
+
+
+def test_rank_bytes_of_known_inputs():
+    assert _eventloop.rank_bytes(b"0:", "a", "b").hex() == rank_bytes(0, "a", "b").hex()
+    assert _eventloop.rank_bytes(b"7:", "x" * 200, "\u00e9" * 300) == rank_bytes(7, "x" * 200, "\u00e9" * 300)
+
+
+def _stream(rng: random.Random, n: int, n_nodes: int) -> list:
+    """Events over few names, so edges repeat, reverse, loop, get deleted and a hub outgrows the cached prefix."""
+    names = [f"v{i}" for i in range(n_nodes)] + ["h\u00fcb"]
+    out = []
+    for ts in range(n):
+        a = "h\u00fcb" if rng.random() < 0.5 else rng.choice(names)
+        b = rng.choice(names)
+        r = rng.random()
+        stamp = ts if rng.random() < 0.5 else float(ts) + 0.5  # int and float event times
+        if r < 0.7:
+            weight = rng.choice([1.0, 2.5, np.float32(3.0), 4])
+            out.append(EdgeUpsert(a, b, stamp, weight) if rng.random() < 0.8 else EdgeUpsert(b, a, stamp, weight))
+        elif r < 0.85:
+            out.append(EdgeDelete(a, b, stamp))
+        elif r < 0.97:
+            out.append(NodeUpsert(b, stamp, tuple(rng.uniform(-1, 1) for _ in range(DIM))))
+        else:
+            out.append(NodeDelete(b, stamp))
+    return out
+
+
+def _contents(store: GraphStore) -> dict:
+    return {cf: dict(store.column(cf).items()) for cf in keys.COLUMN_FAMILIES}
+
+
+def _comparable(result) -> dict:
+    fields = ("event_touches", "sample_changed", "count_changed", "features_changed", "degree_changed",
+              "created", "deleted", "max_ts", "rows_written")
+    return {name: getattr(result, name) for name in fields}
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 2**32 - 1), n_nodes=st.integers(3, 80), max_batch=st.integers(1, 120))
+def test_compiled_and_interpreted_loops_write_the_same(tmp_path_factory, seed, n_nodes, max_batch):
+    rng = random.Random(seed)
+    events = _stream(rng, 1_200, n_nodes)
+    base = tmp_path_factory.mktemp("loops")
+    stores = [GraphStore(base / "compiled", seed=seed % 1000), GraphStore(base / "interpreted", seed=seed % 1000)]
+    stores[1].compiled = False
+    try:
+        for store in stores:
+            store.set_fanouts(FANOUTS)
+        pos = 0
+        while pos < len(events):
+            size = rng.randint(1, max_batch)
+            chunk = events[pos:pos + size]
+            pos += size
+            results = [store.apply(chunk) for store in stores]
+            assert _comparable(results[0]) == _comparable(results[1])
+            assert {v: (p.keys, p.ids) for v, p in stores[0]._top.items()} == \
+                   {v: (p.keys, p.ids) for v, p in stores[1]._top.items()}
+            assert stores[0]._nodes == stores[1]._nodes
+            if rng.random() < 0.1:  # both read back from RocksDB from here on
+                for store in stores:
+                    store._invalidate_caches()
+        first, second = _contents(stores[0]), _contents(stores[1])
+        assert first == second
+        assert first["nbrs"] and first["edges"]
+    finally:
+        for store in stores:
+            store.close()
+
+
+def test_the_compiled_loop_truncates_a_hub_prefix_as_the_interpreted_one(tmp_path):
+    # a hub with more neighbours than the cached prefix holds: new neighbours past its end are reported far away
+    stores = [GraphStore(tmp_path / "c"), GraphStore(tmp_path / "i")]
+    stores[1].compiled = False
+    try:
+        for store in stores:
+            store.set_fanouts(FANOUTS)
+            store.apply([NodeUpsert(f"n{i}", 0, (0.0,) * DIM) for i in range(300)] + [NodeUpsert("hub", 0, (0.0,) * DIM)])
+        for start in range(0, 300, 50):
+            batch = [EdgeUpsert("hub", f"n{i}", 1, 1.0) for i in range(start, start + 50)]
+            results = [store.apply(batch) for store in stores]
+            assert results[0].event_touches == results[1].event_touches
+        far = [pos for touches in results[0].event_touches for v, pos in touches if pos == 1 << 62]
+        assert far, "some neighbours of the hub fall past its cached prefix"
+        hub = stores[0].iid("hub")
+        assert len(stores[0]._top[hub].keys) == stores[0].top_size < 300
+        assert _contents(stores[0]) == _contents(stores[1])
+    finally:
+        for store in stores:
+            store.close()
