@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from common import emit, log, machine_load  # also puts the repo root on sys.path
+from common import code_fingerprint, emit, log, machine_load  # also puts the repo root on sys.path
 
 from workers.tables import PAGE_ROWS, _FrameFile  # noqa: E402
 
@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "benchmark": "memory",
         "config": {"chunks": args.chunks, "chunk_mib": args.chunk_mib, "frames": args.frames, "dim": args.dim,
                    "frame_bytes": PAGE_ROWS * args.dim * 4},
-        "machine_load_at_start": machine_load(),
+        "code": code_fingerprint(), "machine_load_at_start": machine_load(),
         "anonymous_us_per_page": {"first_pass": rounded(first), "second_pass": rounded(second),
                                   "first_pass_max": round(max(first), 2), "second_pass_min": round(min(second), 2)},
         "row_file": frames,

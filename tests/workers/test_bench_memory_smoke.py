@@ -26,3 +26,4 @@ def test_memory_bench_quick_run(tmp_path: Path) -> None:
     assert sorted(result["row_file"]) == ["fresh_us_per_frame", "rewrite_again_us_per_frame", "rewrite_us_per_frame"]
     assert all(v > 0 for v in result["row_file"].values())
     assert list(tmp_path.iterdir()) == [], "the row file's directory must be removed"
+    assert len(result["code"]["git_head"]) >= 7  # the revision it measured
