@@ -122,8 +122,11 @@ static int rank_of(const char *prefix, Py_ssize_t plen, const char *v, Py_ssize_
 
 static PyObject *py_rank_bytes(PyObject *Py_UNUSED(module), PyObject *args) {
     const char *prefix, *v, *u;
+    PyObject *v_name, *u_name;
     Py_ssize_t plen, vlen, ulen;
-    if (!PyArg_ParseTuple(args, "y#s#s#:rank_bytes", &prefix, &plen, &v, &vlen, &u, &ulen)) return NULL;
+    if (!PyArg_ParseTuple(args, "y#UU:rank_bytes", &prefix, &plen, &v_name, &u_name)) return NULL;
+    if ((v = PyUnicode_AsUTF8AndSize(v_name, &vlen)) == NULL || (u = PyUnicode_AsUTF8AndSize(u_name, &ulen)) == NULL)
+        return NULL;
     uint64_t rank;
     if (rank_of(prefix, plen, v, vlen, u, ulen, &rank) < 0) return NULL;
     uint8_t out[8];
@@ -156,6 +159,22 @@ static int as_u64(PyObject *obj, uint64_t *out) {
     return 0;
 }
 
+/* `if ts > node.last_ts: node.last_ts = float(ts)`: 0, or -1 on error. Two floats compare as doubles; anything
+ * else (an int time kept by a new node's record) compares as Python compares it. */
+static int raise_last_ts(PyObject *node, PyObject *ts_obj, double ts) {
+    PyObject *last = PyObject_GetAttr(node, s_last_ts);
+    if (last == NULL) return -1;
+    int later = PyFloat_CheckExact(last) && PyFloat_CheckExact(ts_obj) ? ts > PyFloat_AS_DOUBLE(last)
+                                                                        : PyObject_RichCompareBool(ts_obj, last, Py_GT);
+    Py_DECREF(last);
+    if (later <= 0) return later;
+    PyObject *x = PyFloat_FromDouble(ts);
+    if (x == NULL) return -1;
+    int rc = PyObject_SetAttr(node, s_last_ts, x);
+    Py_DECREF(x);
+    return rc;
+}
+
 static double attr_double(PyObject *obj, PyObject *name) {
     PyObject *x = PyObject_GetAttr(obj, name);
     if (x == NULL) return -1.0;
@@ -164,19 +183,11 @@ static double attr_double(PyObject *obj, PyObject *name) {
     return d;
 }
 
-static int set_attr_double(PyObject *obj, PyObject *name, double value) {
-    PyObject *x = PyFloat_FromDouble(value);
-    if (x == NULL) return -1;
-    int rc = PyObject_SetAttr(obj, name, x);
-    Py_DECREF(x);
-    return rc;
-}
-
 /* Whether the edge of `key` exists, this batch's writes included: 1, 0 or -1 on error. */
 static int edge_exists(Ctx *c, PyObject *key) {
     PyObject *known = PyDict_GetItemWithError(c->edges, key);
-    if (known == NULL) {
-        if (PyErr_Occurred()) return -1;
+    if (known == NULL && PyErr_Occurred()) return -1;
+    if (known == NULL || known == Py_None) {
         known = PyDict_GetItemWithError(c->stored, key);
         if (known == NULL && PyErr_Occurred()) return -1;
     }
@@ -226,6 +237,7 @@ static long long add_nbr(Ctx *c, PyObject *v_obj, uint64_t v, PyObject *v_name, 
     long long pos = -1;
     PyObject *top = NULL, *held = NULL, *ids = NULL, *key = NULL, *value = NULL, *inner = NULL, *deg = NULL;
     top = PyDict_GetItemWithError(c->tops, v_obj);
+    if (top == Py_None) top = NULL;
     if (top != NULL) {
         Py_INCREF(top);
         int seen = PyDict_Contains(c->initial_top, v_obj);
@@ -316,13 +328,10 @@ static int touch_append(PyObject *touches, PyObject *iid, long long pos) {
 
 /* One edge upsert between the read nodes s and d: 0, or -1 on error. */
 static int upsert(Ctx *c, PyObject *ev, PyObject *src, PyObject *dst, PyObject *s_obj, PyObject *d_obj, PyObject *sn,
-                  PyObject *dn, double ts, PyObject *touches) {
+                  PyObject *dn, PyObject *ts_obj, double ts, PyObject *touches) {
     int rc = -1;
     PyObject *key = NULL, *record = NULL, *back = NULL;
-    double last = attr_double(sn, s_last_ts);
-    if ((last == -1.0 && PyErr_Occurred()) || (ts > last && set_attr_double(sn, s_last_ts, ts) < 0)) return -1;
-    last = attr_double(dn, s_last_ts);
-    if ((last == -1.0 && PyErr_Occurred()) || (ts > last && set_attr_double(dn, s_last_ts, ts) < 0)) return -1;
+    if (raise_last_ts(sn, ts_obj, ts) < 0 || raise_last_ts(dn, ts_obj, ts) < 0) return -1;
     if (PySet_Add(c->touched, s_obj) < 0 || PySet_Add(c->touched, d_obj) < 0) return -1;
     uint64_t s, d;
     if (as_u64(s_obj, &s) < 0 || as_u64(d_obj, &d) < 0 || (key = pair_bytes(s, d)) == NULL) return -1;
@@ -355,36 +364,38 @@ done:
     return rc;
 }
 
-/* Borrowed dict value for `key`, or NULL (absent or None); -1 in *err on error. */
+/* A new reference to the dict value for `key`, or NULL (absent or None; -1 in *err on error). */
 static PyObject *known(PyObject *dict, PyObject *key, int *err) {
     PyObject *x = PyDict_GetItemWithError(dict, key);
     if (x == NULL && PyErr_Occurred()) *err = 1;
-    return x == Py_None ? NULL : x;
+    if (x == NULL || x == Py_None) return NULL;
+    Py_INCREF(x);
+    return x;
 }
 
 /* One event: the fast path for an edge upsert between two nodes already read, else `slow`. */
 static int one_event(Ctx *c, PyObject *ev, double *max_ts) {
-    int rc = -1, fast = 0, err = 0;
-    PyObject *touches = NULL, *op = NULL, *src = NULL, *dst = NULL, *held[4] = {NULL, NULL, NULL, NULL};
+    int rc = -1, err = 0;
+    PyObject *touches = NULL, *ts_obj = NULL, *op = NULL, *src = NULL, *dst = NULL;
+    PyObject *s = NULL, *d = NULL, *sn = NULL, *dn = NULL;
     if ((touches = PyList_New(0)) == NULL || PyList_Append(c->event_touches, touches) < 0) goto done;
-    double ts = attr_double(ev, s_ts);
+    if ((ts_obj = PyObject_GetAttr(ev, s_ts)) == NULL) goto done;
+    double ts = PyFloat_AsDouble(ts_obj);
     if (ts == -1.0 && PyErr_Occurred()) goto done;
     if (ts > *max_ts) *max_ts = ts;
     if ((op = PyObject_GetAttr(ev, s_op)) == NULL) goto done;
     int upsert_op = op == s_edge_upsert || (PyUnicode_Check(op) && PyUnicode_Compare(op, s_edge_upsert) == 0);
-    if (upsert_op) {
-        if ((src = PyObject_GetAttr(ev, s_src)) == NULL || (dst = PyObject_GetAttr(ev, s_dst)) == NULL) goto done;
-        PyObject *s = known(c->iid, src, &err), *d = s ? known(c->iid, dst, &err) : NULL;
-        PyObject *sn = d ? known(c->nodes, s, &err) : NULL, *dn = sn ? known(c->nodes, d, &err) : NULL;
-        if (err) goto done;
-        if (dn != NULL) {
-            held[0] = s, held[1] = d, held[2] = sn, held[3] = dn; /* kept alive across the calls below */
-            for (int i = 0; i < 4; i++) Py_INCREF(held[i]);
-            fast = 1;
+    if (upsert_op) { /* the lookups in the interpreted loop's order, each stopping the chain when it finds nothing */
+        if ((src = PyObject_GetAttr(ev, s_src)) == NULL) goto done;
+        if ((s = known(c->iid, src, &err)) != NULL) {
+            if ((dst = PyObject_GetAttr(ev, s_dst)) == NULL) goto done;
+            if ((d = known(c->iid, dst, &err)) != NULL && (sn = known(c->nodes, s, &err)) != NULL)
+                dn = known(c->nodes, d, &err);
         }
+        if (err) goto done;
     }
-    if (fast) {
-        if (upsert(c, ev, src, dst, held[0], held[1], held[2], held[3], ts, touches) < 0) goto done;
+    if (dn != NULL) {
+        if (upsert(c, ev, src, dst, s, d, sn, dn, ts_obj, ts, touches) < 0) goto done;
     } else {
         PyObject *r = PyObject_CallFunctionObjArgs(c->slow, ev, touches, NULL);
         if (r == NULL) goto done;
@@ -393,10 +404,14 @@ static int one_event(Ctx *c, PyObject *ev, double *max_ts) {
     rc = 0;
 done:
     Py_XDECREF(touches);
+    Py_XDECREF(ts_obj);
     Py_XDECREF(op);
     Py_XDECREF(src);
     Py_XDECREF(dst);
-    for (int i = 0; i < 4; i++) Py_XDECREF(held[i]);
+    Py_XDECREF(s);
+    Py_XDECREF(d);
+    Py_XDECREF(sn);
+    Py_XDECREF(dn);
     return rc;
 }
 
@@ -411,17 +426,18 @@ static PyObject *py_run_events(PyObject *Py_UNUSED(module), PyObject *args) {
                           &c.samples, &c.pending, &c.prefix, &c.prefix_len, &c.top_size, &PyList_Type,
                           &c.event_touches, &PySet_Type, &c.degree_changed, &c.slow, &max_ts))
         return NULL;
-    PyObject *seq = PySequence_Fast(events, "events must be a sequence");
-    if (seq == NULL) return NULL;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if (one_event(&c, PySequence_Fast_GET_ITEM(seq, i), &max_ts) < 0) {
-            Py_DECREF(seq);
+    PyObject *it = PyObject_GetIter(events), *ev; /* as `for ev in events` */
+    if (it == NULL) return NULL;
+    for (unsigned long i = 1; (ev = PyIter_Next(it)) != NULL; i++) {
+        int rc = one_event(&c, ev, &max_ts);
+        Py_DECREF(ev);
+        if (rc < 0 || (i % 256 == 0 && PyErr_CheckSignals() < 0)) { /* Ctrl-C need not wait for the batch */
+            Py_DECREF(it);
             return NULL;
         }
     }
-    Py_DECREF(seq);
-    return PyFloat_FromDouble(max_ts);
+    Py_DECREF(it);
+    return PyErr_Occurred() ? NULL : PyFloat_FromDouble(max_ts);
 }
 
 static PyMethodDef methods[] = {
@@ -432,8 +448,13 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "graph_state._eventloop",
-                                    "The graph store's per-event update, compiled.", -1, methods};
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "graph_state._eventloop",
+    .m_doc = "The graph store's per-event update, compiled.",
+    .m_size = -1,
+    .m_methods = methods,
+};
 
 PyMODINIT_FUNC PyInit__eventloop(void) {
     struct {

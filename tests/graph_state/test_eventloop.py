@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -34,6 +35,8 @@ def test_rank_bytes_is_the_samplers_blake2b(seed, v, u):
 def test_rank_bytes_of_known_inputs():
     assert _eventloop.rank_bytes(b"0:", "a", "b").hex() == rank_bytes(0, "a", "b").hex()
     assert _eventloop.rank_bytes(b"7:", "x" * 200, "\u00e9" * 300) == rank_bytes(7, "x" * 200, "\u00e9" * 300)
+    with pytest.raises(TypeError):  # names are text, as in the sampler
+        _eventloop.rank_bytes(b"0:", b"a", "b")
 
 
 def _stream(rng: random.Random, n: int, n_nodes: int) -> list:
