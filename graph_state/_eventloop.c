@@ -4,145 +4,28 @@
  * the same Python objects (the store's dict caches, the batch's WriteBatch and
  * overlays, the cached neighbour-list prefixes): an edge upsert between two
  * nodes already read is applied here; any other event goes to the `slow`
- * callable. rank_bytes() is the sampling rank of graph_state.sampler, BLAKE2b
- * (RFC 7693) with an 8-byte digest over "{seed}:{v}:{u}".
+ * callable. Neighbour-index keys take their rank from the store's own rank
+ * function (graph_state.sampler.seeded_rank_bytes), so there is one definition
+ * of the sampling rank.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
 
-/* ------------------------------------------------------------------ BLAKE2b-64 */
-
-static const uint64_t B2_IV[8] = {
-    0x6a09e667f3bcc908ULL, 0xbb67ae8584caa73bULL, 0x3c6ef372fe94f82bULL, 0xa54ff53a5f1d36f1ULL,
-    0x510e527fade682d1ULL, 0x9b05688c2b3e6c1fULL, 0x1f83d9abfb41bd6bULL, 0x5be0cd19137e2179ULL,
-};
-
-static const uint8_t B2_SIGMA[10][16] = {
-    {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15},
-    {14, 10, 4, 8, 9, 15, 13, 6, 1, 12, 0, 2, 11, 7, 5, 3},
-    {11, 8, 12, 0, 5, 2, 15, 13, 10, 14, 3, 6, 7, 1, 9, 4},
-    {7, 9, 3, 1, 13, 12, 11, 14, 2, 6, 5, 10, 4, 0, 15, 8},
-    {9, 0, 5, 7, 2, 4, 10, 15, 14, 1, 11, 12, 6, 8, 3, 13},
-    {2, 12, 6, 10, 0, 11, 8, 3, 4, 13, 7, 5, 15, 14, 1, 9},
-    {12, 5, 1, 15, 14, 13, 4, 10, 0, 7, 6, 3, 9, 2, 8, 11},
-    {13, 11, 7, 14, 12, 1, 3, 9, 5, 0, 15, 4, 8, 6, 2, 10},
-    {6, 15, 14, 9, 11, 3, 0, 8, 12, 2, 13, 7, 1, 4, 10, 5},
-    {10, 2, 8, 4, 7, 6, 1, 5, 15, 11, 9, 14, 3, 12, 13, 0},
-};
-
-static inline uint64_t rotr64(uint64_t x, int n) { return (x >> n) | (x << (64 - n)); }
-
-static inline uint64_t load_le64(const uint8_t *p) {
-    uint64_t x = 0;
-    for (int i = 7; i >= 0; i--) x = (x << 8) | p[i];
-    return x;
-}
+/* ------------------------------------------------------------------ the event loop */
 
 static inline void store_be64(uint8_t *p, uint64_t x) {
     for (int i = 7; i >= 0; i--, x >>= 8) p[i] = (uint8_t)x;
 }
-
-#define B2_G(a, b, c, d, x, y)            \
-    do {                                  \
-        v[a] = v[a] + v[b] + (x);         \
-        v[d] = rotr64(v[d] ^ v[a], 32);   \
-        v[c] = v[c] + v[d];               \
-        v[b] = rotr64(v[b] ^ v[c], 24);   \
-        v[a] = v[a] + v[b] + (y);         \
-        v[d] = rotr64(v[d] ^ v[a], 16);   \
-        v[c] = v[c] + v[d];               \
-        v[b] = rotr64(v[b] ^ v[c], 63);   \
-    } while (0)
-
-static void b2_compress(uint64_t h[8], const uint8_t block[128], uint64_t counter, int last) {
-    uint64_t v[16], m[16];
-    for (int i = 0; i < 16; i++) m[i] = load_le64(block + 8 * i);
-    for (int i = 0; i < 8; i++) {
-        v[i] = h[i];
-        v[i + 8] = B2_IV[i];
-    }
-    v[12] ^= counter; /* inputs here stay far below 2^64 bytes: the high counter word is 0 */
-    if (last) v[14] = ~v[14];
-    for (int r = 0; r < 12; r++) {
-        const uint8_t *s = B2_SIGMA[r % 10];
-        B2_G(0, 4, 8, 12, m[s[0]], m[s[1]]);
-        B2_G(1, 5, 9, 13, m[s[2]], m[s[3]]);
-        B2_G(2, 6, 10, 14, m[s[4]], m[s[5]]);
-        B2_G(3, 7, 11, 15, m[s[6]], m[s[7]]);
-        B2_G(0, 5, 10, 15, m[s[8]], m[s[9]]);
-        B2_G(1, 6, 11, 12, m[s[10]], m[s[11]]);
-        B2_G(2, 7, 8, 13, m[s[12]], m[s[13]]);
-        B2_G(3, 4, 9, 14, m[s[14]], m[s[15]]);
-    }
-    for (int i = 0; i < 8; i++) h[i] ^= v[i] ^ v[i + 8];
-}
-
-/* The first 8 digest bytes of BLAKE2b(digest_size=8) of `data`, as the big-endian integer they spell. */
-static uint64_t b2_rank(const uint8_t *data, size_t len) {
-    uint64_t h[8];
-    uint8_t block[128];
-    memcpy(h, B2_IV, sizeof h);
-    h[0] ^= 0x01010000ULL ^ 8; /* fanout 1, depth 1, no key, 8-byte digest */
-    uint64_t counter = 0;
-    while (len > 128) {
-        counter += 128;
-        b2_compress(h, data, counter, 0);
-        data += 128;
-        len -= 128;
-    }
-    memset(block, 0, sizeof block);
-    memcpy(block, data, len);
-    counter += len;
-    b2_compress(h, block, counter, 1);
-    uint64_t out = 0; /* digest bytes are h[0] little-endian; read them in order as a big-endian number */
-    for (int i = 0; i < 8; i++) out = (out << 8) | ((h[0] >> (8 * i)) & 0xff);
-    return out;
-}
-
-/* rank(prefix + v + ":" + u) for UTF-8 `v` and `u`; -1 with an exception set on failure. */
-static int rank_of(const char *prefix, Py_ssize_t plen, const char *v, Py_ssize_t vlen, const char *u, Py_ssize_t ulen,
-                   uint64_t *out) {
-    uint8_t small[512];
-    size_t len = (size_t)plen + (size_t)vlen + 1 + (size_t)ulen;
-    uint8_t *buf = len <= sizeof small ? small : PyMem_Malloc(len);
-    if (buf == NULL) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    memcpy(buf, prefix, plen);
-    memcpy(buf + plen, v, vlen);
-    buf[plen + vlen] = ':';
-    memcpy(buf + plen + vlen + 1, u, ulen);
-    *out = b2_rank(buf, len);
-    if (buf != small) PyMem_Free(buf);
-    return 0;
-}
-
-static PyObject *py_rank_bytes(PyObject *Py_UNUSED(module), PyObject *args) {
-    const char *prefix, *v, *u;
-    PyObject *v_name, *u_name;
-    Py_ssize_t plen, vlen, ulen;
-    if (!PyArg_ParseTuple(args, "y#UU:rank_bytes", &prefix, &plen, &v_name, &u_name)) return NULL;
-    if ((v = PyUnicode_AsUTF8AndSize(v_name, &vlen)) == NULL || (u = PyUnicode_AsUTF8AndSize(u_name, &ulen)) == NULL)
-        return NULL;
-    uint64_t rank;
-    if (rank_of(prefix, plen, v, vlen, u, ulen, &rank) < 0) return NULL;
-    uint8_t out[8];
-    store_be64(out, rank);
-    return PyBytes_FromStringAndSize((const char *)out, 8);
-}
-
-/* ------------------------------------------------------------------ the event loop */
 
 static PyObject *s_op, *s_src, *s_dst, *s_ts, *s_weight, *s_degree, *s_last_ts, *s_keys, *s_ids, *s_edge_upsert;
 
 typedef struct {
     PyObject *iid, *nodes, *touched, *edges, *stored, *exists_slow, *wb_put, *edge_family, *nbrs_family, *tops,
         *top_of, *initial_top, *initial_degree, *samples, *pending, *event_touches, *degree_changed, *slow;
-    const char *prefix;
-    Py_ssize_t prefix_len, top_size;
+    PyObject *rank;
+    Py_ssize_t top_size;
 } Ctx;
 
 static PyObject *pair_bytes(uint64_t a, uint64_t b) {
@@ -257,16 +140,22 @@ static long long add_nbr(Ctx *c, PyObject *v_obj, uint64_t v, PyObject *v_name, 
         if (PyErr_Occurred() || (top = PyObject_CallOneArg(c->top_of, v_obj)) == NULL) goto done;
     }
     if ((held = list_attr(top, s_keys)) == NULL || (ids = list_attr(top, s_ids)) == NULL) goto done;
-    Py_ssize_t vlen, ulen;
-    const char *vs = PyUnicode_AsUTF8AndSize(v_name, &vlen);
-    const char *us = vs == NULL ? NULL : PyUnicode_AsUTF8AndSize(u_name, &ulen);
-    uint64_t rank, u;
-    if (us == NULL || rank_of(c->prefix, c->prefix_len, vs, vlen, us, ulen, &rank) < 0 || as_u64(u_obj, &u) < 0) goto done;
+    Py_ssize_t ulen;
+    const char *us = PyUnicode_AsUTF8AndSize(u_name, &ulen);
+    uint64_t u;
+    if (us == NULL || as_u64(u_obj, &u) < 0) goto done;
+    PyObject *pair[2] = {v_name, u_name};
+    if ((value = PyObject_Vectorcall(c->rank, pair, 2, NULL)) == NULL) goto done;
+    if (!PyBytes_Check(value) || PyBytes_GET_SIZE(value) != 8) {
+        PyErr_SetString(PyExc_TypeError, "the rank function must return 8 bytes");
+        goto done;
+    }
     if ((key = PyBytes_FromStringAndSize(NULL, 16 + ulen)) == NULL) goto done;
     uint8_t *k = (uint8_t *)PyBytes_AS_STRING(key);
     store_be64(k, v);
-    store_be64(k + 8, rank);
+    memcpy(k + 8, PyBytes_AS_STRING(value), 8);
     memcpy(k + 16, us, ulen);
+    Py_CLEAR(value);
     if ((deg = PyObject_GetAttr(node, s_degree)) == NULL) goto done;
     long long degree = PyLong_AsLongLong(deg);
     if (degree == -1 && PyErr_Occurred()) goto done;
@@ -419,11 +308,11 @@ static PyObject *py_run_events(PyObject *Py_UNUSED(module), PyObject *args) {
     Ctx c;
     PyObject *events;
     double max_ts;
-    if (!PyArg_ParseTuple(args, "OO!O!O!O!O!OOOOO!OO!O!O!Oy#nO!O!Od:run_events", &events, &PyDict_Type, &c.iid,
+    if (!PyArg_ParseTuple(args, "OO!O!O!O!O!OOOOO!OO!O!O!OOnO!O!Od:run_events", &events, &PyDict_Type, &c.iid,
                           &PyDict_Type, &c.nodes, &PySet_Type, &c.touched, &PyDict_Type, &c.edges, &PyDict_Type,
                           &c.stored, &c.exists_slow, &c.wb_put, &c.edge_family, &c.nbrs_family, &PyDict_Type, &c.tops,
                           &c.top_of, &PyDict_Type, &c.initial_top, &PyDict_Type, &c.initial_degree, &PyDict_Type,
-                          &c.samples, &c.pending, &c.prefix, &c.prefix_len, &c.top_size, &PyList_Type,
+                          &c.samples, &c.pending, &c.rank, &c.top_size, &PyList_Type,
                           &c.event_touches, &PySet_Type, &c.degree_changed, &c.slow, &max_ts))
         return NULL;
     PyObject *it = PyObject_GetIter(events), *ev; /* as `for ev in events` */
@@ -441,8 +330,6 @@ static PyObject *py_run_events(PyObject *Py_UNUSED(module), PyObject *args) {
 }
 
 static PyMethodDef methods[] = {
-    {"rank_bytes", py_rank_bytes, METH_VARARGS,
-     "rank_bytes(prefix, v, u): BLAKE2b-64 of prefix + v + ':' + u (UTF-8), 8 big-endian bytes."},
     {"run_events", py_run_events, METH_VARARGS,
      "Apply a validated batch's events in order (GraphStore._run_events); returns the latest event time."},
     {NULL, NULL, 0, NULL},

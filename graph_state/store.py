@@ -457,7 +457,6 @@ class GraphStore:
         try:
             self.seed = self._init_meta_int("seed", seed, default=0)
             self._rank = seeded_rank_bytes(self.seed)
-            self._rank_prefix = f"{self.seed}:".encode()
             self.feature_dim = self._init_meta_int("feature_dim", feature_dim, default=None)
         except BaseException:
             self.close()  # release the lock so a corrected retry can open it
@@ -991,7 +990,7 @@ class GraphStore:
             result.max_ts = _eventloop.run_events(
                 events, self._iid, self._nodes, batch.nodes, batch.edges, batch.stored_edges, self._edge_exists,
                 batch.wb.put, batch.handles["edges"], batch.nbrs_family, self._top, self._top_of, batch.initial_top,
-                batch.initial_degree, self._samples, batch.pending_nbr, self._rank_prefix, self._top_size,
+                batch.initial_degree, self._samples, batch.pending_nbr, self._rank, self._top_size,
                 result.event_touches, result.degree_changed, slow, float(result.max_ts))
             return
         append = result.event_touches.append

@@ -10,7 +10,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from graph_state import keys
-from graph_state.sampler import rank_bytes
 from graph_state.store import GraphStore, _eventloop
 from stream.events import EdgeDelete, EdgeUpsert, NodeDelete, NodeUpsert
 from tests.graph_state._events import DIM
@@ -24,19 +23,17 @@ def test_the_compiled_event_loop_is_built():
     assert GraphStore.compiled is True
 
 
-@settings(max_examples=300, deadline=None)
-@given(seed=st.integers(0, 2**63), v=st.text(max_size=300), u=st.text(max_size=300))
-def test_rank_bytes_is_the_samplers_blake2b(seed, v, u):
-    # names of every length: one block, several blocks, and past the 512-byte stack buffer (UTF-8 widens them)
-    v, u = v.encode("utf-8", "replace").decode(), u.encode("utf-8", "replace").decode()
-    assert _eventloop.rank_bytes(f"{seed}:".encode(), v, u) == rank_bytes(seed, v, u)
-
-
-def test_rank_bytes_of_known_inputs():
-    assert _eventloop.rank_bytes(b"0:", "a", "b").hex() == rank_bytes(0, "a", "b").hex()
-    assert _eventloop.rank_bytes(b"7:", "x" * 200, "\u00e9" * 300) == rank_bytes(7, "x" * 200, "\u00e9" * 300)
-    with pytest.raises(TypeError):  # names are text, as in the sampler
-        _eventloop.rank_bytes(b"0:", b"a", "b")
+def test_a_rank_function_that_does_not_return_8_bytes_fails_the_batch(tmp_path):
+    store = GraphStore(tmp_path / "s")
+    try:
+        store.set_fanouts(FANOUTS)
+        store.apply([NodeUpsert(name, 0, (0.0,) * DIM) for name in ("a", "b")])
+        store._rank = lambda v, u: b"short"
+        with pytest.raises(TypeError, match="8 bytes"):
+            store.apply([EdgeUpsert("a", "b", 1, 1.0)])
+        assert store.column("edges").get(keys.edge_key(store.iid("a"), store.iid("b"))) is None  # nothing written
+    finally:
+        store.close()
 
 
 def _stream(rng: random.Random, n: int, n_nodes: int) -> list:
