@@ -1120,38 +1120,11 @@ class GraphStore:
         batch.node_columns = touched, degree, flags, last_ts
         # every node whose cached prefix may have changed: compare before and after, vectorised over nodes
         width = max((*self.fanouts, *(d.k for d in self._dense_samples.values())), default=0)
-        changed: list[int] = []
-        before_ids: list[int] = []  # the first ``width`` neighbour ids of every changed prefix, flattened
-        after_ids: list[int] = []
-        before_len: list[int] = []
-        after_len: list[int] = []
-        moved: list[int] = []  # v, degree before, degree after of every node whose degree changed, flattened
-        nodes, tops, degree0 = self._nodes, self._top, batch.initial_degree
-        empty = _Prefix()
-        for v, before_top in batch.initial_top.items():
-            node = nodes.get(v)
-            deg_before = degree0[v]
-            if node is None:
-                after_top, deg_after = empty.ids, 0
-            else:
-                after_top, deg_after = tops.get(v, empty).ids, node.degree
-            if deg_before != deg_after:
-                moved += v, deg_before, deg_after
-            before, after = before_top[:width], after_top[:width]  # only the first ``width`` can be sampled
-            if before != after:
-                changed.append(v)
-                before_ids.extend(before)
-                before_len.append(len(before))
-                after_ids.extend(after)
-                after_len.append(len(after))
-        ids = np.asarray(changed, dtype=np.int64)
-        before_m = _padded_rows(before_ids, before_len, width)
-        after_m = _padded_rows(after_ids, after_len, width)
+        ids, before_m, after_m, deg = self._prefix_changes(batch, width)
         for d in self._dense_samples.values():  # write-through: the new S_k rows replace the old ones
             d.grow(self._next_iid)
             d.mat[ids] = after_m[:, :d.k]
             d.valid[ids] = True
-        deg = np.fromiter(moved, np.int64, len(moved)).reshape(-1, 3)
         delta: list[np.ndarray] = []  # this batch's sampled-by changes: one record
         mark_parts: list[tuple[int, np.ndarray, int]] = [
             (0, np.fromiter(result.features_changed, np.int64, len(result.features_changed)), DIRTY_INPUT),
@@ -1186,6 +1159,41 @@ class GraphStore:
             key, value = self._mark_block(marks, flags)
             batch.put("dirty", key, value)
             batch.marks = marks, flags
+
+    def _prefix_changes(self, batch: _Batch, width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """``(ids, before, after, moved)``: the nodes whose first ``width`` prefix ids (all that can be sampled)
+        differ after the batch, those ids before and after as ``[len(ids), width]`` matrices padded with -1, and
+        ``(v, degree before, degree after)`` rows of every node whose degree changed."""
+        nodes, tops, degree0 = self._nodes, self._top, batch.initial_degree
+        if self.compiled:
+            parts = _eventloop.prefix_changes(batch.initial_top, degree0, nodes, tops, _Prefix(), width)
+            ids, before_m, after_m, deg = (np.frombuffer(p, dtype=np.int64) for p in parts)
+            return ids, before_m.reshape(len(ids), width), after_m.reshape(len(ids), width), deg.reshape(-1, 3)
+        changed: list[int] = []
+        before_ids: list[int] = []  # the first ``width`` neighbour ids of every changed prefix, flattened
+        after_ids: list[int] = []
+        before_len: list[int] = []
+        after_len: list[int] = []
+        moved: list[int] = []  # v, degree before, degree after of every node whose degree changed, flattened
+        empty = _Prefix()
+        for v, before_top in batch.initial_top.items():
+            node = nodes.get(v)
+            deg_before = degree0[v]
+            if node is None:
+                after_top, deg_after = empty.ids, 0
+            else:
+                after_top, deg_after = tops.get(v, empty).ids, node.degree
+            if deg_before != deg_after:
+                moved += v, deg_before, deg_after
+            before, after = before_top[:width], after_top[:width]
+            if before != after:
+                changed.append(v)
+                before_ids.extend(before)
+                before_len.append(len(before))
+                after_ids.extend(after)
+                after_len.append(len(after))
+        return (np.asarray(changed, dtype=np.int64), _padded_rows(before_ids, before_len, width),
+                _padded_rows(after_ids, after_len, width), np.fromiter(moved, np.int64, len(moved)).reshape(-1, 3))
 
     # ------------------------------------------------------------------ caches
     def _forget_sample(self, v: int) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -10,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from graph_state import keys
-from graph_state.store import GraphStore, _eventloop
+from graph_state.store import GraphStore, _eventloop, _Node, _Prefix
 from stream.events import EdgeDelete, EdgeUpsert, NodeDelete, NodeUpsert
 from tests.graph_state._events import DIM
 
@@ -119,3 +120,59 @@ def test_the_compiled_loop_truncates_a_hub_prefix_as_the_interpreted_one(tmp_pat
     finally:
         for store in stores:
             store.close()
+
+
+def _prefix(ids: list[int]) -> _Prefix:
+    p = _Prefix()
+    p.ids = list(ids)
+    p.keys = [bytes(8)] * len(ids)
+    return p
+
+
+@pytest.mark.parametrize("width", [0, 1, 3, 6])
+def test_the_compiled_prefix_comparison_matches_the_interpreted_one(width):
+    rng = random.Random(width)
+    nodes, tops, initial_top, initial_degree = {}, {}, {}, {}
+    for v in range(400):
+        before = rng.sample(range(1000), rng.randint(0, 8))
+        kind = rng.random()
+        if kind < 0.1:  # deleted in the batch
+            nodes[v] = None
+        elif kind < 0.2:  # record read, prefix dropped from the cache
+            nodes[v] = _Node(len(before), 0, 0.0)
+        else:
+            after = list(before)
+            if rng.random() < 0.5:  # a change past the first entries, or none at all
+                after.insert(rng.randint(0, len(after)), rng.randrange(1000))
+            if rng.random() < 0.3 and after:
+                after.pop(rng.randrange(len(after)))
+            nodes[v] = _Node(len(after) + rng.choice([0, 0, 5]), 0, 0.0)
+            tops[v] = _prefix(after)
+        initial_top[v], initial_degree[v] = before, len(before)
+    batch = SimpleNamespace(initial_top=initial_top, initial_degree=initial_degree)
+    out = {}
+    for compiled in (True, False):
+        owner = SimpleNamespace(_nodes=nodes, _top=tops, compiled=compiled)
+        out[compiled] = GraphStore._prefix_changes(owner, batch, width)
+    for got, want in zip(out[True], out[False]):
+        assert got.dtype == want.dtype == np.int64
+        assert got.shape == want.shape
+        np.testing.assert_array_equal(got, want)
+    ids, before_m, after_m, moved = out[True]
+    assert before_m.shape == after_m.shape == (len(ids), width)
+    if width:
+        assert 0 < len(ids) < 400  # some heads changed, some did not
+        assert (before_m != after_m).any(axis=1).all()
+    else:
+        assert len(ids) == 0
+    assert len(moved) and (moved[:, 1] != moved[:, 2]).all()
+
+
+def test_the_compiled_prefix_comparison_rejects_a_prefix_that_is_not_a_list():
+    owner = SimpleNamespace(_nodes={1: _Node(1, 0, 0.0)}, _top={1: _prefix([2])}, compiled=True)
+    batch = SimpleNamespace(initial_top={1: (3,)}, initial_degree={1: 1})
+    with pytest.raises(TypeError, match="list"):
+        GraphStore._prefix_changes(owner, batch, 4)
+    batch = SimpleNamespace(initial_top={1: [3]}, initial_degree={})
+    with pytest.raises(KeyError):
+        GraphStore._prefix_changes(owner, batch, 4)
