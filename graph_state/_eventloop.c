@@ -331,16 +331,24 @@ static PyObject *py_run_events(PyObject *Py_UNUSED(module), PyObject *args) {
 
 /* ------------------------------------------------------------------ the prefixes a batch changed */
 
-/* Grows a buffer of int64 by doubling; 0, or -1 with MemoryError. */
+/* A growing array of int64. */
 typedef struct {
     int64_t *data;
     Py_ssize_t len, cap;
 } Buf;
 
+#define BUF_MAX (PY_SSIZE_T_MAX / (Py_ssize_t)sizeof(int64_t))
+
+/* Room for `more` entries: 0, or -1 with MemoryError. */
 static int buf_reserve(Buf *b, Py_ssize_t more) {
-    if (b->len + more <= b->cap) return 0;
+    if (more > BUF_MAX - b->len) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    Py_ssize_t need = b->len + more;
+    if (need <= b->cap) return 0;
     Py_ssize_t cap = b->cap ? b->cap : 1024;
-    while (cap < b->len + more) cap *= 2;
+    while (cap < need) cap = cap > BUF_MAX / 2 ? need : cap * 2;
     int64_t *data = PyMem_Realloc(b->data, (size_t)cap * sizeof(int64_t));
     if (data == NULL) {
         PyErr_NoMemory();
@@ -357,28 +365,95 @@ static PyObject *buf_bytes(Buf *b) {
 
 /* The first `width` ids of a prefix list into row[0..width), padded with -1: 0, or -1 on error. */
 static int fill_row(int64_t *row, PyObject *ids, Py_ssize_t width) {
-    Py_ssize_t n = PyList_GET_SIZE(ids) < width ? PyList_GET_SIZE(ids) : width;
-    for (Py_ssize_t i = 0; i < n; i++) {
+    Py_ssize_t i = 0;
+    for (; i < width && i < PyList_GET_SIZE(ids); i++) {
         long long x = PyLong_AsLongLong(PyList_GET_ITEM(ids, i));
         if (x == -1 && PyErr_Occurred()) return -1;
         row[i] = x;
     }
-    for (Py_ssize_t i = n; i < width; i++) row[i] = -1;
+    for (; i < width; i++) row[i] = -1;
     return 0;
 }
 
-/* Whether the first `width` entries of two lists differ (as `a[:width] != b[:width]`): 1, 0 or -1 on error. */
+/* Whether `a[:width] != b[:width]` for two lists: 1, 0 or -1 on error. As Python's list comparison, each pair is
+ * held while it is compared and the lengths are read again after every comparison (an __eq__ may change them). */
 static int head_differs(PyObject *a, PyObject *b, Py_ssize_t width) {
-    Py_ssize_t na = PyList_GET_SIZE(a) < width ? PyList_GET_SIZE(a) : width;
-    Py_ssize_t nb = PyList_GET_SIZE(b) < width ? PyList_GET_SIZE(b) : width;
-    if (na != nb) return 1;
-    for (Py_ssize_t i = 0; i < na; i++) {
+    for (Py_ssize_t i = 0;; i++) {
+        int a_end = i >= width || i >= PyList_GET_SIZE(a), b_end = i >= width || i >= PyList_GET_SIZE(b);
+        if (a_end || b_end) return a_end != b_end;
         PyObject *x = PyList_GET_ITEM(a, i), *y = PyList_GET_ITEM(b, i);
         if (x == y) continue;
+        Py_INCREF(x);
+        Py_INCREF(y);
         int eq = PyObject_RichCompareBool(x, y, Py_EQ);
+        Py_DECREF(x);
+        Py_DECREF(y);
         if (eq <= 0) return eq < 0 ? -1 : 1;
     }
-    return 0;
+}
+
+/* One node of GraphStore._prefix_changes: appends to the buffers; 0, or -1 on error. */
+static int prefix_change(PyObject *v, PyObject *before_top, PyObject *initial_degree, PyObject *nodes, PyObject *tops,
+                         PyObject *empty_ids, Py_ssize_t width, Buf *changed, Buf *before, Buf *after, Buf *moved) {
+    int rc = -1;
+    PyObject *node = NULL, *deg_before = NULL, *after_top = NULL, *deg_after = NULL, *top = NULL;
+    node = PyDict_GetItemWithError(nodes, v); /* nodes.get(v) */
+    if (node == NULL && PyErr_Occurred()) return -1;
+    Py_XINCREF(node);
+    deg_before = PyDict_GetItemWithError(initial_degree, v); /* initial_degree[v] */
+    if (deg_before == NULL) {
+        if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, v);
+        goto done;
+    }
+    Py_INCREF(deg_before);
+    if (node == NULL || node == Py_None) {
+        after_top = Py_NewRef(empty_ids);
+        deg_after = PyLong_FromLong(0);
+    } else {
+        top = PyDict_GetItemWithError(tops, v); /* tops.get(v, empty).ids */
+        if (top == NULL && PyErr_Occurred()) goto done;
+        Py_XINCREF(top);
+        after_top = top == NULL ? Py_NewRef(empty_ids) : list_attr(top, s_ids);
+        if (after_top == NULL) goto done;
+        deg_after = PyObject_GetAttr(node, s_degree);
+    }
+    if (deg_after == NULL) goto done;
+    if (!PyList_Check(before_top)) {
+        PyErr_SetString(PyExc_TypeError, "expected a list of ids in the batch's initial prefixes");
+        goto done;
+    }
+    int same_degree = PyObject_RichCompareBool(deg_before, deg_after, Py_EQ);
+    if (same_degree < 0) goto done;
+    if (!same_degree) {
+        if (buf_reserve(moved, 3) < 0) goto done;
+        PyObject *parts[] = {v, deg_before, deg_after};
+        for (int i = 0; i < 3; i++) {
+            long long x = PyLong_AsLongLong(parts[i]);
+            if (x == -1 && PyErr_Occurred()) goto done;
+            moved->data[moved->len + i] = x;
+        }
+        moved->len += 3;
+    }
+    int differs = head_differs(before_top, after_top, width);
+    if (differs < 0) goto done;
+    if (differs) {
+        long long x = PyLong_AsLongLong(v);
+        if ((x == -1 && PyErr_Occurred()) || buf_reserve(changed, 1) < 0 || buf_reserve(before, width) < 0 ||
+            buf_reserve(after, width) < 0 || fill_row(before->data + before->len, before_top, width) < 0 ||
+            fill_row(after->data + after->len, after_top, width) < 0)
+            goto done;
+        changed->data[changed->len++] = x;
+        before->len += width;
+        after->len += width;
+    }
+    rc = 0;
+done:
+    Py_XDECREF(node);
+    Py_XDECREF(deg_before);
+    Py_XDECREF(top);
+    Py_XDECREF(after_top);
+    Py_XDECREF(deg_after);
+    return rc;
 }
 
 /* The nodes of `initial_top` whose first `width` prefix ids changed, with those ids before and after, and every
@@ -389,78 +464,26 @@ static PyObject *py_prefix_changes(PyObject *Py_UNUSED(module), PyObject *args) 
     if (!PyArg_ParseTuple(args, "O!O!O!O!On:prefix_changes", &PyDict_Type, &initial_top, &PyDict_Type,
                           &initial_degree, &PyDict_Type, &nodes, &PyDict_Type, &tops, &empty, &width))
         return NULL;
-    if (width < 0) {
-        PyErr_SetString(PyExc_ValueError, "width must not be negative");
+    if (width < 0 || width > BUF_MAX) {
+        PyErr_Format(PyExc_ValueError, "width must be between 0 and %zd", BUF_MAX);
         return NULL;
     }
     Buf changed = {0}, before = {0}, after = {0}, moved = {0};
     PyObject *result = NULL, *v, *before_top, *empty_ids = list_attr(empty, s_ids);
     if (empty_ids == NULL) return NULL;
-    Py_ssize_t pos = 0;
+    Py_ssize_t pos = 0, size = PyDict_GET_SIZE(initial_top);
     while (PyDict_Next(initial_top, &pos, &v, &before_top)) {
-        PyObject *after_top = NULL, *deg_after = NULL, *top;
         Py_INCREF(v);
         Py_INCREF(before_top);
-        int rc = -1;
-        PyObject *node = PyDict_GetItemWithError(nodes, v); /* nodes.get(v) */
-        PyObject *deg_before = PyDict_GetItemWithError(initial_degree, v);
-        if (PyErr_Occurred()) goto next;
-        if (deg_before == NULL) {
-            PyErr_SetObject(PyExc_KeyError, v);
-            goto next;
-        }
-        Py_INCREF(deg_before);
-        if (node == NULL || node == Py_None) {
-            after_top = Py_NewRef(empty_ids);
-            deg_after = PyLong_FromLong(0);
-        } else {
-            Py_INCREF(node);
-            top = PyDict_GetItemWithError(tops, v); /* tops.get(v, empty).ids */
-            if (top == NULL && PyErr_Occurred()) {
-                Py_DECREF(node);
-                goto next_deg;
-            }
-            after_top = top == NULL ? Py_NewRef(empty_ids) : list_attr(top, s_ids);
-            deg_after = PyObject_GetAttr(node, s_degree);
-            Py_DECREF(node);
-        }
-        if (after_top == NULL || deg_after == NULL) goto next_deg;
-        if (!PyList_Check(before_top)) {
-            PyErr_SetString(PyExc_TypeError, "expected a list of ids in the batch's initial prefixes");
-            goto next_deg;
-        }
-        int same_degree = PyObject_RichCompareBool(deg_before, deg_after, Py_EQ);
-        if (same_degree < 0) goto next_deg;
-        if (!same_degree) {
-            long long vv = PyLong_AsLongLong(v), d0 = PyLong_AsLongLong(deg_before), d1 = PyLong_AsLongLong(deg_after);
-            if (PyErr_Occurred() || buf_reserve(&moved, 3) < 0) goto next_deg;
-            moved.data[moved.len++] = vv;
-            moved.data[moved.len++] = d0;
-            moved.data[moved.len++] = d1;
-        }
-        int differs = head_differs(before_top, after_top, width);
-        if (differs < 0) goto next_deg;
-        if (differs) {
-            long long vv = PyLong_AsLongLong(v);
-            if ((vv == -1 && PyErr_Occurred()) || buf_reserve(&changed, 1) < 0 || buf_reserve(&before, width) < 0 ||
-                buf_reserve(&after, width) < 0)
-                goto next_deg;
-            if (fill_row(before.data + before.len, before_top, width) < 0 ||
-                fill_row(after.data + after.len, after_top, width) < 0)
-                goto next_deg;
-            changed.data[changed.len++] = vv;
-            before.len += width;
-            after.len += width;
-        }
-        rc = 0;
-    next_deg:
-        Py_DECREF(deg_before);
-    next:
-        Py_XDECREF(after_top);
-        Py_XDECREF(deg_after);
-        Py_DECREF(before_top);
+        int rc = prefix_change(v, before_top, initial_degree, nodes, tops, empty_ids, width, &changed, &before, &after,
+                               &moved);
         Py_DECREF(v);
+        Py_DECREF(before_top);
         if (rc < 0) goto done;
+        if (PyDict_GET_SIZE(initial_top) != size) {
+            PyErr_SetString(PyExc_RuntimeError, "dictionary changed size during iteration");
+            goto done;
+        }
     }
     result = PyTuple_New(4);
     Buf *parts[] = {&changed, &before, &after, &moved};

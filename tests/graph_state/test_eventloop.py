@@ -79,13 +79,14 @@ def test_compiled_and_interpreted_loops_write_the_same(tmp_path_factory, seed, n
     try:
         for store in stores:
             store.set_fanouts(FANOUTS)
-        pos = 0
+        pos, linked = 0, False
         while pos < len(events):
             size = rng.randint(1, max_batch)
             chunk = events[pos:pos + size]
             pos += size
             results = [store.apply(chunk) for store in stores]
             assert _comparable(results[0]) == _comparable(results[1])
+            linked |= bool(results[0].degree_changed)
             assert {v: (p.keys, p.ids) for v, p in stores[0]._top.items()} == \
                    {v: (p.keys, p.ids) for v, p in stores[1]._top.items()}
             assert stores[0]._nodes == stores[1]._nodes
@@ -94,7 +95,7 @@ def test_compiled_and_interpreted_loops_write_the_same(tmp_path_factory, seed, n
                     store._invalidate_caches()
         first, second = _contents(stores[0]), _contents(stores[1])
         assert first == second
-        assert first["nbrs"] and first["edges"]
+        assert linked, "the stream changed some neighbour lists"  # (they may all be deleted again by its end)
     finally:
         for store in stores:
             store.close()
@@ -168,11 +169,69 @@ def test_the_compiled_prefix_comparison_matches_the_interpreted_one(width):
     assert len(moved) and (moved[:, 1] != moved[:, 2]).all()
 
 
-def test_the_compiled_prefix_comparison_rejects_a_prefix_that_is_not_a_list():
-    owner = SimpleNamespace(_nodes={1: _Node(1, 0, 0.0)}, _top={1: _prefix([2])}, compiled=True)
-    batch = SimpleNamespace(initial_top={1: (3,)}, initial_degree={1: 1})
+def _both_prefix_changes(nodes: dict, tops: dict, initial_top: dict, initial_degree: dict, width: int) -> list:
+    """What the compiled and the interpreted comparison return (as lists), or the type of what they raise."""
+    out = []
+    for compiled in (True, False):
+        owner = SimpleNamespace(_nodes=nodes, _top=tops, compiled=compiled)
+        batch = SimpleNamespace(initial_top=dict(initial_top), initial_degree=initial_degree)
+        try:
+            out.append([part.tolist() for part in GraphStore._prefix_changes(owner, batch, width)])
+        except Exception as exc:  # noqa: BLE001 - the two must fail alike
+            out.append(type(exc))
+    return out
+
+
+def test_the_compiled_prefix_comparison_compares_ids_by_value_and_reads_absent_records_as_deleted():
+    big = 10**12
+    before, after = [int(str(big)), 5], [int(str(big)), 5]  # equal, not the same objects
+    assert before[0] is not after[0]
+    nodes = {1: _Node(2, 0, 0.0)}  # node 2 is not in the cache at all
+    tops = {1: _prefix(after), 2: _prefix([7])}
+    compiled, interpreted = _both_prefix_changes(nodes, tops, {1: before, 2: [7]}, {1: 2, 2: 1}, 4)
+    assert compiled == interpreted == [[2], [[7, -1, -1, -1]], [[-1, -1, -1, -1]], [[2, 1, 0]]]
+
+
+class _Touchy(int):
+    """An id whose comparison does something."""
+
+    def __eq__(self, other):
+        self.action()
+        return int(self) == int(other)
+
+    __hash__ = int.__hash__
+
+
+def test_the_compiled_prefix_comparison_fails_as_the_interpreted_one():
+    node = {1: _Node(1, 0, 0.0)}
+    cases = [
+        (node, {1: None}, {1: [3]}, {1: 1}, 4),  # a cached prefix of None: AttributeError
+        (node, {1: _prefix([2])}, {1: [3]}, {}, 4),  # no initial degree: KeyError
+    ]
+    for case in cases:
+        compiled, interpreted = _both_prefix_changes(*case)
+        assert isinstance(compiled, type) and compiled is interpreted
+    owner = SimpleNamespace(_nodes=node, _top={1: _prefix([2])}, compiled=True)
     with pytest.raises(TypeError, match="list"):
-        GraphStore._prefix_changes(owner, batch, 4)
-    batch = SimpleNamespace(initial_top={1: [3]}, initial_degree={})
-    with pytest.raises(KeyError):
-        GraphStore._prefix_changes(owner, batch, 4)
+        GraphStore._prefix_changes(owner, SimpleNamespace(initial_top={1: (3,)}, initial_degree={1: 1}), 4)
+    with pytest.raises(ValueError, match="width"):
+        GraphStore._prefix_changes(owner, SimpleNamespace(initial_top={1: [3]}, initial_degree={1: 1}), 2**62)
+    with pytest.raises(MemoryError):
+        GraphStore._prefix_changes(owner, SimpleNamespace(initial_top={1: [3]}, initial_degree={1: 1}), 2**59)
+
+
+def test_the_compiled_prefix_comparison_survives_ids_whose_comparison_changes_the_lists():
+    before = [_Touchy(3), 4, 5]
+    after = [_Touchy(3), 4, 6]
+    before[0].action = before.clear  # the lists shrink during the comparison
+    after[0].action = lambda: None
+    owner = SimpleNamespace(_nodes={1: _Node(3, 0, 0.0)}, _top={1: _prefix(after)}, compiled=True)
+    ids, before_m, after_m, moved = GraphStore._prefix_changes(
+        owner, SimpleNamespace(initial_top={1: before}, initial_degree={1: 3}), 4)
+    assert ids.tolist() == [1] and before_m.tolist() == [[-1] * 4] and after_m.tolist() == [[3, 4, 6, -1]]
+    grow = {1: [_Touchy(3)], 2: [8]}
+    grow[1][0].action = lambda: grow.setdefault(99, [1])
+    owner = SimpleNamespace(_nodes={1: _Node(1, 0, 0.0), 2: _Node(1, 0, 0.0)},
+                            _top={1: _prefix([3]), 2: _prefix([8])}, compiled=True)
+    with pytest.raises(RuntimeError, match="changed size"):
+        GraphStore._prefix_changes(owner, SimpleNamespace(initial_top=grow, initial_degree={1: 1, 2: 1, 99: 1}), 4)
