@@ -848,3 +848,23 @@ def test_rows_lost_to_an_operating_system_crash_are_recomputed_at_the_next_start
         np.testing.assert_allclose(engine.logs[1].rows(iids, dims[1])[0], want, atol=1e-6)
     with GraphStore(tmp_path / "s") as store:
         assert Engine(store, model).pending() == 0  # nothing is left to repair
+
+
+@pytest.mark.parametrize("width", [4, 8, 128])
+def test_a_row_counts_as_changed_when_any_entry_moves_past_the_tolerance(width):
+    from types import SimpleNamespace
+
+    rng = np.random.default_rng(width)
+    held = rng.standard_normal((50, width)).astype(np.float32)
+    pos = rng.permutation(50)[:12]
+    rows = held[pos].copy()
+    rows[1, width - 1] += 1e-3  # only the last entry moved
+    rows[2, 0] -= 1e-3  # only the first
+    rows[3] += 5e-7  # every entry, within the tolerance
+    rows[4] += rng.standard_normal(width).astype(np.float32)  # the common case: everything moved
+    rows[5, width // 2] = np.nan  # no number is not a move
+    present = np.ones(12, dtype=bool)
+    present[6] = False  # nothing held: counts as changed
+    tables = SimpleNamespace(held=lambda layer, iids: (held, pos, present))
+    moved = Engine._moved(SimpleNamespace(tables=tables), 1, np.arange(12), rows)
+    assert moved.tolist() == [False, True, True, False, True, False, True] + [False] * 5
