@@ -51,7 +51,7 @@ DELETED = "deleted"  # mode of a withdrawn embedding (its meta keeps the version
 DEFERRED_TAG = 0x8000  # dirty key tag 0x8000 + l: dependents of v at layer l are pending
 _ATOL = 1e-6
 _HEAD_COLUMNS = 8  # entries of a recomputed row compared first (one 32-byte read per held row)
-_SMALL_LAYER = 4096  # a layer over fewer targets runs on one torch thread
+_SMALL_LAYER = 1024  # a layer over fewer targets runs on one torch thread
 _OUTBOX_SEQ = b"outbox_seq"
 _LAYOUT = 4  # version of the embpages/layerpages layout: a store written with another one needs a backfill
 
@@ -64,6 +64,8 @@ def _threads_for(rows: int) -> Iterator[None]:
     its second thread whenever RocksDB's background work holds the other
     core: small recomputes (a quiet stream, a hub's few dependents) ran two
     to three times slower on two threads in ``bench/engine.py``'s hub test.
+    The first layer of a 1,000-event batch (about 2,000 targets, 25 sampled
+    rows each) gains from both cores.
     """
     threads = torch.get_num_threads()
     if rows >= _SMALL_LAYER or threads == 1:
