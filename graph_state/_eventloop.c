@@ -459,17 +459,17 @@ done:
 /* The nodes of `initial_top` whose first `width` prefix ids changed, with those ids before and after, and every
  * node whose degree changed: what GraphStore._finish compares, vectorised there from these rows. */
 static PyObject *py_prefix_changes(PyObject *Py_UNUSED(module), PyObject *args) {
-    PyObject *initial_top, *initial_degree, *nodes, *tops, *empty;
+    PyObject *initial_top, *initial_degree, *nodes, *tops;
     Py_ssize_t width;
-    if (!PyArg_ParseTuple(args, "O!O!O!O!On:prefix_changes", &PyDict_Type, &initial_top, &PyDict_Type,
-                          &initial_degree, &PyDict_Type, &nodes, &PyDict_Type, &tops, &empty, &width))
+    if (!PyArg_ParseTuple(args, "O!O!O!O!n:prefix_changes", &PyDict_Type, &initial_top, &PyDict_Type,
+                          &initial_degree, &PyDict_Type, &nodes, &PyDict_Type, &tops, &width))
         return NULL;
     if (width < 0 || width > BUF_MAX) {
         PyErr_Format(PyExc_ValueError, "width must be between 0 and %zd", BUF_MAX);
         return NULL;
     }
     Buf changed = {0}, before = {0}, after = {0}, moved = {0};
-    PyObject *result = NULL, *v, *before_top, *empty_ids = list_attr(empty, s_ids);
+    PyObject *result = NULL, *v, *before_top, *empty_ids = PyList_New(0); /* the ids of a node with no prefix */
     if (empty_ids == NULL) return NULL;
     Py_ssize_t pos = 0, size = PyDict_GET_SIZE(initial_top);
     while (PyDict_Next(initial_top, &pos, &v, &before_top)) {

@@ -1166,7 +1166,7 @@ class GraphStore:
         ``(v, degree before, degree after)`` rows of every node whose degree changed."""
         nodes, tops, degree0 = self._nodes, self._top, batch.initial_degree
         if self.compiled:
-            parts = _eventloop.prefix_changes(batch.initial_top, degree0, nodes, tops, _Prefix(), width)
+            parts = _eventloop.prefix_changes(batch.initial_top, degree0, nodes, tops, width)
             ids, before_m, after_m, deg = (np.frombuffer(p, dtype=np.int64) for p in parts)
             return ids, before_m.reshape(len(ids), width), after_m.reshape(len(ids), width), deg.reshape(-1, 3)
         changed: list[int] = []
