@@ -12,7 +12,7 @@ Steps (all in one process, side by side):
    fanouts=[25, 10], seed=0)``; time ``Engine(store, load_model_dir(dir))``
    (builds the sampled-by index for the fanouts) and ``engine.backfill()``;
 3. PyG ``torch_geometric.nn.models.GraphSAGE`` with the same state dict:
-   (a) forward over the full edge list (both directions: ``N(v)`` of DESIGN.md),
+   (a) forward over the full edge list (both directions: ``N(v)`` of docs/design.md),
    (b) the same two convs over the per-layer sampled edge lists built from
    ``store.sample`` (layer 0 uses ``S_25``, layer 1 ``S_10``): exactly our
    computation, whose output is compared with the stored embeddings.

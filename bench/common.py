@@ -223,7 +223,7 @@ class SyntheticGraph:
         return src.astype(np.int64), dst.astype(np.int64)
 
     def undirected_pairs(self) -> tuple[np.ndarray, np.ndarray]:
-        """The distinct neighbour pairs ``(a, b)``, ``a < b``: ``N(v)`` of DESIGN.md collapsed."""
+        """The distinct neighbour pairs ``(a, b)``, ``a < b``: ``N(v)`` of docs/design.md collapsed."""
         a = np.minimum(self.src, self.dst)
         b = np.maximum(self.src, self.dst)
         keep = a != b

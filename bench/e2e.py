@@ -53,12 +53,12 @@ from stream.broker import EmbeddedBroker  # noqa: E402
 from stream.events import NodeUpsert, encode_event, event_key  # noqa: E402
 from stream.kafka import EventConsumer, Producer, ensure_topics  # noqa: E402
 from stream.updates import decode_update  # noqa: E402
-from workers.datasets import FEATURE_DIM, read_snap, snap_events  # noqa: E402
+from workers.datasets import BITCOIN_OTC, FEATURE_DIM, read_snap, snap_events  # noqa: E402
 from workers.heap import tune_collector  # noqa: E402
 from workers.settings import WorkerSettings  # noqa: E402
 from workers.worker import Worker  # noqa: E402
 
-DEFAULT_CSV = ROOT.parent / "shared" / "data" / "soc-sign-bitcoinotc.csv"
+DEFAULT_CSV = BITCOIN_OTC
 
 
 def _fanouts(text: str) -> list[int]:

@@ -17,7 +17,7 @@ neighbourhood, so the decision is the same at every layer and fanout.
 
 Policies::
 
-    {"policy": "plain"}                              # the default: DESIGN contract
+    {"policy": "plain"}                              # the default: the docs/design.md contract
     {"policy": "feature_only", "min_neighbours": 3}  # ignore neighbours below 3
 """
 
@@ -75,7 +75,7 @@ class ColdStartPolicy(ABC):
 
 @dataclass(frozen=True)
 class PlainPolicy(ColdStartPolicy):
-    """The plain DESIGN contract: every node aggregates its sample.
+    """The plain contract of docs/design.md: every node aggregates its sample.
 
     A node without features has a zero input vector and is reported as
     ``cold_start``; every other node as ``full``.

@@ -1,6 +1,6 @@
 """Graph events: the schema of a ``graph-events`` message and of a JSONL line.
 
-Four operations exist (see DESIGN.md); anything else is rejected with a short
+Four operations exist (see docs/design.md); anything else is rejected with a short
 machine-readable reason so that it can be routed to the dead-letter topic::
 
     {"op":"edge_upsert","src":"a1","dst":"b2","ts":1700000000,"weight":3.5}

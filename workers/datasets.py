@@ -12,16 +12,24 @@ fraud label's source).
 from __future__ import annotations
 
 import csv
+import gzip
+import io
 import math
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Iterator
 
 from stream.events import EdgeUpsert, Event, NodeUpsert
 
-__all__ = ["SnapRating", "read_snap", "snap_events", "FEATURE_DIM"]
+__all__ = ["SnapRating", "read_snap", "snap_events", "FEATURE_DIM", "DATA_DIR", "BITCOIN_OTC", "BITCOIN_ALPHA"]
 
 FEATURE_DIM = 8
+
+DATA_DIR = Path(__file__).resolve().parents[1] / "data"
+"""The SNAP networks shipped with the repository (gzip; see ``data/README.md``)."""
+BITCOIN_OTC = DATA_DIR / "soc-sign-bitcoinotc.csv.gz"
+BITCOIN_ALPHA = DATA_DIR / "soc-sign-bitcoinalpha.csv.gz"
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,10 +40,19 @@ class SnapRating:
     ts: float
 
 
+def _open_text(path: str | os.PathLike[str]) -> io.TextIOBase:
+    """``path`` as text, gunzipped when it starts with the gzip magic bytes."""
+    with open(path, "rb") as probe:
+        gzipped = probe.read(2) == b"\x1f\x8b"
+    if gzipped:
+        return io.TextIOWrapper(gzip.open(path, "rb"), newline="")
+    return open(path, newline="")
+
+
 def read_snap(path: str | os.PathLike[str]) -> list[SnapRating]:
-    """Ratings of a SNAP signed-network CSV (header optional), sorted by time (stable)."""
+    """Ratings of a SNAP signed-network CSV, plain or gzipped (header optional), sorted by time (stable)."""
     rows = []
-    with open(path, newline="") as fh:
+    with _open_text(path) as fh:
         for rec in csv.reader(fh):
             if not rec or not rec[0].strip().lstrip("-").isdigit():
                 continue  # header or blank

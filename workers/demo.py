@@ -28,7 +28,7 @@ import numpy as np
 
 from stream.broker import EmbeddedBroker
 from stream.kafka import EventConsumer
-from workers.datasets import read_snap
+from workers.datasets import BITCOIN_OTC, read_snap
 from workers.heap import tune_collector
 from workers.offline import verify
 from workers.replay import produce_file
@@ -41,7 +41,7 @@ __all__ = ["main", "run_demo"]
 
 logger = logging.getLogger(__name__)
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "soc-sign-bitcoinotc.csv"
+DATA = BITCOIN_OTC
 
 
 def _read_topic(bootstrap: str, topic: str, group: str) -> list:
@@ -106,7 +106,7 @@ def _plots(out: Path, timeline: list[tuple[float, float]], fpr: np.ndarray | Non
 def run_demo(data: Path, out: Path, *, rate: float, limit: int = 0, epochs: int = 300,
              retrain: bool = False) -> dict[str, Any]:
     if not data.exists():
-        raise SystemExit(f"demo data not found at {data}; it ships in ../shared/data next to the repository")
+        raise SystemExit(f"demo data not found at {data}; the repository ships it in data/ (restore it with git checkout -- data)")
     out.mkdir(parents=True, exist_ok=True)
     model_dir = out / "model"
     if retrain or not (model_dir / "train.json").exists():

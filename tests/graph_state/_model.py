@@ -1,6 +1,6 @@
 """A networkx reference model of the graph store and helpers to compare the two.
 
-The model follows DESIGN.md literally and shares no code with ``graph_state``
+The model follows docs/design.md literally and shares no code with ``graph_state``
 except ``sample_neighbors``, which is itself checked against :func:`ranked`, an
 independent inline implementation of the rank formula.
 """
@@ -22,7 +22,7 @@ __all__ = ["GraphModel", "ranked", "assert_store_matches", "raw_contents", "rand
 
 
 def ranked(seed: int, v: str, members: Iterable[str]) -> list[str]:
-    """``members`` sorted by ``(r(v, u), u)``, the rank formula of DESIGN.md written out."""
+    """``members`` sorted by ``(r(v, u), u)``, the rank formula of docs/design.md written out."""
 
     def key(u: str) -> tuple[int, str]:
         digest = blake2b(f"{seed}:{v}:{u}".encode(), digest_size=8).digest()
@@ -32,7 +32,7 @@ def ranked(seed: int, v: str, members: Iterable[str]) -> list[str]:
 
 
 class GraphModel:
-    """The graph of DESIGN.md as an ``nx.DiGraph`` plus a feature dict."""
+    """The graph of docs/design.md as an ``nx.DiGraph`` plus a feature dict."""
 
     def __init__(self, seed: int = 0):
         self.seed = seed

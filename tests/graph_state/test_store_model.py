@@ -1,4 +1,4 @@
-"""The RocksDB graph store against a networkx model of DESIGN.md.
+"""The RocksDB graph store against a networkx model of docs/design.md.
 
 Property tests drive random event streams (hubs past the 32-entry in-memory
 rank prefix, self loops, reciprocal edges, deletes, cascading node deletes)

@@ -1,4 +1,4 @@
-"""An independent from-scratch reference for the embedding contract of DESIGN.md.
+"""An independent from-scratch reference for the embedding contract of docs/design.md.
 
 Nothing here uses the engine, the graph store, the sampler or the ``model``
 package. The final graph is folded from the events with plain dicts
@@ -40,8 +40,8 @@ __all__ = [
 ]
 
 ATOL = 1e-4
-# tests/workers/reference.py -> parents[2] is the repository root; the data lies beside it.
-DATA_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "data"
+# tests/workers/reference.py -> parents[2] is the repository root, which carries the data.
+DATA_DIR = Path(__file__).resolve().parents[2] / "data"
 
 _SHM = Path("/dev/shm")
 
@@ -65,7 +65,7 @@ _PYG = {"sage": GraphSAGE, "gcn": GCN, "gat": GAT}
 
 # ---------------------------------------------------------------------- the graph
 class GraphFold:
-    """The final graph of an event stream, folded literally from DESIGN.md.
+    """The final graph of an event stream, folded literally from docs/design.md.
 
     A node exists from the first ``edge_upsert`` / ``node_upsert`` naming it
     until a ``node_delete``; ``edge_delete`` / ``node_delete`` never create a
@@ -140,7 +140,7 @@ def fold_jsonl(path: str | Path, limit: int | None = None) -> GraphFold:
 
 # ---------------------------------------------------------------------- sampling
 def rank(seed: int, v: str, u: str) -> int:
-    """``r(v, u)`` exactly as DESIGN.md writes it."""
+    """``r(v, u)`` exactly as docs/design.md writes it."""
     return int.from_bytes(blake2b(f"{seed}:{v}:{u}".encode(), digest_size=8).digest(), "big")
 
 

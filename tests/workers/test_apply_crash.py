@@ -27,7 +27,7 @@ from workers.cli import main
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
-OTC = DATA_DIR / "soc-sign-bitcoinotc.csv"
+OTC = DATA_DIR / "soc-sign-bitcoinotc.csv.gz"
 RATINGS = 2_400  # -> about 4,100 events with the derived node_upsert events
 TRIALS = 10
 BATCH = 50
@@ -77,9 +77,6 @@ def _export(capsys: pytest.CaptureFixture, state: Path, out: Path) -> dict[str, 
 
 def test_apply_resumes_exactly_after_sigkill(capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch,
                                              tmp_path_factory: pytest.TempPathFactory) -> None:
-    if not OTC.is_file():
-        pytest.fail(f"Bitcoin OTC data missing: expected {OTC} (SNAP soc-sign-bitcoinotc.csv, see "
-                    f"shared/data/README.md); the crash test replays it")
     monkeypatch.setenv("GNNSTREAM_NO_PROGRESS", "1")
     env = dict(os.environ, GNNSTREAM_NO_PROGRESS="1")
     gc.collect()

@@ -587,7 +587,7 @@ def test_the_page_log_compacts_during_a_stream_and_stays_exact(model_dirs: dict[
 
 
 def test_recreated_node_versions_keep_increasing(model_dirs: dict[str, Path], tmp_path: Path) -> None:
-    """DESIGN: version is per node strictly increasing and consumers keep the highest.
+    """docs/design.md: version is per node strictly increasing and consumers keep the highest.
 
     After node_delete (published as version n+1, mode deleted), a re-created node's
     first embedding must have a version above n+1, or consumers discard it.
@@ -609,7 +609,7 @@ def test_recreated_node_versions_keep_increasing(model_dirs: dict[str, Path], tm
 
 
 def test_edges_only_stream(model_dirs: dict[str, Path]) -> None:
-    """DESIGN: a node with edges but no features gets a zero vector, also when no node has features yet."""
+    """docs/design.md: a node with edges but no features gets a zero vector, also when no node has features yet."""
     batches = [[EdgeUpsert("a", "b", 1), EdgeUpsert("b", "c", 1), EdgeUpsert("c", "a", 2)],
                [NodeUpsert("a", 3, (1.0, 0.0, 0.5, -0.5))]]
     seen = run_stream(model_dirs["sage"], batches)

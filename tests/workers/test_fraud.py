@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import threading
 from pathlib import Path
@@ -13,17 +14,15 @@ from graph_state.store import GraphStore
 from model import load_model_dir
 from stream.kafka import EventConsumer, Producer, ensure_topics
 from stream.updates import EmbeddingUpdate, encode_update, tombstone
-from workers.datasets import read_snap, snap_events
+from workers.datasets import BITCOIN_OTC, read_snap, snap_events
 from workers.engine import Engine
 from workers.scorer import FraudScorer
 from workers.train import FraudHead, distrust_labels, load_head, roc_auc, train_fraud_model
 
-DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "soc-sign-bitcoinotc.csv"
+DATA = BITCOIN_OTC
 
 
 def _otc() -> Path:
-    if not DATA.exists():
-        pytest.fail(f"Bitcoin OTC data missing at {DATA}: the repository expects ../shared/data beside it")
     return DATA
 
 
@@ -48,7 +47,8 @@ def test_distrust_labels_average_received_ratings() -> None:
 
 def test_trained_model_is_servable_and_head_scores(tmp_path: Path) -> None:
     csv = tmp_path / "otc-head.csv"
-    csv.write_text("".join(line for _, line in zip(range(3000), _otc().open())))
+    with gzip.open(_otc(), "rt") as fh:
+        csv.write_text("".join(line for _, line in zip(range(3000), fh)))
     summary = train_fraud_model(csv, tmp_path / "model", epochs=40, hidden=16, out_dim=8, fanouts=(5, 3))
     assert summary["train_ratings"] == 2100 and summary["labelled"] > 100
     assert 0.5 < summary["train_auc"] <= 1.0

@@ -13,7 +13,7 @@ from model import init_model_dir
 from tests.workers.reference import DATA_DIR, gnnstream_command
 from workers.cli import main
 
-DATA = DATA_DIR / "soc-sign-bitcoinotc.csv"
+DATA = DATA_DIR / "soc-sign-bitcoinotc.csv.gz"
 
 
 def _run(*argv: object) -> subprocess.CompletedProcess:
@@ -23,8 +23,6 @@ def _run(*argv: object) -> subprocess.CompletedProcess:
 
 
 def test_full_otc_replay_in_three_runs_verifies(tmp_path: Path) -> None:
-    if not DATA.exists():
-        pytest.fail(f"Bitcoin OTC data missing at {DATA}: the repository expects ../shared/data beside it")
     events = tmp_path / "otc.jsonl"
     assert main(["events", "from-snap", str(DATA), "--out", str(events)]) == 0
     lines = events.read_bytes().splitlines(keepends=True)

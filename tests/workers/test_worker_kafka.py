@@ -40,10 +40,11 @@ from stream.clients import Record
 from stream.deadletter import DeadLetter
 from stream.events import EdgeUpsert, NodeUpsert, encode_event, event_key
 from stream.kafka import ensure_topics
+from workers.datasets import BITCOIN_OTC, read_snap, snap_events
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
-DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "soc-sign-bitcoinotc.csv"
+DATA = BITCOIN_OTC
 N_EVENTS = 3_000  # the first 3,000 events (edges plus derived node_upsert events)
 PARTITIONS = 4
 GNNSTREAM = Path(sys.executable).with_name("gnnstream")
@@ -53,10 +54,6 @@ JOIN_TIMEOUT_S = 90.0
 # ---------------------------------------------------------------------- workload
 @pytest.fixture(scope="module")
 def events() -> list:
-    if not DATA.is_file():
-        pytest.fail(f"Bitcoin OTC data missing: expected {DATA} (SNAP soc-sign-bitcoinotc.csv, see "
-                    f"shared/data/README.md)")
-    from workers.datasets import read_snap, snap_events
     evs = list(itertools.islice(snap_events(read_snap(DATA)[:N_EVENTS]), N_EVENTS))
     assert len(evs) == N_EVENTS
     return evs
