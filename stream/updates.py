@@ -41,14 +41,14 @@ node (and remembers the version if it wants to ignore late older updates).
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import struct
 from dataclasses import dataclass
-from typing import Any, Literal, Sequence, Union
+from typing import Literal, Sequence, Union
 
 import numpy as np
+import orjson
 
 from stream.exceptions import InvalidUpdate
 
@@ -57,6 +57,7 @@ __all__ = [
     "BINARY_MAGIC",
     "VERSION_HEADER",
     "encode_update",
+    "encode_updates",
     "decode_update",
     "update_key",
     "tombstone",
@@ -68,6 +69,7 @@ logger = logging.getLogger(__name__)
 BINARY_MAGIC = 0xE1
 VERSION_HEADER = "gnnstream.version"
 _HEADER = struct.Struct(">BQddIHHB")
+_NUMBER_TYPES = frozenset((int, float))
 _JSON_KEYS = ("id", "model", "version", "embedding", "event_ts", "computed_at", "mode")
 
 Embedding = Union[Sequence[float], np.ndarray]
@@ -126,6 +128,70 @@ def _number_json(value: float) -> int | float:
     return int(value) if float(value).is_integer() and abs(value) < 2**53 else float(value)
 
 
+def _json_values(values: np.ndarray) -> np.ndarray:
+    """Rows as orjson serialises them: float32 stays float32 (shortest repr that reads back to the same
+    float32), anything else becomes float64."""
+    dtype = np.float32 if values.dtype == np.float32 else np.float64
+    return np.ascontiguousarray(values, dtype=dtype)
+
+
+def encode_updates(ids: Sequence[str], model: str, versions: Sequence[int], event_ts: Sequence[float],
+                   computed_at: float, modes: Sequence[str], rows: np.ndarray,
+                   fmt: Literal["json", "binary"] = "json") -> list[bytes]:
+    """Serialise the updates of many nodes at once (the publisher's path).
+
+    Args:
+        ids: node ids.
+        model: ``name:version`` of the model, the same for every update.
+        versions: per-node versions.
+        event_ts: per-node latest event times.
+        computed_at: when the rows were computed, the same for every update.
+        modes: per-node modes.
+        rows: ``(len(ids), dim)`` embeddings, float32 or float64.
+        fmt: ``"json"`` (default) or ``"binary"``.
+
+    Returns:
+        One message value per node, equal to :func:`encode_update` of each.
+
+    Raises:
+        ValueError: unknown ``fmt``, mismatched lengths, non-finite values,
+            or fields too long for the binary header.
+    """
+    rows = np.asarray(rows)
+    n = len(ids)
+    if rows.ndim != 2 or rows.shape[0] != n or not len(versions) == len(event_ts) == len(modes) == n:
+        raise ValueError(f"Expected {n} versions, event times, modes and rows (got {len(versions)}, "
+                         f"{len(event_ts)}, {len(modes)} and shape {rows.shape})")
+    if fmt not in ("json", "binary"):
+        raise ValueError(f"Expected fmt 'json' or 'binary' (got {fmt!r})")
+    times = np.asarray(event_ts, dtype=np.float64)
+    if not (np.isfinite(rows).all() and np.isfinite(times).all() and math.isfinite(computed_at)):
+        bad = [ids[i] for i in np.flatnonzero(~np.isfinite(rows).all(axis=1) | ~np.isfinite(times))[:3]]
+        raise ValueError(f"Expected finite embeddings and timestamps (got non-finite values for nodes {bad})")
+    if fmt == "json":
+        values = _json_values(rows)
+        computed = _number_json(computed_at)
+        dumps, option = orjson.dumps, orjson.OPT_SERIALIZE_NUMPY
+        return [dumps({"id": node, "model": model, "version": int(version), "embedding": row,
+                       "event_ts": _number_json(ts), "computed_at": computed, "mode": mode}, option=option)
+                for node, version, row, ts, mode in zip(ids, versions, values, times.tolist(), modes)]
+    values = np.ascontiguousarray(rows, dtype="<f4")
+    model_b = model.encode("utf-8")
+    dim = values.shape[1]
+    if len(model_b) > 0xFFFF or dim > 0xFFFFFFFF:
+        raise ValueError(f"Expected a model name < 64 KiB and at most 2**32 - 1 values (got {model!r}, {dim})")
+    out = []
+    pack = _HEADER.pack
+    for node, version, row, ts, mode in zip(ids, versions, values, times.tolist(), modes):
+        node_b, mode_b = node.encode("utf-8"), mode.encode("utf-8")
+        if len(node_b) > 0xFFFF or len(mode_b) > 0xFF:
+            raise ValueError(f"Expected id < 64 KiB and mode < 256 bytes (node {node!r})")
+        header = pack(BINARY_MAGIC, int(version), ts, float(computed_at), dim, len(node_b), len(model_b),
+                      len(mode_b))
+        out.append(b"".join((header, node_b, model_b, mode_b, row.tobytes())))
+    return out
+
+
 def encode_update(update: EmbeddingUpdate, fmt: Literal["json", "binary"] = "json") -> bytes:
     """Serialise an update.
 
@@ -140,25 +206,11 @@ def encode_update(update: EmbeddingUpdate, fmt: Literal["json", "binary"] = "jso
         ValueError: unknown ``fmt``, non-finite values, or fields too long
             for the binary header.
     """
-    values = np.asarray(update.embedding, dtype=np.float64 if fmt == "json" else "<f4")
-    if not np.all(np.isfinite(values)) or not (math.isfinite(update.event_ts)
-                                               and math.isfinite(update.computed_at)):
-        raise ValueError(f"Expected finite embedding and timestamps (got non-finite values for node {update.id!r})")
-    if fmt == "json":
-        obj: dict[str, Any] = {
-            "id": update.id, "model": update.model, "version": int(update.version),
-            "embedding": values.tolist(), "event_ts": _number_json(update.event_ts),
-            "computed_at": _number_json(update.computed_at), "mode": update.mode,
-        }
-        return json.dumps(obj, separators=(",", ":"), allow_nan=False).encode("utf-8")
-    if fmt != "binary":
-        raise ValueError(f"Expected fmt 'json' or 'binary' (got {fmt!r})")
-    node_id, model, mode = (s.encode("utf-8") for s in (update.id, update.model, update.mode))
-    if len(node_id) > 0xFFFF or len(model) > 0xFFFF or len(mode) > 0xFF or len(values) > 0xFFFFFFFF:
-        raise ValueError(f"Expected id/model < 64 KiB and mode < 256 bytes (node {update.id!r})")
-    header = _HEADER.pack(BINARY_MAGIC, int(update.version), float(update.event_ts),
-                          float(update.computed_at), len(values), len(node_id), len(model), len(mode))
-    return b"".join((header, node_id, model, mode, values.tobytes()))
+    values = np.asarray(update.embedding)
+    if values.dtype != np.float32:
+        values = values.astype(np.float64)
+    return encode_updates([update.id], update.model, [update.version], [update.event_ts], update.computed_at,
+                          [update.mode], values.reshape(1, -1), fmt)[0]
 
 
 def _decode_binary(data: bytes) -> EmbeddingUpdate:
@@ -183,8 +235,8 @@ def _decode_binary(data: bytes) -> EmbeddingUpdate:
 
 def _decode_json(data: bytes) -> EmbeddingUpdate:
     try:
-        obj = json.loads(data)
-    except (ValueError, RecursionError) as exc:
+        obj = orjson.loads(data)
+    except (orjson.JSONDecodeError, RecursionError) as exc:
         raise InvalidUpdate("not_json", str(exc)[:200]) from None
     if not isinstance(obj, dict):
         raise InvalidUpdate("not_object", f"expected a JSON object (got {type(obj).__name__})")
@@ -192,12 +244,12 @@ def _decode_json(data: bytes) -> EmbeddingUpdate:
     if missing:
         raise InvalidUpdate("missing_field", f"update needs {', '.join(missing)}")
     embedding = obj["embedding"]
-    numbers = (obj["event_ts"], obj["computed_at"], *embedding) if isinstance(embedding, list) else ()
-    if not isinstance(embedding, list) or any(
-            isinstance(x, bool) or not isinstance(x, (int, float)) for x in numbers):
+    # the set of element types, built in C: a bool is an int subclass but its type is bool
+    if not isinstance(embedding, list) or not set(map(type, embedding)) <= _NUMBER_TYPES \
+            or type(obj["event_ts"]) not in _NUMBER_TYPES or type(obj["computed_at"]) not in _NUMBER_TYPES:
         raise InvalidUpdate("bad_type", "embedding must be a list of numbers and the timestamps numbers")
     try:
-        return EmbeddingUpdate(obj["id"], obj["model"], obj["version"], tuple(float(x) for x in embedding),
+        return EmbeddingUpdate(obj["id"], obj["model"], obj["version"], tuple(map(float, embedding)),
                                float(obj["event_ts"]), float(obj["computed_at"]), obj["mode"])
     except (ValueError, OverflowError) as exc:
         raise InvalidUpdate("bad_field", str(exc)) from None

@@ -17,6 +17,7 @@ from stream.updates import (
     EmbeddingUpdate,
     decode_update,
     encode_update,
+    encode_updates,
     is_tombstone,
     tombstone,
     update_key,
@@ -40,11 +41,43 @@ def test_json_is_exactly_the_documented_shape() -> None:
 def test_json_round_trip_from_float32_array_is_exact() -> None:
     values = np.array([0.1, -2.5, 1e-8, 3.4e38], dtype=np.float32)
     update = make(embedding=values, mode="cold_start", event_ts=12.5)
-    back = decode_update(encode_update(update))
-    assert back == update
+    data = encode_update(update)
+    # float32 rows go out as the shortest decimal that reads back to the same float32
+    assert b'"embedding":[0.1,-2.5,1e-8,3.4e+38]' in data
+    back = decode_update(data)
     assert isinstance(back.embedding, tuple)
     assert np.array_equal(np.asarray(back.embedding, dtype=np.float32), values)
     assert (back.mode, back.event_ts, back.version) == ("cold_start", 12.5, 7)
+
+
+@pytest.mark.parametrize("fmt", ["json", "binary"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_batch_encoding_equals_one_at_a_time(fmt: str, dtype: type) -> None:
+    rng = np.random.default_rng(3)
+    rows = rng.standard_normal((5, 7)).astype(dtype)
+    ids, versions = ["a", "b", "ß", "d", "e"], [1, 2, 3, 2**40, 0]
+    times, modes = [1.0, 2.5, 1700000000.0, 3.0, 0.0], ["full", "cold_start", "full", "feature_only", "full"]
+    batch = encode_updates(ids, "m:1", versions, times, 99.5, modes, rows, fmt)
+    single = [encode_update(EmbeddingUpdate(i, "m:1", v, r, t, 99.5, m), fmt)
+              for i, v, r, t, m in zip(ids, versions, rows, times, modes)]
+    assert batch == single
+    back = [decode_update(b) for b in batch]
+    assert [u.id for u in back] == ids and [u.version for u in back] == versions
+    assert [u.mode for u in back] == modes and [u.event_ts for u in back] == times
+    expected = rows.astype(np.float32) if fmt == "binary" else rows
+    assert np.array_equal(np.array([np.asarray(u.embedding, dtype=rows.dtype) for u in back]),
+                          expected.astype(rows.dtype))
+
+
+def test_batch_encoding_refuses_non_finite_rows_and_mismatched_lengths() -> None:
+    rows = np.ones((2, 3), dtype=np.float32)
+    rows[1, 2] = np.nan
+    with pytest.raises(ValueError, match="non-finite values for nodes \\['b'\\]"):
+        encode_updates(["a", "b"], "m:1", [1, 1], [0.0, 0.0], 1.0, ["full", "full"], rows)
+    with pytest.raises(ValueError, match="Expected 2 versions"):
+        encode_updates(["a", "b"], "m:1", [1], [0.0, 0.0], 1.0, ["full", "full"], np.ones((2, 3)))
+    with pytest.raises(ValueError, match="fmt"):
+        encode_updates(["a"], "m:1", [1], [0.0], 1.0, ["full"], np.ones((1, 3)), "xml")
 
 
 def test_binary_round_trip_and_layout() -> None:
