@@ -20,6 +20,7 @@ import json
 import logging
 import math
 import os
+import re
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -30,7 +31,7 @@ from rocksdict import BlockBasedOptions, Cache, DBCompressionType, Options, Rdic
 
 from graph_state import keys
 from graph_state.idsets import unique_ids
-from graph_state.exceptions import OffsetRegressionError, StoreConfigError, StoreLockedError
+from graph_state.exceptions import OffsetRegressionError, StateCorrupted, StoreConfigError, StoreLockedError
 from graph_state.sampler import check_fanout, seeded_rank_bytes
 
 try:  # the per-event update compiled (built by ``pip install``); the interpreted loop below does the same
@@ -38,7 +39,8 @@ try:  # the per-event update compiled (built by ``pip install``); the interprete
 except ImportError:  # pragma: no cover - only without a C compiler at install time
     _eventloop = None
 
-__all__ = ["GraphStore", "ApplyResult", "grow_columns", "DIRTY_INPUT", "DIRTY_SAMPLE", "DIRTY_COUNT", "DIRTY_DEGREE"]
+__all__ = ["GraphStore", "ApplyResult", "Family", "grow_columns", "check_iterator", "state_corrupted", "is_corruption",
+           "REMEDY", "MANIFEST_RECORD", "DIRTY_INPUT", "DIRTY_SAMPLE", "DIRTY_COUNT", "DIRTY_DEGREE"]
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +66,180 @@ _F32_MAX = float(np.finfo(np.float32).max)
 _PLAIN_NUMBERS = {float, int}
 _PACK_U64 = keys.U64.pack
 _UNREAD = object()  # a node record not read yet (``_nodes`` holds None for an absent node)
+
+
+# ---------------------------------------------------------------------- damage
+REMEDY = ("restore a snapshot of the state directory, or rebuild it with `gnnstream graph load` and "
+          "`gnnstream backfill`")
+"""What to do about a damaged state, as every :class:`StateCorrupted` message says."""
+MANIFEST_RECORD = "gnnstream-manifest.json"
+"""The file in a state directory recording the name and size of the MANIFEST a clean close left."""
+_DAMAGED_FILE = re.compile(r"[^\s:'\"()]*(?:\d+\.(?:sst|log|blob)|MANIFEST-\d+|CURRENT)")
+
+
+def state_corrupted(path: str, error: BaseException | str) -> StateCorrupted:
+    """The one-line error for the damaged state ``path``, naming the file RocksDB's ``error`` names."""
+    detail = " ".join(str(error).split())
+    found = _DAMAGED_FILE.search(detail)
+    where = f": {found.group(0)} is damaged" if found else " is damaged"
+    return StateCorrupted(f"state {path!r}{where} (RocksDB: {detail}); {REMEDY}")
+
+
+def is_corruption(error: BaseException) -> bool:
+    """Whether a rocksdict error (a plain ``Exception``) is RocksDB's report of damaged files."""
+    return str(error).startswith("Corruption")
+
+
+def check_iterator(it: Any, path: str) -> None:
+    """Raise :class:`StateCorrupted` if the RocksDB iterator ``it`` stopped on an error (call it once
+    ``it.valid()`` is False: an iterator that meets a damaged block just becomes invalid)."""
+    try:
+        it.status()
+    except Exception as exc:  # rocksdict raises plain Exception
+        raise state_corrupted(path, exc) from exc
+
+
+def _positioned(view: Rdict, from_key: bytes | None, backwards: bool, read_opt: Any) -> Any:
+    it = view.iter() if read_opt is None else view.iter(read_opt)
+    if from_key is None:
+        it.seek_to_last() if backwards else it.seek_to_first()
+    elif backwards:
+        it.seek_for_prev(from_key)
+    else:
+        it.seek(from_key)
+    return it
+
+
+def _scan_items(it: Any, backwards: bool, path: str) -> Iterator[tuple[bytes, bytes]]:
+    valid, key, value, step = it.valid, it.key, it.value, it.prev if backwards else it.next
+    while valid():
+        yield key(), value()
+        step()
+    check_iterator(it, path)
+
+
+def _scan_keys(it: Any, backwards: bool, path: str) -> Iterator[bytes]:
+    valid, key, step = it.valid, it.key, it.prev if backwards else it.next
+    while valid():
+        yield key()
+        step()
+    check_iterator(it, path)
+
+
+def _scan_values(it: Any, backwards: bool, path: str) -> Iterator[bytes]:
+    valid, value, step = it.valid, it.value, it.prev if backwards else it.next
+    while valid():
+        yield value()
+        step()
+    check_iterator(it, path)
+
+
+class Family:
+    """One column family of a :class:`GraphStore`, as :meth:`GraphStore.column` hands it out.
+
+    Scans (:meth:`items`, :meth:`keys`, :meth:`values`, with rocksdict's
+    arguments) check the iterator's status when it runs out, so a damaged
+    block raises :class:`StateCorrupted` instead of ending the scan early.
+    Point reads and writes (``get``, ``put``, ``delete``, ``delete_range``)
+    are the rocksdict view's own methods, with no call in between (a point
+    read of a damaged block raises by itself); ``iter()`` is the view's raw
+    iterator, which its user checks with :func:`check_iterator`. Anything
+    else goes to the view.
+    """
+
+    def __init__(self, view: Rdict, path: str):
+        self.view = view
+        self.path = path
+        self.get, self.put, self.delete, self.delete_range = view.get, view.put, view.delete, view.delete_range
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "view":  # not set yet (or any more): no recursion
+            raise AttributeError(name)
+        return getattr(self.view, name)
+
+    def __getitem__(self, key: bytes) -> Any:
+        return self.view[key]
+
+    def __setitem__(self, key: bytes, value: bytes) -> None:
+        self.view[key] = value
+
+    def __delitem__(self, key: bytes) -> None:
+        del self.view[key]
+
+    def __contains__(self, key: bytes) -> bool:
+        return key in self.view
+
+    def items(self, backwards: bool = False, from_key: bytes | None = None,
+              read_opt: Any = None) -> Iterator[tuple[bytes, bytes]]:
+        """``(key, value)`` in key order (reversed with ``backwards``), from ``from_key`` when given."""
+        return _scan_items(_positioned(self.view, from_key, backwards, read_opt), backwards, self.path)
+
+    def keys(self, backwards: bool = False, from_key: bytes | None = None, read_opt: Any = None) -> Iterator[bytes]:
+        """The keys, as :meth:`items`."""
+        return _scan_keys(_positioned(self.view, from_key, backwards, read_opt), backwards, self.path)
+
+    def values(self, backwards: bool = False, from_key: bytes | None = None,
+               read_opt: Any = None) -> Iterator[bytes]:
+        """The values, as :meth:`items`."""
+        return _scan_values(_positioned(self.view, from_key, backwards, read_opt), backwards, self.path)
+
+    def __iter__(self) -> Iterator[bytes]:
+        return self.keys()
+
+
+def _check_manifest(path: str) -> None:
+    """Refuse a state whose MANIFEST is shorter than its last clean close left it (:data:`MANIFEST_RECORD`),
+    or whose table files are there without the CURRENT file naming their MANIFEST, before RocksDB opens it
+    (and deletes the table files it no longer knows)."""
+    try:
+        with open(os.path.join(path, "CURRENT")) as fh:
+            current = fh.read().strip()
+    except FileNotFoundError:
+        try:
+            entries = list(os.scandir(path))
+        except OSError:
+            return  # a new state (or not a directory: RocksDB says so)
+        # RocksDB writes CURRENT before any table file or write-ahead log record: without it, it would start
+        # an empty state here and delete these
+        if any(e.name.endswith(".sst") or (e.name.endswith(".log") and e.stat().st_size) for e in entries):
+            raise StateCorrupted(f"state {path!r}: {os.path.join(path, 'CURRENT')} is missing, beside the "
+                                 f"state's table files; {REMEDY}") from None
+        return
+    except OSError:
+        return  # RocksDB reports what it cannot read
+    try:
+        with open(os.path.join(path, MANIFEST_RECORD)) as fh:
+            record = json.load(fh)
+        name, size = record["manifest"], int(record["bytes"])
+        now = os.path.getsize(os.path.join(path, name))
+    except (OSError, ValueError, KeyError, TypeError):
+        return  # no record (an older state, or a crash before the last close), or another MANIFEST by now
+    if name == current and now < size:
+        raise StateCorrupted(f"state {path!r}: {os.path.join(path, name)} is damaged (cut to {now} bytes; the "
+                             f"state's last close left {size}); {REMEDY}")
+
+
+def _record_manifest(path: str) -> None:
+    """Write :data:`MANIFEST_RECORD` for the MANIFEST a close left (only when it changed, so a session that
+    wrote nothing leaves the directory as it was)."""
+    target = os.path.join(path, MANIFEST_RECORD)
+    try:
+        with open(os.path.join(path, "CURRENT")) as fh:
+            current = fh.read().strip()
+        record = {"manifest": current, "bytes": os.path.getsize(os.path.join(path, current))}
+        try:
+            with open(target) as fh:
+                if json.load(fh) == record:
+                    return
+        except (OSError, ValueError):
+            pass
+        tmp = target + ".tmp"
+        with open(tmp, "w") as fh:
+            json.dump(record, fh)
+        os.replace(tmp, target)
+    except OSError as exc:
+        logger.warning("state %s: could not record the size of its MANIFEST (%s); a MANIFEST cut short "
+                       "later will not be noticed at open", path, exc)
 
 
 def _finite_features(feats: Sequence[Any]) -> bool:
@@ -451,6 +627,7 @@ class GraphStore:
         self.path = os.fspath(path)
         self._db = self._open(self.path, lock_timeout)
         self._cf = {name: self._db.get_column_family(name) for name in keys.COLUMN_FAMILIES}
+        self._families = {name: Family(view, self.path) for name, view in self._cf.items()}  # checked scans
         self._handles = {name: self._db.get_column_family_handle(name) for name in keys.COLUMN_FAMILIES}
         self._write_opts = WriteOptions()
         self._cache_nodes = cache_nodes
@@ -480,9 +657,18 @@ class GraphStore:
     # ------------------------------------------------------------------ open/close
     @staticmethod
     def _open(path: str, lock_timeout: float) -> Rdict:
+        """Open (or create) the database, waiting up to ``lock_timeout`` for another process's lock.
+
+        Raises:
+            StateCorrupted: RocksDB finds the MANIFEST (or a table file it names) damaged or missing, or
+                the MANIFEST is shorter than the last close left it.
+            StoreLockedError: the lock was not released in time.
+        """
+        _check_manifest(path)
         opts = Options(raw_mode=True)
         opts.create_if_missing(True)
         opts.create_missing_column_families(True)
+        opts.set_paranoid_checks(True)  # RocksDB's default, relied on: damage found at open or in the background is an error
         cache = Cache(_BLOCK_CACHE_BYTES)
         cfs = {name: GraphStore._family_options(cache, name) for name in keys.COLUMN_FAMILIES}
         deadline = time.monotonic() + lock_timeout
@@ -490,7 +676,10 @@ class GraphStore:
             try:
                 return Rdict(path, options=opts, column_families=cfs)
             except Exception as exc:  # rocksdict raises plain Exception
-                if "lock" not in str(exc).lower():
+                message = str(exc)
+                if is_corruption(exc) or ("No such file" in message and "MANIFEST-" in message):
+                    raise state_corrupted(path, exc) from exc
+                if "lock" not in message.lower():
                     raise
                 if time.monotonic() >= deadline:
                     raise StoreLockedError(
@@ -527,9 +716,11 @@ class GraphStore:
         # Column-family handles and views keep the native database (and its
         # lock) alive until they are dropped.
         self._cf.clear()
+        self._families.clear()
         self._handles.clear()
         self._db = None
         gc.collect()
+        _record_manifest(self.path)
 
     def __enter__(self) -> "GraphStore":
         return self
@@ -642,7 +833,7 @@ class GraphStore:
         if room <= 0:
             return read
         known, names, decode = self._iid, self._name, keys.decode_iid
-        for key, raw in self._cf["ids"].items():
+        for key, raw in self._families["ids"].items():
             name = key.decode()
             if name not in known:
                 iid = decode(raw)
@@ -724,6 +915,8 @@ class GraphStore:
                         ai += 1
                     yield key, keys.decode_iid(it.value())
                 it.next()
+            else:  # the end of the family, or a read error
+                check_iterator(it, self.path)
         finally:
             del it
         yield from added[ai:]
@@ -870,8 +1063,10 @@ class GraphStore:
             result.rows_written = batch.wb.len()
             self._db.write(batch.wb, self._write_opts)
             t = result.lap("write", t)
-        except BaseException:
+        except BaseException as exc:
             self._invalidate_caches()
+            if is_corruption(exc):  # a read of a damaged block, or RocksDB refusing writes after one
+                raise state_corrupted(self.path, exc) from exc
             raise
         finally:
             self._batch = None
@@ -1227,7 +1422,7 @@ class GraphStore:
     # ------------------------------------------------------------------ reads by iid
     def node_iids(self) -> Iterator[int]:
         """Interned ids of every existing node, in id order."""
-        for key in self._cf["nodes"].keys():
+        for key in self._families["nodes"].keys():
             yield keys.decode_iid(key)
 
     def exists_iid(self, iid: int) -> bool:
@@ -1325,7 +1520,11 @@ class GraphStore:
         if self._delta_seq is None:
             it = self._cf["sampled"].iter()
             it.seek_for_prev(keys.SAMPLED_DELTA_PREFIX + b"\xff" * 8)
-            last = it.key() if it.valid() else None
+            if it.valid():
+                last = it.key()
+            else:
+                last = None
+                check_iterator(it, self.path)
             del it
             self._delta_seq = (keys.decode_iid(last[2:]) + 1
                                if last is not None and len(last) == 10 and last.startswith(keys.SAMPLED_DELTA_PREFIX) else 0)
@@ -1350,7 +1549,7 @@ class GraphStore:
         legacy: list[bytes] = []
         deltas: list[np.ndarray] = []  # in key order, which is batch order
         seq = -1
-        for key, value in self._cf["sampled"].items():
+        for key, value in self._families["sampled"].items():
             if len(key) == 8 and key.startswith(keys.SAMPLED_SNAPSHOT_PREFIX):
                 snapshot[int.from_bytes(key[2:4], "big")].append(np.frombuffer(value, dtype="<i8"))
             elif len(key) == 10 and key.startswith(keys.SAMPLED_DELTA_PREFIX):
@@ -1474,17 +1673,17 @@ class GraphStore:
             yield self.name(iid)
 
     def edges(self) -> Iterator[tuple[str, str, float, float]]:
-        for key, raw in self._cf["edges"].items():
+        for key, raw in self._families["edges"].items():
             s, d = keys.decode_edge_key(key)
             w, ts = keys.EDGE_RECORD.unpack(raw)
             yield self.name(s), self.name(d), w, ts
 
     def num_nodes(self) -> int:
-        return sum(1 for _ in self._cf["nodes"].keys())
+        return sum(1 for _ in self._families["nodes"].keys())
 
     def offsets(self) -> dict[tuple[str, int], int]:
         """Stored next offsets per ``(topic, partition)``."""
-        return {keys.decode_offset_key(k): keys.U64.unpack(v)[0] for k, v in self._cf["offsets"].items()}
+        return {keys.decode_offset_key(k): keys.U64.unpack(v)[0] for k, v in self._families["offsets"].items()}
 
     # ------------------------------------------------------------------ raw access for the engine
     def _mark_state(self) -> _Marks:
@@ -1492,7 +1691,7 @@ class GraphStore:
         :meth:`apply` and :meth:`write`)."""
         if self._marks is None:
             state = _Marks()
-            for key, value in self._cf["dirty"].items():
+            for key, value in self._families["dirty"].items():
                 state.add_stored(key, value)
             self._marks = state
         return self._marks
@@ -1518,9 +1717,10 @@ class GraphStore:
         key, value = self._mark_block(_combine(tags, iids), np.asarray(flags, dtype=np.uint8))
         return "dirty", key, value
 
-    def column(self, name: str) -> Rdict:
-        """The column-family view ``name`` (engine-owned families: dirty, emb, embmeta, embpages, outbox)."""
-        return self._cf[name]
+    def column(self, name: str) -> Family:
+        """The column family ``name`` (engine-owned families: dirty, emb, embmeta, embpages, layerpages, outbox),
+        with scans that raise :class:`StateCorrupted` on a read error (:class:`Family`)."""
+        return self._families[name]
 
     def write(self, puts: Iterable[tuple[str, bytes, bytes | None]], clear: Sequence[str] = ()) -> int:
         """Write ``(family, key, value-or-None-to-delete)`` triples in one WriteBatch.
@@ -1548,8 +1748,10 @@ class GraphStore:
         rows = wb.len()
         try:
             self._db.write(wb, self._write_opts)
-        except BaseException:
+        except BaseException as exc:
             self._marks = None
+            if is_corruption(exc):  # RocksDB stops writing once a flush or compaction met a damaged file
+                raise state_corrupted(self.path, exc) from exc
             raise
         state = self._marks
         if state is not None:

@@ -219,17 +219,29 @@ class Engine:
         self._mode_of: dict[int, int] = {}  # mode code by degree * 2 + has features (the policy is fixed)
         raw = store.column("meta").get(_OUTBOX_SEQ)
         self._seq = 0 if raw is None else keys.decode_iid(raw)
+        # by layer, nodes whose stored rows failed their check: the next recompute writes them whatever it finds
+        self._damaged: dict[int, np.ndarray] = {}
         if not self.needs_backfill():  # a backfill rewrites every row anyway
             self._mark_damaged_rows()
 
     def _mark_damaged_rows(self) -> None:
         """Dirty marks for the nodes whose stored rows fail their check (:meth:`MetaTable.damaged`), so the
-        next recompute computes them again (and propagates what really changed)."""
+        next recompute computes them again (and propagates what really changed).
+
+        That recompute writes their rows even where the value it computes
+        matches the one read back: a damaged row may be NaN (which compares
+        as no move) or garbage within the tolerance, and the damaged frame
+        may hold the node's row intact beside other records' garbage (a
+        superseded slot, say). Only rewriting every record of the page
+        moves them all to a sound frame and retires the damaged one.
+        """
         tags, nodes = [], []
         for layer, log in self.logs.items():
             bad = log.damaged()
             tags.append(np.full(len(bad), self.fanouts[layer - 1], dtype=np.int64))
             nodes.append(bad)
+            if len(bad):
+                self._damaged[layer] = bad
         count = sum(len(n) for n in nodes)
         if count:
             self.store.write([self.store.mark_put(np.concatenate(tags), np.concatenate(nodes),
@@ -375,6 +387,7 @@ class Engine:
         self._commit(puts + [put for log in self.logs.values() for put in log.compact()])
         self.store.column("meta").put(b"model", self.binding.encode())
         self.store.write((), clear=("dirty", "emb"))  # emb: where older layouts kept h^l
+        self._damaged = {}  # every row was written
         self._drop_unused_rows()
         stats.seconds = time.perf_counter() - t0
         return stats
@@ -598,6 +611,8 @@ class Engine:
             stats.sampled_neighbours += sampled
             t = stats.lap("compute", t)
             diff = self._moved(layer + 1, targets, rows)
+            if self._damaged:
+                diff |= self._rewrite(layer + 1, targets)
             moved, moved_rows = (targets, rows) if diff.all() else (targets[diff], rows[diff])
             self.tables.set(layer + 1, moved, moved_rows)
             self.tables.set(layer + 1, gone, None)
@@ -637,10 +652,16 @@ class Engine:
         t = stats.lap("outputs", t)
         # every mark was read above and nothing applies events meanwhile: clear them all at once
         stats.rows_written = self._commit(puts, clear=("dirty",))
+        self._damaged = {}  # their marks were among those: their rows are written
         stats.lap("write", t)
         stats.seconds = time.perf_counter() - t0
         stats.fanout_capped, self._capped = self._capped, 0
         return stats
+
+    def _rewrite(self, layer: int, targets: np.ndarray) -> np.ndarray:
+        """Which ``targets`` have damaged rows at ``layer`` (:meth:`_mark_damaged_rows`): written in any case."""
+        bad = self._damaged.get(layer)
+        return np.zeros(len(targets), dtype=bool) if bad is None else np.isin(targets, bad)
 
     def _commit(self, puts: list, clear: tuple[str, ...] = ()) -> int:
         """Write ``puts`` in one WriteBatch (its callers run under :meth:`_forgetting_on_failure`)."""

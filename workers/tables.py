@@ -437,7 +437,12 @@ class MetaTable:
         return self.prefix + keys.encode_iid(seq)
 
     def _pages(self) -> Iterator[tuple[int, bytes]]:
-        """``(seq, value)`` of every stored page of this log, in page order."""
+        """``(seq, value)`` of every stored page of this log, in page order.
+
+        The scan is the store's checked one (:class:`graph_state.store.Family`): a damaged block of the
+        page records raises :class:`~graph_state.exceptions.StateCorrupted` instead of ending the log
+        early, which would leave every later node without its embedding.
+        """
         at = len(self.prefix)
         for key, raw in self.store.column(self.family).items(from_key=self.prefix):
             if not key.startswith(self.prefix):
