@@ -1,16 +1,23 @@
 """The ``gnnstream`` command line.
 
 Every command prints a JSON summary on stdout (progress goes to stderr), so
-it can be scripted; ``gnnstream COMMAND --help`` explains each option.
+it can be scripted; ``gnnstream COMMAND --help`` explains each option. An
+error is one line on stderr, ``gnnstream: error: ...``, naming what failed
+and what to do, with exit status 2 (``-v`` shows the traceback instead).
+Files given with ``--out`` are replaced whole or not at all.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import logging
+import os
 import sys
-from typing import Any, Callable, Sequence
+import tempfile
+from contextlib import contextmanager
+from typing import IO, Any, Callable, Iterator, Sequence
 
 from workers.heap import tune_collector
 
@@ -30,19 +37,55 @@ def _fanouts(text: str) -> list[int]:
 
 
 def _print(obj: Any) -> None:
-    print(json.dumps(obj, indent=2))
+    print(json.dumps(obj, indent=2, allow_nan=False))
+
+
+@contextmanager
+def _atomic_out(path: str, mode: str = "w") -> Iterator[IO[Any]]:
+    """A file that replaces ``path`` only once everything was written: a temporary file in the same
+    directory, renamed over ``path`` at the end (removed if anything fails, leaving ``path`` as it was)."""
+    target = os.path.realpath(path)
+    if os.path.isdir(target):
+        raise IsADirectoryError(errno.EISDIR, "--out is a directory; name a file", path)
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(target), prefix=f".{os.path.basename(target)}.", suffix=".tmp")
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)  # what open() would have created
+        with os.fdopen(fd, mode) as fh:
+            yield fh
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def _warn_invalid(summary: dict[str, Any], events: str) -> None:
+    if summary.get("invalid"):
+        reasons = ", ".join(f"{reason} {n}" for reason, n in summary["invalid_reasons"].items())
+        where = f"; line numbers in {summary['report']}" if summary.get("report") else ""
+        print(f"gnnstream: warning: skipped {summary['invalid']} invalid lines of {events} ({reasons}){where}",
+              file=sys.stderr)
 
 
 # ---------------------------------------------------------------------- handlers
 def _graph_load(args: argparse.Namespace) -> int:
     from workers.offline import load_events
-    _print(load_events(args.state, args.events, seed=args.seed, batch=args.batch))
+    summary = load_events(args.state, args.events, seed=args.seed, model_dir=args.model, batch=args.batch,
+                          report=args.report, dead_letters=args.dead_letters)
+    _print(summary)
+    _warn_invalid(summary, args.events)
     return 0
 
 
 def _graph_show(args: argparse.Namespace) -> int:
-    from graph_state.store import GraphStore
-    with GraphStore(args.state) as store:
+    from workers.offline import open_store
+    with open_store(args.state, create=False, read_only=True) as store:
         if not store.exists(args.node):
             print(f"node {args.node!r} does not exist in {args.state}", file=sys.stderr)
             return 1
@@ -82,7 +125,7 @@ def _embeddings(args: argparse.Namespace) -> int:
     if args.out == "-":
         count = export_embeddings(args.state, sys.stdout)
     else:
-        with open(args.out, "w") as fh:
+        with _atomic_out(args.out) as fh:
             count = export_embeddings(args.state, fh)
     print(json.dumps({"embeddings": count, "out": args.out}), file=sys.stderr)
     return 0
@@ -90,15 +133,18 @@ def _embeddings(args: argparse.Namespace) -> int:
 
 def _apply(args: argparse.Namespace) -> int:
     from workers.offline import apply_events
-    _print(apply_events(args.state, args.model, args.events, batch=args.batch, seed=args.seed, hub_bound=args.hub_bound))
+    summary = apply_events(args.state, args.model, args.events, batch=args.batch, seed=args.seed,
+                           hub_bound=args.hub_bound, report=args.report, dead_letters=args.dead_letters)
+    _print(summary)
+    _warn_invalid(summary, args.events)
     return 0
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from workers.offline import verify
+    from workers.offline import VERIFY_EXIT, verify
     summary = verify(args.state, args.model, atol=args.atol)
     _print(summary)
-    return 0 if summary["ok"] else 1
+    return VERIFY_EXIT[summary["status"]]
 
 
 def _events_from_snap(args: argparse.Namespace) -> int:
@@ -108,7 +154,7 @@ def _events_from_snap(args: argparse.Namespace) -> int:
     if args.limit:
         rows = rows[: args.limit]
     count = 0
-    with open(args.out, "wb") as fh:
+    with _atomic_out(args.out, "wb") as fh:
         for ev in snap_events(rows, with_features=not args.no_features):
             fh.write(encode_event(ev) + b"\n")
             count += 1
@@ -167,6 +213,16 @@ def _state_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--state", required=True, metavar="DIR", help="graph state directory (RocksDB)")
 
 
+def _invalid_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--report", default=None, metavar="FILE.jsonl",
+                   help="where the skipped lines are listed, one JSON object each with file, line, reason and "
+                        "detail (default: STATE/invalid-NAME.jsonl for EVENTS file NAME.jsonl, written only "
+                        "when a line is skipped)")
+    p.add_argument("--dead-letters", default=None, metavar="FILE.jsonl",
+                   help="also append each skipped line to this JSONL file: the line itself (value, or "
+                        "value_base64 when not UTF-8) with file, line, reason and detail")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gnnstream",
@@ -178,13 +234,21 @@ def build_parser() -> argparse.ArgumentParser:
 
     graph = sub.add_parser("graph", help="load and inspect the graph store")
     gsub = graph.add_subparsers(dest="graph_command", required=True, metavar="SUBCOMMAND")
-    p = gsub.add_parser("load", help="apply a JSONL event file to the graph store (no embeddings)")
+    p = gsub.add_parser("load", help="apply a JSONL event file to the graph store (no embeddings)",
+                        description="Apply a JSONL event file to the graph store (created if missing), without "
+                                    "embeddings. Invalid lines are skipped and counted, never a stop.")
     _state_arg(p)
     p.add_argument("events", metavar="EVENTS.jsonl", help="one JSON event per line (see DESIGN.md)")
-    p.add_argument("--seed", type=int, default=None, help="sampling seed of a new store (default 0)")
+    p.add_argument("--model", default=None, metavar="DIR",
+                   help="model the state is for: a new state takes its sampling seed, features must have its "
+                        "in_dim")
+    p.add_argument("--seed", type=int, default=None,
+                   help="sampling seed of a new state without --model (default 0); with --model it must be the "
+                        "model's")
     p.add_argument("--batch", type=int, default=1000, help="events per atomic batch (default 1000)")
+    _invalid_args(p)
     p.set_defaults(func=_graph_load)
-    p = gsub.add_parser("show", help="print a node's neighbours, sample and features as JSON")
+    p = gsub.add_parser("show", help="print a node's neighbours, sample and features as JSON (read-only)")
     _state_arg(p)
     p.add_argument("node", metavar="NODE", help="node id")
     p.add_argument("--fanout", type=int, default=10, help="sample size k to show (default 10)")
@@ -211,30 +275,53 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="overwrite an existing directory")
     p.set_defaults(func=_model_init)
 
-    p = sub.add_parser("backfill", help="recompute every node's embedding from scratch")
+    p = sub.add_parser("backfill", help="recompute every node's embedding from scratch",
+                       description="Recompute every node's embedding from scratch with --model and store them. "
+                                   "The one way to switch a state to another model (other commands refuse a "
+                                   "model other than the one whose embeddings the state holds).")
     _state_arg(p)
-    p.add_argument("--model", required=True, metavar="DIR", help="model directory")
+    p.add_argument("--model", required=True, metavar="DIR", help="model directory (becomes the state's model)")
     p.add_argument("--publish", action="store_true", help="also queue every embedding for publishing")
     p.set_defaults(func=_backfill)
 
-    p = sub.add_parser("embeddings", help="export final embeddings as JSON lines")
+    p = sub.add_parser("embeddings", help="export final embeddings as JSON lines (read-only)")
     _state_arg(p)
-    p.add_argument("--out", required=True, metavar="FILE.jsonl", help="output file, - for stdout")
+    p.add_argument("--out", required=True, metavar="FILE.jsonl",
+                   help="output file, replaced only once complete; - for stdout")
     p.set_defaults(func=_embeddings)
 
-    p = sub.add_parser("apply", help="apply an event file and recompute incrementally (resumable)")
+    p = sub.add_parser("apply", help="apply an event file and recompute incrementally (resumable)",
+                       description="Apply an event file and recompute incrementally; rerunning continues where "
+                                   "the last run stopped. Invalid lines (a node_upsert whose feature count is not "
+                                   "the model's in_dim included) are skipped and counted, never a stop.")
     _state_arg(p)
     p.add_argument("events", metavar="EVENTS.jsonl")
-    p.add_argument("--model", default=None, metavar="DIR", help="model directory (default: the one the state uses)")
+    p.add_argument("--model", default=None, metavar="DIR",
+                   help="model directory (default: the one the state uses; needed to create a state; a model "
+                        "other than the state's is refused: switch with backfill)")
     p.add_argument("--batch", type=int, default=1000, help="events per batch (default 1000)")
-    p.add_argument("--seed", type=int, default=None, help="sampling seed of a new store (default: the model's)")
+    p.add_argument("--seed", type=int, default=None, help="sampling seed; must be the model's (default: the model's)")
     p.add_argument("--hub-bound", type=int, default=50_000,
                    help="dependents above which hub propagation is deferred and coalesced (default 50000)")
+    _invalid_args(p)
     p.set_defaults(func=_apply)
 
-    p = sub.add_parser("verify", help="recompute from scratch in memory and compare with stored embeddings")
+    p = sub.add_parser("verify", help="recompute from scratch in memory and compare with stored embeddings",
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       description="Recompute every embedding from scratch in memory and compare with the stored "
+                                   "ones.\nThe state is opened read-only: verify never creates or changes it.",
+                       epilog="exit status (and \"status\" in the JSON summary):\n"
+                              "  0  ok        every stored embedding matches\n"
+                              "  1  mismatch  a stored row differs, is missing, is not finite (NaN/inf) or fails\n"
+                              "               its check, with no work pending to explain it\n"
+                              "  2  error     no state there, another model than the state's, a locked state...\n"
+                              "  3  pending   dirty marks wait (\"pending_dirty\": N) and every stored row is\n"
+                              "               finite: let `gnnstream run` or `gnnstream apply` finish the work,\n"
+                              "               then verify again")
     _state_arg(p)
-    p.add_argument("--model", default=None, metavar="DIR", help="model directory (default: the one the state uses)")
+    p.add_argument("--model", default=None, metavar="DIR",
+                   help="model directory (default: the one the state uses); another model than the state's is "
+                        "an error, not a switch")
     p.add_argument("--atol", type=float, default=1e-4, help="max abs difference allowed (default 1e-4)")
     p.set_defaults(func=_verify)
 
@@ -242,7 +329,7 @@ def build_parser() -> argparse.ArgumentParser:
     esub = ev.add_subparsers(dest="events_command", required=True, metavar="SUBCOMMAND")
     p = esub.add_parser("from-snap", help="turn a SNAP signed-network CSV into JSONL events with node features")
     p.add_argument("csv", metavar="FILE.csv")
-    p.add_argument("--out", required=True, metavar="EVENTS.jsonl")
+    p.add_argument("--out", required=True, metavar="EVENTS.jsonl", help="output file, replaced only once complete")
     p.add_argument("--limit", type=int, default=0, help="only the first N ratings by time")
     p.add_argument("--no-features", action="store_true", help="edges only")
     p.set_defaults(func=_events_from_snap)
@@ -309,21 +396,79 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     tune_collector()
-    from graph_state.exceptions import GraphStateError
-    from model import ModelError
-    from workers.engine import EngineError
     try:
-        if getattr(args, "seed", None) is None and args.command == "apply" and args.model:
-            from model import load_model_dir
-            args.seed = load_model_dir(args.model).config.seed
         return args.func(args)
     except KeyboardInterrupt:
         return 130
-    except (ValueError, OSError, GraphStateError, ModelError, EngineError) as exc:
-        if args.verbose:
+    except Exception as exc:
+        message = _error_line(exc, args)
+        if message is None or args.verbose:
             raise
-        print(f"gnnstream: error: {exc}", file=sys.stderr)
+        print(f"gnnstream: error: {message}", file=sys.stderr)
         return 2
+
+
+# RocksDB reports errors as plain ``Exception`` whose text starts with its status
+_ROCKSDB_STATUS = ("IO error", "Corruption", "Not implemented", "Invalid argument", "Resource busy", "NotFound",
+                   "Operation aborted", "Operation timed out", "Try again", "Shutdown in progress",
+                   "Result incomplete", "Operation expired", "No space")
+
+
+def _one_line(text: str) -> str:
+    return " ".join(part.strip() for part in str(text).splitlines() if part.strip())
+
+
+def _error_line(exc: BaseException, args: argparse.Namespace) -> str | None:
+    """The one-line message for an error the user can act on; None for anything else (a bug: traceback)."""
+    from graph_state.exceptions import GraphStateError
+    from model import ModelError
+    from stream.exceptions import StreamError
+    from workers.engine import EngineError
+    try:
+        from kafka.errors import KafkaError
+    except ImportError:  # pragma: no cover - kafka-python is a dependency
+        KafkaError = StreamError
+    state = getattr(args, "state", None)
+    text = _one_line(exc)
+    if isinstance(exc, (GraphStateError, ModelError, EngineError, StreamError)):
+        return text
+    if isinstance(exc, KafkaError):
+        where = f" at {args.bootstrap}" if getattr(args, "bootstrap", None) else ""
+        name = type(exc).__name__
+        detail = text if name in text else f"{name}: {text}" if text else name  # kafka-python's text names it
+        return f"Kafka: {detail}; check that the broker{where} is running and reachable, then run the command again"
+    if isinstance(exc, OSError):
+        hint = {errno.ENOSPC: "free some space, then run the command again",
+                errno.EDQUOT: "free some space, then run the command again",
+                errno.EACCES: "check the owner and permissions of that path",
+                errno.EPERM: "check the owner and permissions of that path",
+                errno.EROFS: "the file system is read-only; use a writable path"}.get(exc.errno or 0)
+        return f"{text}; {hint}" if hint else text
+    if type(exc) is Exception and text.startswith(_ROCKSDB_STATUS):
+        return _rocksdb_line(text, state)
+    if isinstance(exc, ValueError):
+        return text
+    return None
+
+
+def _rocksdb_line(text: str, state: str | None) -> str:
+    where = f"state directory {state!r}" if state else "the state directory"
+    low = text.lower()
+    if "lock" in low and ("resource temporarily unavailable" in low or "while lock" in low or "lock hold" in low):
+        return (f"{where} is locked by another process ({text}); stop the other gnnstream process using it "
+                f"(one process per state)")
+    if text.startswith("Corruption") or "checksum" in low or "corrupt" in low:
+        from graph_state import store as store_module
+        corrupted = getattr(store_module, "state_corrupted", None)  # names the damaged file
+        if corrupted is not None and state:
+            return _one_line(corrupted(state, text))
+        return (f"{where} is damaged ({text}); restore a snapshot of the state directory, or rebuild it with "
+                f"`gnnstream graph load` and `gnnstream backfill`")
+    if "no space left" in low or "disk quota" in low:
+        return f"no space left writing {where} ({text}); free some space, then run the command again"
+    if "permission denied" in low or "read-only file system" in low:
+        return f"cannot write {where} ({text}); check the owner and permissions of the directory"
+    return f"RocksDB error in {where}: {text}"
 
 
 if __name__ == "__main__":

@@ -2,24 +2,59 @@
 
 Each function opens what it needs, reports progress with a bar on stderr and
 returns a JSON-ready summary; :mod:`workers.cli` maps them to commands.
+
+A state's identity is explicit (:func:`open_store`, :func:`open_engine`):
+
+* only the commands that write (``graph load``, ``apply``, ``backfill``,
+  ``run``) create a state directory. A new state samples with its model's
+  seed; ``--seed`` is for ``graph load`` without a model (default 0) and must
+  agree with the model when both are given;
+* ``verify``, ``embeddings`` and ``graph show`` open the state read-only
+  (RocksDB read-only, holding a shared lock on its ``LOCK`` file so that no
+  writer runs meanwhile): they never create or change it;
+* a state that holds the embeddings of one model changes model only through
+  ``gnnstream backfill --model``. Two models are the same when their tag
+  (``name:version``), architecture, ``weights.pt`` sha256, fanouts and
+  cold-start policy all agree: the engine's binding stored in the state's
+  meta ``model`` record, less its layout number (dims are part of the
+  weights, the sampling seed is the state's own).
+
+Bad lines of an event file are treated as the stream treats bad records:
+skipped and counted, with line number, reason and detail written to a report
+file (and, when asked, with the line itself to a dead-letter JSONL) before
+the batch that moves past them is committed; a rerun after a crash neither
+stops at them nor loses or repeats one.
 """
 
 from __future__ import annotations
 
+import base64
+import errno
+import fcntl
+import gc
 import json
 import logging
 import os
+import struct
 import sys
+import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any, Iterable, Iterator, TextIO
 
 import numpy as np
+from rocksdict import AccessType, Cache, Options, Rdict
 from tqdm import tqdm
 
+from graph_state import keys
+from graph_state import store as _store_module
+from graph_state.exceptions import (StateModelMismatch, StateNoEmbeddings, StateNotADirectoryError,
+                                    StateNotFoundError, StateReadOnlyError, StateSeedMismatch, StoreConfigError,
+                                    StoreLockedError)
 from graph_state.store import GraphStore
-from model import LoadedModel, load_model_dir
-from stream.events import Event, InvalidEvent, decode_event_json
+from model import CONFIG_FILE, LoadedModel, ModelConfig, ModelError, load_model_dir
+from stream.events import Event, InvalidEvent, NodeUpsert, decode_event_json
 from workers.engine import Engine
 from workers.heap import freeze_warm_heap
 from workers.tables import MetaTable
@@ -31,12 +66,20 @@ __all__ = [
     "backfill",
     "export_embeddings",
     "verify",
+    "open_store",
     "open_engine",
+    "model_identity",
+    "default_report_path",
 ]
 
 logger = logging.getLogger(__name__)
 
-_MODEL_DIR = b"model_dir"
+_MODEL_DIR = b"model_dir"  # meta: the model directory the state uses (default of --model)
+_BINDING = b"model"  # meta: what the stored embeddings were computed with (written by Engine.backfill)
+# the binding's fields that say which model it is (its "layout" says how the rows are kept, not which model)
+_IDENTITY = ("model", "arch", "weights_sha256", "fanouts", "cold_start")
+_F32_MAX = float(np.finfo(np.float32).max)
+_BLOCK_CACHE_BYTES = 64 << 20
 
 
 def _bar(total: int | None, desc: str, unit: str = "ev") -> tqdm:
@@ -44,6 +87,305 @@ def _bar(total: int | None, desc: str, unit: str = "ev") -> tqdm:
                 disable=os.environ.get("GNNSTREAM_NO_PROGRESS") == "1", mininterval=0.5)
 
 
+# ---------------------------------------------------------------------- opening a state
+def _holds_state(path: str) -> bool:
+    """Whether ``path`` is a RocksDB directory (it has the ``CURRENT`` file every opened database has)."""
+    return os.path.isfile(os.path.join(path, "CURRENT"))
+
+
+def _model_seed(model_dir: str | os.PathLike[str]) -> int:
+    """The sampling seed in a model directory's config (the full load only when the config cannot be read,
+    for its error)."""
+    try:
+        return ModelConfig.from_dict(json.loads((Path(model_dir) / CONFIG_FILE).read_text())).seed
+    except (OSError, ValueError, TypeError, ModelError):
+        return load_model_dir(model_dir).config.seed  # raises the model package's own error
+
+
+def open_store(state: str | os.PathLike[str], *, create: bool, model_dir: str | None = None,
+               seed: int | None = None, read_only: bool = False, lock_timeout: float = 10.0) -> GraphStore:
+    """Open the graph state in ``state``, creating it only when ``create`` is true.
+
+    Args:
+        create: a missing directory is created (commands that write: ``graph load``,
+            ``apply``, ``backfill``, ``run``); otherwise it is refused.
+        model_dir: the model the state is (to be) used with: a new state takes its
+            sampling seed, an existing one must have been created with it.
+        seed: a sampling seed given on the command line: must agree with the
+            model's; without a model it is the seed of a new state.
+        read_only: open RocksDB read-only under a shared lock (``verify``,
+            ``embeddings``, ``graph show``): nothing is ever written.
+        lock_timeout: seconds to wait while another process holds the state.
+
+    Raises:
+        StateNotADirectoryError: ``state`` is a file.
+        StateNotFoundError: no state there and ``create`` is false (or neither a
+            model nor a seed says what the new state's seed is).
+        StateSeedMismatch: the seeds of the state, the model and ``--seed`` disagree.
+        StoreLockedError: another process holds the state.
+    """
+    path = os.fspath(state)
+    if os.path.lexists(path) and not os.path.isdir(path):
+        raise StateNotADirectoryError(
+            f"state path {path!r} is a file, not a state directory; pass the directory that "
+            f"`gnnstream graph load` or `gnnstream apply` created, or a new path")
+    exists = _holds_state(path)
+    if not exists and (not create or read_only):
+        if os.path.isdir(path):
+            raise StateNotFoundError(
+                f"state directory {path!r} holds no graph state (no RocksDB CURRENT file); check the path, "
+                f"or create a state with `gnnstream graph load` or `gnnstream apply`")
+        raise StateNotFoundError(
+            f"state directory {path!r} does not exist; check the path, or create it with "
+            f"`gnnstream graph load --state {path} EVENTS` or `gnnstream apply --state {path} --model DIR EVENTS`")
+    if read_only:
+        if create:
+            raise ValueError("a read-only store cannot be created")
+        return _ReadOnlyStore(path, lock_timeout=lock_timeout)
+    model_seed = None if model_dir is None else _model_seed(model_dir)
+    if model_seed is not None and seed is not None and seed != model_seed:
+        raise StateSeedMismatch(
+            f"--seed {seed} disagrees with model {str(model_dir)!r}, which samples with seed {model_seed}; "
+            f"leave out --seed (a state takes its sampling seed from its model)")
+    want = model_seed if model_seed is not None else seed
+    if not exists and want is None:
+        raise StateNotFoundError(
+            f"state directory {path!r} does not exist and nothing gives its sampling seed; pass --model DIR "
+            f"(the state takes the model's seed) to create it")
+    try:
+        return GraphStore(path, seed=want, lock_timeout=lock_timeout)
+    except StoreConfigError:
+        held = _stored_seed(path, lock_timeout) if want is not None else None
+        if held is None or held == want:
+            raise
+        source = f"model {str(model_dir)!r}" if model_seed is not None else "--seed"
+        raise StateSeedMismatch(
+            f"state {path!r} samples with seed {held}, but {source} has seed {want}; use a model with seed "
+            f"{held} or a new --state directory (a state's seed is fixed when it is created)") from None
+
+
+def _stored_seed(path: str, lock_timeout: float) -> int | None:
+    try:
+        with _ReadOnlyStore(path, lock_timeout=lock_timeout) as store:
+            return store.seed
+    except Exception:  # only for a better message: the caller raises the original error
+        return None
+
+
+_OFD_SETLK = getattr(fcntl, "F_OFD_SETLK", None)
+
+
+def _shared_lock(path: str, timeout: float) -> int | None:
+    """A shared lock on the state's RocksDB ``LOCK`` file: fails while a writer (which holds it exclusively)
+    has the state open, and keeps writers out until released. Returns the descriptor holding it.
+
+    An open-file-description lock where the platform has one: it conflicts
+    with RocksDB's lock even within this process, and closing it never
+    drops a lock RocksDB holds in the same process.
+    """
+    lock_path = os.path.join(path, "LOCK")
+    try:
+        fd = os.open(lock_path, os.O_RDONLY)
+    except FileNotFoundError:
+        return None  # never opened for writing: nobody can hold it
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if _OFD_SETLK is not None:
+                fcntl.fcntl(fd, _OFD_SETLK, struct.pack("hhqqi4x", fcntl.F_RDLCK, os.SEEK_SET, 0, 0, 0))
+            else:  # pragma: no cover - platforms without OFD locks
+                fcntl.lockf(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            return fd
+        except OSError as exc:
+            if exc.errno not in (errno.EAGAIN, errno.EACCES) or time.monotonic() >= deadline:
+                os.close(fd)
+                if exc.errno in (errno.EAGAIN, errno.EACCES):
+                    raise StoreLockedError(
+                        f"graph store {path!r} is locked by another process; stop the other gnnstream "
+                        f"process using it (one process per store)") from exc
+                raise
+            time.sleep(0.1)
+
+
+class _ReadOnlyStore(GraphStore):
+    """A graph store opened read-only for the commands that only read (``verify``, ``embeddings``,
+    ``graph show``).
+
+    RocksDB is opened read-only (its files are left as they are) under a
+    shared lock on its ``LOCK`` file. Any write raises
+    :class:`StateReadOnlyError`, except the dirty marks an :class:`Engine`
+    writes when it opens a state whose row files fail their checks: those are
+    dropped and counted in :attr:`damaged_marks` (``verify`` reports the rows
+    as mismatches).
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, lock_timeout: float = 10.0):
+        self._lock_fd: int | None = None
+        self.damaged_marks = 0
+        super().__init__(path, lock_timeout=lock_timeout)
+
+    def _open(self, path: str, lock_timeout: float) -> Rdict:  # type: ignore[override]
+        self._lock_fd = _shared_lock(path, lock_timeout)
+        try:
+            check = getattr(_store_module, "_check_manifest", None)  # a MANIFEST cut short: refused, as by a writer
+            if check is not None:
+                check(path)
+            cache = Cache(_BLOCK_CACHE_BYTES)
+            families = {name: GraphStore._family_options(cache, name) for name in keys.COLUMN_FAMILIES}
+            try:
+                return Rdict(path, options=Options(raw_mode=True), column_families=families,
+                             access_type=AccessType.read_only())
+            except Exception as exc:  # rocksdict raises plain Exception
+                corrupted = getattr(_store_module, "state_corrupted", None)
+                message = str(exc)
+                if type(exc) is not Exception:
+                    raise
+                if corrupted is not None and (
+                        message.startswith("Corruption") or ("No such file" in message and "MANIFEST-" in message)):
+                    raise corrupted(path, exc) from exc
+                if "Column family not found" in message:  # a writer creates the families a newer version adds
+                    raise StateReadOnlyError(
+                        f"state {path!r} lacks a column family ({message}): it was written by an older gnnstream; "
+                        f"run `gnnstream backfill --state {path} --model DIR` once to bring it up to date") from exc
+                raise
+        except BaseException:
+            self._unlock()
+            raise
+
+    def _unlock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def close(self) -> None:
+        """Close the database and release the lock (safe to call twice). Unlike :meth:`GraphStore.close`,
+        nothing is written, not even the record of the MANIFEST's size."""
+        try:
+            if getattr(self, "_db", None) is not None:
+                for view in self._cf.values():
+                    view.close()
+                self._db.close()
+                for holder in ("_cf", "_families", "_handles"):  # they keep the native database alive
+                    held = getattr(self, holder, None)
+                    if isinstance(held, dict):
+                        held.clear()
+                self._db = None
+                gc.collect()
+        finally:
+            self._unlock()
+
+    def _refuse(self) -> StateReadOnlyError:
+        return StateReadOnlyError(f"a read-only command tried to change state {self.path!r}; nothing was "
+                                  f"written (please report this)")
+
+    def _meta_put(self, name: str, value: Any, batch: Any = None) -> None:
+        # only GraphStore.__init__ gets here, for a record every state has once its creation finished
+        raise StateReadOnlyError(f"state {self.path!r} has no {name} recorded (was its creation interrupted?); "
+                                 f"run the command that creates it again (`gnnstream graph load` or "
+                                 f"`gnnstream apply`)")
+
+    def _fold_sampled(self) -> None:
+        """The in-memory sampled-by index is complete; a new snapshot of it is for a writer to store."""
+
+    def write(self, puts: Iterable[tuple[str, bytes, bytes | None]], clear: Iterable[str] = ()) -> int:
+        puts = list(puts)
+        if list(clear) or any(cf != "dirty" or value is None for cf, _, value in puts):
+            raise self._refuse()
+        self.damaged_marks += sum(len(value) // keys.DIRTY_MARK_RECORD.itemsize for _, _, value in puts)
+        return 0
+
+
+# ---------------------------------------------------------------------- which model a state holds
+def model_identity(config: ModelConfig) -> dict[str, Any]:
+    """The fields that make two models the same for a state (see the module docstring), JSON-normalised."""
+    return json.loads(json.dumps({"model": config.model_id, "arch": config.arch,
+                                  "weights_sha256": config.weights_sha256, "fanouts": list(config.fanouts),
+                                  "cold_start": config.cold_start}))
+
+
+def _held_identity(store: GraphStore) -> dict[str, Any] | None:
+    """The identity of the model whose embeddings the state holds (None: no complete backfill yet)."""
+    raw = store.column("meta").get(_BINDING)
+    if raw is None:
+        return None
+    try:
+        held = json.loads(raw)
+    except ValueError:
+        held = None
+    if not isinstance(held, dict):
+        raise StateModelMismatch(f"state {store.path!r} has an unreadable model record; rebuild its embeddings "
+                                 f"with `gnnstream backfill --state {store.path} --model DIR`")
+    return {k: held[k] for k in _IDENTITY if k in held}
+
+
+def _differences(held: dict[str, Any], want: dict[str, Any]) -> list[str]:
+    return [k for k in _IDENTITY if k not in held or held[k] != want[k]]
+
+
+def _show(identity: dict[str, Any], key: str) -> str:
+    value = identity.get(key)
+    if key == "weights_sha256" and isinstance(value, str):
+        return value[:12]
+    if key == "cold_start" and isinstance(value, dict):
+        return str(value.get("policy"))
+    return json.dumps(value) if not isinstance(value, str) else value
+
+
+def _bind_model_dir(store: GraphStore, model_dir: str | os.PathLike[str]) -> None:
+    """Record ``model_dir`` as the state's model directory (the default of ``--model``)."""
+    value = str(Path(model_dir).resolve()).encode()
+    meta = store.column("meta")
+    if meta.get(_MODEL_DIR) != value:
+        meta.put(_MODEL_DIR, value)
+
+
+def open_engine(store: GraphStore, model_dir: str | None, *, switch_model: bool = False,
+                **engine_args: Any) -> Engine:
+    """An engine for ``store`` with the model in ``model_dir`` (default: the one the state uses).
+
+    Args:
+        switch_model: allow a model other than the one whose embeddings the
+            state holds (only ``backfill`` passes it: it rewrites them all, and
+            records the new model directory when done).
+
+    Raises:
+        StateNoEmbeddings: no model given and none recorded; or, read-only, the
+            state holds no embeddings to read.
+        StateModelMismatch: the state holds embeddings of another model.
+    """
+    read_only = isinstance(store, _ReadOnlyStore)
+    meta = store.column("meta")
+    if model_dir is None:
+        raw = meta.get(_MODEL_DIR)
+        if raw is None:
+            raise StateNoEmbeddings(f"state {store.path!r} has no model yet; pass --model DIR")
+        model_dir = raw.decode()
+    model: LoadedModel = load_model_dir(model_dir)
+    want = model_identity(model.config)
+    held = _held_identity(store)
+    differ = [] if held is None else _differences(held, want)
+    if differ and not switch_model:
+        fields = ", ".join(f"{k} {_show(held, k)} in the state, {_show(want, k)} in the model" for k in differ)
+        raise StateModelMismatch(
+            f"state {store.path!r} holds the embeddings of model {held.get('model')}, and the model in "
+            f"{str(model_dir)!r} ({want['model']}) is another one: {fields} (models are the same when tag, arch, "
+            f"weights sha256, fanouts and cold-start policy agree); switching a state to another model is "
+            f"explicit: run `gnnstream backfill --state {store.path} --model {model_dir}`")
+    if read_only and held is None:
+        raise StateNoEmbeddings(
+            f"state {store.path!r} holds no embeddings yet; compute them with "
+            f"`gnnstream backfill --state {store.path} --model {model_dir}`")
+    engine = Engine(store, model, **engine_args)
+    if read_only and engine.needs_backfill():
+        raise StateNoEmbeddings(
+            f"state {store.path!r} keeps the embeddings of {want['model']} in an older layout; rewrite them "
+            f"with `gnnstream backfill --state {store.path} --model {model_dir}`")
+    if not read_only and not differ:
+        _bind_model_dir(store, model_dir)
+    return engine
+
+
+# ---------------------------------------------------------------------- event files
 def read_jsonl_events(path: str | os.PathLike[str], bad: list[tuple[int, str]] | None = None) -> Iterator[Event]:
     """Events of a JSONL file, skipping (and recording in ``bad``) invalid lines."""
     with open(path, "rb") as fh:
@@ -63,8 +405,8 @@ def _count_lines(path: str | os.PathLike[str]) -> int:
         return sum(1 for _ in fh)
 
 
-def _batches(events: Iterable[Event], size: int) -> Iterator[list[Event]]:
-    batch: list[Event] = []
+def _batches(events: Iterable[Any], size: int) -> Iterator[list[Any]]:
+    batch: list[Any] = []
     for ev in events:
         batch.append(ev)
         if len(batch) >= size:
@@ -78,80 +420,216 @@ def _file_offsets(path: str | os.PathLike[str], line_end: int) -> dict[tuple[str
     return {(f"file:{Path(path).resolve()}", 0): line_end}
 
 
-def load_events(state: str, path: str, *, seed: int | None = None, batch: int = 1000) -> dict[str, Any]:
-    """``graph load``: apply a JSONL event file to the graph store (no embeddings)."""
-    bad: list[tuple[int, str]] = []
+def default_report_path(state: str | os.PathLike[str], events: str | os.PathLike[str]) -> str:
+    """Where ``graph load`` and ``apply`` list the invalid lines of ``events`` unless told otherwise."""
+    name = Path(events).name
+    return os.path.join(os.fspath(state), f"invalid-{name[:-len('.jsonl')] if name.endswith('.jsonl') else name}.jsonl")
+
+
+def _write_atomic(path: str, data: bytes) -> None:
+    """Replace ``path`` with ``data`` (a temporary file in the same directory, then a rename)."""
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), prefix=f".{Path(path).name}.",
+                               suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+class _InvalidLines:
+    """The skipped lines of one event file, kept in a report file and optionally a dead-letter file.
+
+    Each is a JSON line ``{"file", "line", "reason", "detail"}`` (dead letters
+    add the line itself: ``value``, or ``value_base64`` when it is not UTF-8).
+    Opening drops this file's records past ``keep_through`` (they belong to
+    batches no run committed, and are found again); :meth:`flush` is called
+    before each commit, so a committed line's record is never lost and never
+    written twice. Records of other event files are left alone.
+    """
+
+    def __init__(self, events: str | os.PathLike[str], report: str | None, dead_letters: str | None,
+                 keep_through: int):
+        self.source = str(Path(events).resolve())
+        self.targets = [(path, with_value) for path, with_value in ((report, False), (dead_letters, True)) if path]
+        self.pending: dict[str, list[bytes]] = {path: [] for path, _ in self.targets}
+        self.reasons: Counter[str] = Counter()
+        for path, _ in self.targets:
+            self._prune(path, keep_through)
+
+    def _prune(self, path: str, keep_through: int) -> None:
+        try:
+            with open(path, "rb") as fh:
+                data = fh.read()
+        except FileNotFoundError:
+            return
+        lines = data.split(b"\n")
+        complete, tail = lines[:-1], lines[-1]  # an unterminated last line was cut by a crash mid-write
+        kept: list[bytes] = []
+        for line in complete:
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                kept.append(line)
+                continue
+            if isinstance(rec, dict) and rec.get("file") == self.source and isinstance(rec.get("line"), int) \
+                    and rec["line"] > keep_through:
+                continue
+            kept.append(line)
+        if len(kept) != len(complete) or tail:
+            _write_atomic(path, b"".join(line + b"\n" for line in kept))
+
+    def add(self, line_no: int, line: bytes, exc: InvalidEvent) -> None:
+        self.reasons[exc.reason] += 1
+        rec: dict[str, Any] = {"file": self.source, "line": line_no, "reason": exc.reason, "detail": exc.detail}
+        for path, with_value in self.targets:
+            out = dict(rec)
+            if with_value:
+                raw = line.rstrip(b"\r\n") if line.endswith(b"\n") else line
+                try:
+                    out["value"] = raw.decode("utf-8")
+                except UnicodeDecodeError:
+                    out["value_base64"] = base64.b64encode(raw).decode("ascii")
+            self.pending[path].append(json.dumps(out).encode() + b"\n")
+
+    def flush(self) -> None:
+        """Write (and sync) what was added; call before committing the batch that moves past those lines."""
+        for path, records in self.pending.items():
+            if records:
+                with open(path, "ab") as fh:
+                    fh.writelines(records)
+                    fh.flush()
+                    os.fsync(fh.fileno())
+                records.clear()
+
+    @property
+    def count(self) -> int:
+        return sum(self.reasons.values())
+
+    def summary(self, report: str | None, dead_letters: str | None) -> dict[str, Any]:
+        return {"invalid": self.count, "invalid_reasons": dict(sorted(self.reasons.items())),
+                "report": report if report and os.path.exists(report) else None,
+                "dead_letters": dead_letters if dead_letters and os.path.exists(dead_letters) else None}
+
+
+def _numbered_events(path: str | os.PathLike[str], done: int, invalid: _InvalidLines, dim: int | None,
+                     dim_source: str) -> Iterator[tuple[int, Event]]:
+    """``(line number, event)`` of the valid lines after line ``done``; the others go to ``invalid``.
+
+    A ``node_upsert`` must carry ``dim`` features (``dim_source`` says whose
+    dimension that is), as the worker requires; without ``dim`` the first one
+    read sets it, as the store would.
+    """
+    with open(path, "rb") as fh:
+        for line_no, line in enumerate(fh, 1):
+            if line_no <= done or not line.strip():
+                continue
+            try:
+                ev = decode_event_json(line)
+                if isinstance(ev, NodeUpsert):
+                    if dim is None:
+                        dim = len(ev.features)
+                    if len(ev.features) != dim:
+                        raise InvalidEvent("wrong_feature_length",
+                                           f"node {ev.id!r} has {len(ev.features)} features, {dim_source} {dim}")
+                    if max(map(abs, ev.features)) > _F32_MAX:
+                        raise InvalidEvent("not_finite", f"a feature of node {ev.id!r} is beyond the float32 range")
+            except InvalidEvent as exc:
+                logger.info("%s:%d: skipped invalid event (%s)", path, line_no, exc)
+                invalid.add(line_no, line, exc)
+                continue
+            yield line_no, ev
+
+
+# ---------------------------------------------------------------------- commands
+def load_events(state: str, path: str, *, seed: int | None = None, model_dir: str | None = None,
+                batch: int = 1000, report: str | None = None, dead_letters: str | None = None) -> dict[str, Any]:
+    """``graph load``: apply a JSONL event file to the graph store (no embeddings).
+
+    A new state takes its seed from ``model_dir`` when given, else ``seed``,
+    else 0; with a model, features must have its ``in_dim``. Invalid lines are
+    skipped and listed in ``report`` (default :func:`default_report_path`) and
+    ``dead_letters``; the run reads the whole file each time.
+    """
+    if seed is None and model_dir is None and not _holds_state(os.fspath(state)):
+        seed = 0
+    in_dim = load_model_dir(model_dir).config.in_dim if model_dir is not None else None
+    report = report or default_report_path(state, path)
     t0 = time.perf_counter()
     applied = 0
-    with GraphStore(state, seed=seed) as store, _bar(_count_lines(path), "load") as bar:
-        for chunk in _batches(read_jsonl_events(path, bad), batch):
-            store.apply(chunk)
+    with open_store(state, create=True, model_dir=model_dir, seed=seed) as store, \
+            _bar(_count_lines(path), "load") as bar:
+        if in_dim is not None:
+            store.set_feature_dim(in_dim)
+        invalid = _InvalidLines(path, report, dead_letters, keep_through=0)
+        dim = store.feature_dim
+        source = "the model expects" if in_dim is not None else "the state's nodes have"
+        last = 0
+        for chunk in _batches(_numbered_events(path, 0, invalid, dim, source), batch):
+            invalid.flush()
+            store.apply([ev for _, ev in chunk])
             applied += len(chunk)
-            bar.update(len(chunk))
+            bar.update(chunk[-1][0] - last)
+            last = chunk[-1][0]
+        invalid.flush()
         nodes = store.num_nodes()
-    return {"events": applied, "invalid": len(bad), "nodes": nodes, "seconds": round(time.perf_counter() - t0, 3)}
-
-
-def open_engine(store: GraphStore, model_dir: str | None, **engine_args: Any) -> Engine:
-    """An engine for ``store`` with the model in ``model_dir`` (default: the bound one)."""
-    if model_dir is None:
-        raw = store.column("meta").get(_MODEL_DIR)
-        if raw is None:
-            raise SystemExit(f"state {store.path!r} has no model yet; pass --model DIR")
-        model_dir = raw.decode()
-    model: LoadedModel = load_model_dir(model_dir)
-    engine = Engine(store, model, **engine_args)
-    store.column("meta").put(_MODEL_DIR, str(Path(model_dir).resolve()).encode())
-    return engine
+        seed_used = store.seed
+    return {"events": applied, **invalid.summary(report, dead_letters), "nodes": nodes, "seed": seed_used,
+            "seconds": round(time.perf_counter() - t0, 3)}
 
 
 def backfill(state: str, model_dir: str, *, publish: bool = False) -> dict[str, Any]:
-    """``backfill``: recompute every embedding from scratch and store it."""
-    with GraphStore(state) as store:
-        engine = open_engine(store, model_dir)
+    """``backfill``: recompute every embedding from scratch and store it; the one way to switch a state to
+    another model."""
+    with open_store(state, create=True, model_dir=model_dir) as store:
+        engine = open_engine(store, model_dir, switch_model=True)
         with _bar(engine.num_layers, "backfill", unit="layer") as bar:
             stats = engine.backfill(progress=lambda done: bar.update(1), publish=publish)
+        _bind_model_dir(store, model_dir)
         return {"nodes": stats.recomputed[0] if stats.recomputed else 0, "layers": engine.num_layers,
                 "model": engine.model_tag, "seconds": round(stats.seconds, 3)}
 
 
 def apply_events(state: str, model_dir: str | None, path: str, *, batch: int = 1000,
-                 seed: int | None = None, hub_bound: int = 50_000) -> dict[str, Any]:
+                 seed: int | None = None, hub_bound: int = 50_000, report: str | None = None,
+                 dead_letters: str | None = None) -> dict[str, Any]:
     """``apply``: apply events and recompute incrementally; resumable after a crash.
 
     The file position reached is stored with each batch, so rerunning the same
-    command after a crash continues where the last whole batch ended.
+    command after a crash continues where the last whole batch ended. Invalid
+    lines (a ``node_upsert`` whose feature count is not the model's ``in_dim``
+    included) are skipped and listed in ``report`` (default
+    :func:`default_report_path`) and ``dead_letters``.
     """
-    bad: list[tuple[int, str]] = []
     t0 = time.perf_counter()
-    with GraphStore(state, seed=seed) as store:
+    report = report or default_report_path(state, path)
+    # without a model the state must exist and name its own
+    with open_store(state, create=model_dir is not None, model_dir=model_dir, seed=seed) as store:
         engine = open_engine(store, model_dir, hub_bound=hub_bound)
         if engine.needs_backfill():
             engine.backfill()
         engine.drain()  # finish what a crash may have left dirty
         freeze_warm_heap()
-        (tp, done), = _file_offsets(path, 0).items()
+        (tp, _), = _file_offsets(path, 0).items()
         done = store.offsets().get(tp, 0)
+        invalid = _InvalidLines(path, report, dead_letters, keep_through=done)
         total = _count_lines(path)
         applied = published = 0
         recomputed = [0] * engine.num_layers
         with _bar(total, "apply") as bar:
             bar.update(done)
-            line_no = 0
-
-            def numbered() -> Iterator[tuple[int, Event]]:
-                nonlocal line_no
-                with open(path, "rb") as fh:
-                    for line_no, line in enumerate(fh, 1):
-                        if line_no <= done or not line.strip():
-                            continue
-                        try:
-                            yield line_no, decode_event_json(line)
-                        except InvalidEvent as exc:
-                            bad.append((line_no, exc.reason))
-
-            for chunk in _batches(numbered(), batch):
+            events = _numbered_events(path, done, invalid, engine.model.config.in_dim, "the model expects")
+            for chunk in _batches(events, batch):
                 end = chunk[-1][0]
+                invalid.flush()
                 result = store.apply([ev for _, ev in chunk], {tp: end})
                 stats = engine.recompute(event_ts=result.max_ts)
                 applied += len(chunk)
@@ -160,19 +638,20 @@ def apply_events(state: str, model_dir: str | None, path: str, *, batch: int = 1
                     recomputed[i] += n
                 bar.update(end - done)
                 done = end
+        invalid.flush()
         if done < total:
             store.apply([], {tp: total})
         stats = engine.drain()
         published += stats.published
-        return {"events": applied, "invalid": len(bad), "published": published,
+        return {"events": applied, **invalid.summary(report, dead_letters), "published": published,
                 "recomputed_per_layer": recomputed, "pending": engine.pending(),
                 "seconds": round(time.perf_counter() - t0, 3)}
 
 
 def export_embeddings(state: str, out: TextIO) -> int:
-    """``embeddings``: one JSON line per node with its final embedding."""
-    with GraphStore(state) as store:
-        raw_model = store.column("meta").get(b"model")
+    """``embeddings``: one JSON line per node with its final embedding (the state is opened read-only)."""
+    with open_store(state, create=False, read_only=True) as store:
+        raw_model = store.column("meta").get(_BINDING)
         model_tag = json.loads(raw_model)["model"] if raw_model else ""
         count = 0
         for iid, meta, vec in MetaTable(store).items():
@@ -190,26 +669,63 @@ def export_embeddings(state: str, out: TextIO) -> int:
         return count
 
 
+def _finite_or_none(x: float) -> float | None:
+    return x if np.isfinite(x) else None  # JSON has no NaN or Infinity
+
+
+VERIFY_EXIT = {"ok": 0, "mismatch": 1, "pending": 3}
+"""Exit status of ``gnnstream verify`` by summary ``status`` (2 is an error: missing state, other model...)."""
+
+
 def verify(state: str, model_dir: str | None = None, atol: float = 1e-4) -> dict[str, Any]:
-    """``verify``: recompute from scratch in memory and compare with what is stored."""
-    with GraphStore(state) as store:
+    """``verify``: recompute from scratch in memory and compare with what is stored (read-only).
+
+    ``status`` is ``ok``; ``mismatch`` (a stored row differs, is missing, is
+    not finite or fails its check, and no work is pending to explain it); or
+    ``pending`` (dirty marks wait, every stored row is finite and intact: the
+    differences may be that work; finish it, then verify again).
+    """
+    with open_store(state, create=False, read_only=True) as store:
         engine = open_engine(store, model_dir)
         targets, fresh = engine.from_scratch()
         stored, present = engine.tables.get(engine.num_layers, targets)
+        finite = np.isfinite(stored).all(axis=1) if len(targets) else np.zeros(0, dtype=bool)
+        with np.errstate(invalid="ignore", over="ignore"):
+            err = (np.abs(stored.astype(np.float64) - fresh).max(axis=1) if len(targets)
+                   else np.zeros(0))
+        err = np.where(present, np.where(finite, err, np.inf), 0.0)
+        wrong = present & (err > atol)  # a non-finite row is inf off
         missing = int((~present).sum())
-        err = np.abs(stored - fresh).max(axis=1) if len(targets) else np.zeros(0)
-        bad = int((err > atol).sum()) + missing
-        worst = int(targets[int(err.argmax())]) if len(targets) else None
+        non_finite = int((present & ~finite).sum())
+        bad = int(wrong.sum()) + missing
+        if wrong.any():
+            worst = int(targets[int(err.argmax())])
+        elif missing:
+            worst = int(targets[int(np.flatnonzero(~present)[0])])
+        else:
+            worst = None
+        measured = present & finite
         stray = sum(1 for iid, meta, _ in engine.meta.items() if not store.exists_iid(iid) and meta.mode != "deleted")
+        pending = engine.pending()
+        damaged = store.damaged_marks if isinstance(store, _ReadOnlyStore) else 0
+        if bad == 0 and stray == 0 and pending == 0 and damaged == 0:
+            status = "ok"
+        elif pending and non_finite == 0 and damaged == 0:
+            status = "pending"
+        else:
+            status = "mismatch"
         return {
-            "ok": bad == 0 and stray == 0 and engine.pending() == 0,
+            "ok": status == "ok",
+            "status": status,
             "nodes": int(len(targets)),
             "mismatched": bad,
             "missing": missing,
+            "non_finite": non_finite,
+            "damaged_rows": damaged,
             "stale_deleted": stray,
-            "pending_dirty": engine.pending(),
-            "max_abs_error": float(err.max()) if len(err) else 0.0,
-            "worst_node": store.name(worst) if worst is not None and bad else None,
+            "pending_dirty": pending,
+            "max_abs_error": _finite_or_none(float(err[measured].max()) if measured.any() else 0.0),
+            "worst_node": store.name(worst) if worst is not None else None,
             "atol": atol,
             "model": engine.model_tag,
         }

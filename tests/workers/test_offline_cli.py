@@ -33,7 +33,7 @@ from workers.cli import build_parser, main
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
-OTC = DATA_DIR / "soc-sign-bitcoinotc.csv"
+OTC = DATA_DIR / "soc-sign-bitcoinotc.csv.gz"
 RATINGS = 6_000
 SEED = 3
 ARCHS = {"sage": [], "gcn": [], "gat": ["--heads", "2"]}
@@ -83,9 +83,6 @@ def tmp_path() -> Any:
 
 @pytest.fixture(scope="module")
 def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if not OTC.is_file():
-        pytest.fail(f"Bitcoin OTC data missing: expected {OTC} (SNAP soc-sign-bitcoinotc.csv, see "
-                    f"shared/data/README.md); the offline CLI tests replay it")
     return tmp_path_factory.mktemp("offline")
 
 
@@ -198,10 +195,12 @@ def test_apply_in_three_runs_verifies_and_equals_reference(capsys: pytest.Captur
 
 
 @pytest.mark.parametrize("second", ["renamed", "same_tag"])
-def test_apply_with_a_new_model_backfills_then_continues(capsys: pytest.CaptureFixture, tmp_path: Path,
-                                                         events_file: Path, work: Path, model_dirs: dict[str, Path],
-                                                         references: dict, second: str) -> None:
-    """A state built with the sage model, continued with the gat model: every embedding must be gat's.
+def test_apply_with_a_new_model_is_refused_until_backfill(capsys: pytest.CaptureFixture, tmp_path: Path,
+                                                          events_file: Path, work: Path, model_dirs: dict[str, Path],
+                                                          references: dict, second: str) -> None:
+    """A state built with the sage model, continued with the gat model: ``apply --model gat`` is refused
+    (switching models is explicit), ``backfill --model gat`` switches, then ``apply`` continues and every
+    embedding must be gat's.
 
     ``renamed``: the gat model is published as ``gat:2``. ``same_tag``: both models keep the
     defaults of ``model init`` (``model:1``) but have different architectures and weights; the
@@ -220,7 +219,13 @@ def test_apply_with_a_new_model_backfills_then_continues(capsys: pytest.CaptureF
     state = tmp_path / "state"
     _ok(run_cli(capsys, "apply", "--state", state, "--model", model_dirs["sage"], path), "apply (sage)")
     path.write_bytes(b"".join(lines))
-    _ok(run_cli(capsys, "apply", "--state", state, "--model", gat, path), "apply (gat)")
+    rc, out, err = run_cli(capsys, "apply", "--state", state, "--model", gat, path)
+    assert rc == 2 and "Traceback" not in err, (rc, err[-2000:])
+    assert f"gnnstream backfill --state {state} --model {gat}" in err and "arch sage in the state, gat" in err, err
+    rc, out, err = run_cli(capsys, "verify", "--state", state)  # still the sage model's state
+    assert rc == 0 and json.loads(out)["ok"] is True, out + err
+    _ok(run_cli(capsys, "backfill", "--state", state, "--model", gat), "backfill (gat)")
+    _ok(run_cli(capsys, "apply", "--state", state, path), "apply (gat)")
     rc, out, err = run_cli(capsys, "verify", "--state", state)  # with the model the state now uses
     assert rc == 0 and json.loads(out)["ok"] is True, out + err
     export = tmp_path / "emb.jsonl"
@@ -332,7 +337,7 @@ MISMATCHES: dict[str, tuple[bool, list[str], list[str]]] = {
     "apply_explicit_seed_unlike_model": (False, ["apply", "--model", "@seed4", "--seed", "3", "@events"],
                                          ["seed", "3", "4"]),
     "backfill_wrong_dim": (True, ["backfill", "--model", "@dim4"], ["feature", "4", "8"]),
-    "apply_wrong_dim_fresh_state": (False, ["apply", "--model", "@dim4", "@events"], ["feature", "4", "8"]),
+    "apply_wrong_dim": (True, ["apply", "--model", "@dim4", "@events"], ["feature", "4", "8"]),
     "apply_missing_model_dir": (False, ["apply", "--model", "@missing", "@events"], ["no-such-model-dir"]),
     "backfill_missing_model_dir": (True, ["backfill", "--model", "@missing"], ["no-such-model-dir"]),
     "backfill_damaged_weights": (True, ["backfill", "--model", "@damaged"], ["weights.pt", "sha256"]),
