@@ -114,8 +114,10 @@ _LIVE: set["EmbeddedBroker"] = set()  # started and not yet stopped; stopped at 
 
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child
+    # SIGKILL, not SIGTERM: a broker paused with SIGSTOP (a stall test) would never handle SIGTERM, and the
+    # memory-only broker has nothing to save
     if _PRCTL is not None:
-        _PRCTL(_PR_SET_PDEATHSIG, int(signal.SIGTERM))
+        _PRCTL(_PR_SET_PDEATHSIG, int(signal.SIGKILL))
 
 
 @atexit.register

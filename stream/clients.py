@@ -10,6 +10,8 @@ Offsets: the worker's store is the source of truth. On every assignment a
 consumer seeks each partition to the offset the caller stored (``on_assign``
 callback or :meth:`ConsumerClient.seek_to`) or, when none is known, to the
 earliest offset; Kafka's committed offsets are written only for lag tools.
+A caller that stores offsets compares them with :meth:`ConsumerClient.high_watermarks`
+to notice a partition that now ends before its stored offset (a topic reset).
 """
 
 from __future__ import annotations
@@ -74,6 +76,11 @@ class ConsumerClient(ABC):
     @abstractmethod
     def lag(self) -> dict[PartitionKey, int]:
         """Records not yet delivered per assigned partition whose end is known."""
+
+    @abstractmethod
+    def high_watermarks(self) -> dict[PartitionKey, int]:
+        """The high watermark of each assigned partition as known from the last fetch; partitions whose end
+        is not known yet are absent."""
 
     @abstractmethod
     def assignment(self) -> set[PartitionKey]:

@@ -271,6 +271,22 @@ class EventConsumer(ConsumerClient):
                 result[key] = max(high - position, 0)
         return result
 
+    def high_watermarks(self) -> dict[PartitionKey, int]:
+        """The high watermark of each assigned partition as known from the last fetch.
+
+        Partitions not fetched yet are absent. Taken from fetch responses, not
+        ListOffsets (wrong on the embedded broker). A fetch beyond the end
+        still reports the end (the embedded broker answers it with no records;
+        Kafka with OFFSET_OUT_OF_RANGE, after which kafka-python resets the
+        position per ``auto_offset_reset`` and the next fetch reports it).
+        """
+        result: dict[PartitionKey, int] = {}
+        for tp in self._client.assignment():
+            high = self._client.highwater(tp)
+            if high is not None:
+                result[(tp.topic, tp.partition)] = high
+        return result
+
     def assignment(self) -> set[PartitionKey]:
         return {(tp.topic, tp.partition) for tp in self._client.assignment()}
 

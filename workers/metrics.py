@@ -1,7 +1,11 @@
 """Prometheus metrics of the worker (``gnnstream_`` prefix, base units) and the HTTP endpoint.
 
-``/metrics`` serves the Prometheus text format, ``/healthz`` a JSON status
-(200 while the worker loop is alive and has polled recently, 503 otherwise).
+``/metrics`` serves the Prometheus text format, ``/healthz`` a JSON status:
+200 while the worker is consuming and has polled recently, 503 otherwise,
+with a ``reason`` saying what it waits for (Kafka, a backfill, the group
+join ...). The server binds 127.0.0.1 unless told otherwise, and closes a
+connection that sends no complete request within ``request_timeout_s``, so
+idle clients do not each hold a thread for ever.
 """
 
 from __future__ import annotations
@@ -60,24 +64,43 @@ class WorkerMetrics:
         self.staleness = Gauge("gnnstream_deferred_staleness_seconds", "Age of the oldest deferred propagation",
                                registry=r)
         self.batches = Counter("gnnstream_batches", "Micro-batches processed", registry=r)
-        self.errors = Counter("gnnstream_errors", "Recoverable errors (Kafka unavailable ...)", ["kind"], registry=r)
+        self.errors = Counter("gnnstream_errors", "Errors by kind: recoverable ones (Kafka unavailable: poll, "
+                              "publish, dead_letter, kafka_setup) and offset_reset (a stored offset past the end "
+                              "of its partition)", ["kind"], registry=r)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
 
 class MetricsServer:
-    """``/metrics`` and ``/healthz`` on a background thread."""
+    """``/metrics`` and ``/healthz`` on a background thread.
 
-    def __init__(self, metrics: WorkerMetrics, port: int, health: Callable[[], dict[str, Any]], host: str = "0.0.0.0"):
+    Args:
+        metrics: what ``/metrics`` renders.
+        port: TCP port (0 = a free one, see :attr:`port`).
+        health: returns the ``/healthz`` JSON; its ``ok`` picks 200 or 503.
+        host: address to bind; 127.0.0.1 keeps the endpoint on this machine,
+            0.0.0.0 opens it on every interface (containers).
+        request_timeout_s: a connection idle this long without a complete
+            request is closed (one thread per open connection).
+    """
+
+    def __init__(self, metrics: WorkerMetrics, port: int, health: Callable[[], dict[str, Any]],
+                 host: str = "127.0.0.1", request_timeout_s: float = 5.0):
         owner = self
 
         class Handler(BaseHTTPRequestHandler):
+            timeout = request_timeout_s  # socket timeout of each connection (StreamRequestHandler)
+
             def do_GET(self) -> None:  # noqa: N802 (http.server API)
                 if self.path.startswith("/metrics"):
                     body, status, ctype = metrics.render(), 200, CONTENT_TYPE_LATEST
                 elif self.path.startswith("/healthz"):
-                    info = health()
+                    try:
+                        info = health()
+                    except Exception as exc:  # never a dropped connection: say what failed
+                        logger.warning("health check failed: %r", exc)
+                        info = {"ok": False, "reason": f"health check failed: {exc!r}"}
                     body = json.dumps(info).encode()
                     status, ctype = (200 if info.get("ok") else 503), "application/json"
                 else:
@@ -91,7 +114,12 @@ class MetricsServer:
             def log_message(self, *args: Any) -> None:
                 pass
 
-        self.httpd = ThreadingHTTPServer((host, port), Handler)
+        try:
+            self.httpd = ThreadingHTTPServer((host, port), Handler)
+        except OSError as exc:
+            raise OSError(f"cannot serve /metrics and /healthz on {host}:{port} ({exc.strerror}); "
+                          "choose another --metrics-port (0 = off) or --metrics-host") from exc
+        self.host = host
         self.port = self.httpd.server_address[1]
         self.thread = threading.Thread(target=self.httpd.serve_forever, name="metrics", daemon=True)
         self.thread.start()

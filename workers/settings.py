@@ -32,10 +32,25 @@ class WorkerSettings:
     batch_wait_ms: int = 200
     output_format: str = "json"
     metrics_port: int = 9108
+    metrics_host: str = "127.0.0.1"
     hub_bound: int = 50_000
     max_staleness_s: float = 5.0
     session_timeout_ms: int = 6000
     max_event_bytes: int = 1 << 20
+    broker_wait_s: float = 0.0
+    on_offset_reset: str = "fail"
+    drain_timeout_s: float = 20.0
+
+    def __post_init__(self) -> None:
+        for name, allowed in _CHOICES.items():
+            value = getattr(self, name)
+            if value not in allowed:
+                raise ValueError(f"{name} must be one of {', '.join(allowed)} (got {value!r}); set "
+                                 f"--{name.replace('_', '-')} or {_env_name(name)}")
+        for name in ("broker_wait_s", "drain_timeout_s"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0 (got {getattr(self, name)!r}); set "
+                                 f"--{name.replace('_', '-')} or {_env_name(name)}")
 
 
 _HELP = {
@@ -51,11 +66,24 @@ _HELP = {
     "batch_wait_ms": "max wait for a micro-batch to fill, in ms",
     "output_format": "embedding encoding: json or binary (raw float32, see stream/updates.py)",
     "metrics_port": "port of the Prometheus /metrics and /healthz endpoint (0 = off)",
+    "metrics_host": "address the /metrics and /healthz endpoint binds (0.0.0.0 = every interface)",
     "hub_bound": "dependents above which a hub's propagation is deferred and coalesced",
     "max_staleness_s": "longest a deferred hub propagation may wait, in seconds",
     "session_timeout_ms": "consumer-group session timeout in ms",
     "max_event_bytes": "events larger than this go to the dead-letter topic",
+    "broker_wait_s": "at start, give up after this many seconds without reaching Kafka (0 = keep retrying "
+                     "for ever; /healthz answers 503 meanwhile)",
+    "on_offset_reset": "what to do when a stored offset is past the end of its partition (the topic or "
+                       "broker was replaced): fail = stop with an error, earliest = read the partition "
+                       "from its start, latest = skip to its end",
+    "drain_timeout_s": "on SIGTERM/SIGINT, at most this many seconds to finish and publish deferred hub work "
+                       "before exiting; keep it below the orchestrator's stop grace period (a recompute pass "
+                       "already started completes; what is left stays recorded and the next start does it; "
+                       "a second signal skips the drain; 0 = do not drain)",
 }
+
+
+_CHOICES = {"output_format": ("json", "binary"), "on_offset_reset": ("fail", "earliest", "latest")}
 
 
 def _env_name(field_name: str) -> str:
@@ -68,13 +96,14 @@ def add_worker_arguments(parser: argparse.ArgumentParser, only: tuple[str, ...] 
         if only is not None and f.name not in only:
             continue
         env = _env_name(f.name)
-        default = os.environ.get(env, f.default)
         kind = type(f.default) if f.default is not None else str
+        # a string default is parsed by argparse like the flag: a bad value is a usage error, not a traceback
+        default = os.environ.get(env, f.default)
         flag = "--" + f.name.replace("_", "-")
         extra: dict[str, Any] = {}
-        if f.name == "output_format":
-            extra["choices"] = ["json", "binary"]
-        parser.add_argument(flag, dest=f.name, type=kind, default=None if default is None else kind(default),
+        if f.name in _CHOICES:
+            extra["choices"] = list(_CHOICES[f.name])
+        parser.add_argument(flag, dest=f.name, type=kind, default=default,
                             help=f"{_HELP[f.name]} (env {env}; default {f.default})", **extra)
 
 

@@ -17,37 +17,75 @@ One loop iteration is a micro-batch, in numbered steps:
 
 If Kafka is unavailable the loop keeps its state and retries: an unpublished
 outbox stays in RocksDB until a flush succeeds.
+
+Starting: the ``/healthz`` endpoint comes up first and answers 503 with a
+``reason`` (opening the state, running a backfill, waiting for Kafka, joining
+the group) until the worker consumes, 200 after. A broker that is not up yet
+is waited for with capped backoff, for ever unless ``broker_wait_s`` is set.
+
+Offsets: before the records of a poll are applied, every assigned partition's
+stored offset is compared with its end (the high watermark of the last
+fetch). A stored offset past the end means the topic or the broker was
+replaced; the worker stops with :class:`OffsetResetError` unless
+``on_offset_reset`` says to resume from the partition's start or end.
+
+Stopping: SIGTERM/SIGINT finish the current batch, then spend at most
+``drain_timeout_s`` finishing deferred hub work (:meth:`Engine.drain`) and
+publish it; what is left stays recorded as durable dirty marks for the next
+start. A second signal skips the drain.
 """
 
 from __future__ import annotations
 
 import logging
 import signal
+import socket
 import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import numpy as np
 
 from graph_state import keys
 from graph_state.store import GraphStore
+from stream.clients import ConsumerClient, PartitionKey, Record
 from stream.deadletter import DeadLetter, DeadLetterWriter
 from stream.events import InvalidEvent, NodeUpsert, decode_event_json
-from stream.exceptions import StreamError
+from stream.exceptions import StreamError, TopicSetupError
 from stream.kafka import EventConsumer, Producer, ensure_topics
 from stream.updates import EmbeddingUpdate, encode_update, tombstone
-from workers.engine import Engine
 from workers.heap import freeze_warm_heap
 from workers.metrics import MetricsServer, WorkerMetrics
-from workers.offline import open_engine
 from workers.settings import WorkerSettings
-from workers.tables import OutboxEntry, decode_outbox
 
-__all__ = ["Worker", "OutboxPublisher"]
+if TYPE_CHECKING:  # torch-backed modules are imported by Worker.run, after /healthz is up
+    from workers.engine import Engine
+    from workers.tables import OutboxEntry
+
+__all__ = ["Worker", "OutboxPublisher", "OffsetResetError"]
 
 logger = logging.getLogger(__name__)
+
+_BACKOFF_FIRST_S = 0.5  # waits between attempts to reach Kafka at start: 0.5, 1, 2, 4, 5, 5 ... s
+_BACKOFF_MAX_S = 5.0
+_SETUP_TIMEOUT_S = 10.0  # one topic-setup attempt against a broker that accepts connections
+_PROBE_TIMEOUT_S = 2.0
+_WAIT_LOG_EVERY_S = 60.0  # while waiting for Kafka, a warning at the first failure and then this often
+_POLL_STALE_S = 60.0  # /healthz turns 503 when the loop has not polled for this long
+
+
+class OffsetResetError(StreamError):
+    """A stored offset is past the end of its partition: the topic or the broker was replaced.
+
+    Nothing of that partition was applied. Attributes: ``partitions``,
+    ``{(topic, partition): (stored offset, end offset)}``.
+    """
+
+    def __init__(self, message: str, partitions: dict[PartitionKey, tuple[int, int]]):
+        super().__init__(message)
+        self.partitions = partitions
 
 
 class OutboxPublisher:
@@ -72,6 +110,7 @@ class OutboxPublisher:
 
     def publish(self, limit: int = 50_000, flush_timeout_s: float = 30.0) -> list[OutboxEntry]:
         """Publish up to about ``limit`` entries; returns them (raises on delivery failure)."""
+        from workers.tables import decode_outbox
         sent_keys: list[bytes] = []
         entries: list[OutboxEntry] = []
         for key, raw in self.store.column("outbox").items():
@@ -97,13 +136,42 @@ class OutboxPublisher:
 
 @dataclass
 class _Health:
+    """What ``/healthz`` reports. ``status`` is one of starting, backfill, recovering,
+    waiting_for_kafka, joining, consuming, draining, stopped, failed; ``reason`` says
+    in words what the worker waits for (None while consuming)."""
+
     started: float
+    status: str = "starting"
+    reason: str | None = "starting"
     last_poll: float = 0.0
+    polls: int = 0
     batches: int = 0
     applied: int = 0
     invalid: int = 0
     published: int = 0
+    kafka_attempts: int = 0
     last_error: str | None = None
+    pending_marks: int | None = None  # dirty marks left when the worker stopped
+
+
+def _probe(bootstrap: str, timeout_s: float = _PROBE_TIMEOUT_S) -> None:
+    """Raise :class:`TopicSetupError` unless some bootstrap address accepts a TCP connection.
+
+    Cheaper and quieter than a Kafka client, whose own bootstrap backs off
+    for seconds and logs every refused connection.
+    """
+    errors = []
+    for address in (a.strip() for a in bootstrap.split(",") if a.strip()):
+        host, sep, port = address.rpartition(":")
+        if not sep:
+            host, port = address, "9092"
+        try:
+            with socket.create_connection((host.strip("[]") or "localhost", int(port)), timeout=timeout_s):
+                return
+        except (OSError, ValueError) as exc:
+            errors.append(f"{address}: {getattr(exc, 'strerror', None) or exc}")
+    raise TopicSetupError(f"cannot reach Kafka at {bootstrap} ({'; '.join(errors) or 'no address'}); "
+                          "is the broker running and is --bootstrap right?")
 
 
 class Worker:
@@ -117,15 +185,22 @@ class Worker:
         self.settings = settings
         self.metrics = WorkerMetrics()
         self._stop = threading.Event()
+        self._hurry = threading.Event()  # a second stop signal: skip the drain
         self.health = _Health(started=time.time())
         self.store: GraphStore | None = None
         self.engine: Engine | None = None
         # (publish time, publish time - oldest Kafka record time of the batch), newest last
         self.latency_timeline: deque[tuple[float, float]] = deque(maxlen=100_000)
+        self._errors: dict[str, str] = {}  # unresolved errors by kind, the newest last
+        self._expected: dict[PartitionKey, int] = {}  # the stored next offset of each partition read
+        self._deferred_keys = np.zeros(0, dtype=np.int64)  # deferred hub marks after the last recompute
+        self._oldest_record_s: float | None = None
 
     # ------------------------------------------------------------------ lifecycle
     def stop(self, *_: Any) -> None:
-        """Ask the loop to finish its current batch and exit."""
+        """Ask the loop to finish its current batch and exit (a second call skips the drain)."""
+        if self._stop.is_set():
+            self._hurry.set()
         self._stop.set()
 
     def install_signal_handlers(self) -> None:
@@ -133,54 +208,164 @@ class Worker:
         signal.signal(signal.SIGINT, self.stop)
 
     def health_info(self) -> dict[str, Any]:
+        """The ``/healthz`` JSON: ``ok`` only while consuming and polling; ``reason`` says why not."""
         h = self.health
-        alive = not self._stop.is_set() and (time.time() - h.last_poll < 60 if h.last_poll else True)
-        return {"ok": alive, "batches": h.batches, "applied": h.applied, "invalid": h.invalid,
-                "published": h.published, "last_error": h.last_error, "uptime_s": round(time.time() - h.started, 3)}
+        now = time.time()
+        ok, reason = False, h.reason
+        if h.status == "consuming":
+            if self._stop.is_set():
+                reason = "stopping"
+            elif h.last_poll and now - h.last_poll >= _POLL_STALE_S:
+                reason = f"no poll for {now - h.last_poll:.0f} s (a long batch, or stuck)"
+            else:
+                ok, reason = True, None
+        return {"ok": ok, "status": h.status, "reason": reason, "batches": h.batches, "applied": h.applied,
+                "invalid": h.invalid, "published": h.published, "polls": h.polls,
+                "kafka_attempts": h.kafka_attempts, "last_error": h.last_error,
+                "pending_marks": h.pending_marks, "uptime_s": round(now - h.started, 3)}
+
+    def _set_status(self, status: str, reason: str | None) -> None:
+        self.health.status, self.health.reason = status, reason
+        if reason and status not in ("consuming", "stopped"):
+            logger.info("%s", reason)
 
     def run(self, max_idle_s: float | None = None) -> dict[str, Any]:
-        """Run until :meth:`stop` (or ``max_idle_s`` without records); return a summary."""
+        """Run until :meth:`stop` (or ``max_idle_s`` without records); return a summary.
+
+        Raises:
+            OffsetResetError: a stored offset is past the end of its partition
+                and ``on_offset_reset`` is ``fail``.
+            TopicSetupError: Kafka was not reachable within ``broker_wait_s``
+                (when set).
+        """
         s = self.settings
-        ensure_topics(s.bootstrap, {s.events_topic: s.partitions, s.output_topic: s.partitions, s.dlq_topic: 1})
-        server = MetricsServer(self.metrics, s.metrics_port, self.health_info) if s.metrics_port else None
-        self.store = store = GraphStore(s.state)
+        model = s.model or "(the state's)"
+        self._set_status("starting", f"opening state {s.state} and model {model}")
+        server = MetricsServer(self.metrics, s.metrics_port, self.health_info, host=s.metrics_host) \
+            if s.metrics_port else None
         try:
-            engine = self.engine = open_engine(store, s.model, hub_bound=s.hub_bound,
-                                               max_deferred_age=s.max_staleness_s)
-            if engine.needs_backfill():
-                logger.info("state %s: first use of model %s, running backfill", s.state, engine.model_tag)
-                engine.backfill(publish=True)
-            producer = Producer(s.bootstrap)
-            publisher = OutboxPublisher(store, producer, s.output_topic, engine.model_tag, engine.outbox_entries,
-                                        s.output_format)
-            dlq = DeadLetterWriter(producer, s.dlq_topic)
-            stats = engine.recompute(publish=True)  # what a crash left dirty
-            self._publish(publisher)
-            freeze_warm_heap()
-            consumer = EventConsumer(s.bootstrap, s.events_topic, s.group, session_timeout_ms=s.session_timeout_ms,
-                                     on_assign=self._stored_offsets)
+            from workers.offline import open_store  # imports torch: after /healthz is up
+            # a new state takes the model's sampling seed; an existing one must have been created with it
+            self.store = store = open_store(s.state, create=True, model_dir=s.model)
             try:
-                self._loop(consumer, producer, publisher, dlq, engine, max_idle_s)
+                self._run(store, max_idle_s)
             finally:
-                consumer.close()
-                try:
-                    self._publish(publisher)
-                finally:
-                    producer.close()
+                store.close()
+                self.store = None
+        except BaseException as exc:
+            self._set_status("failed", f"{type(exc).__name__}: {exc}".splitlines()[0])
+            raise
         finally:
             if server:
                 server.close()
-            store.close()
-            self.store = None
+        self._set_status("stopped", "stopped")
         return self.health_info()
+
+    def _run(self, store: GraphStore, max_idle_s: float | None) -> None:
+        from workers.offline import open_engine
+        s = self.settings
+        engine = self.engine = open_engine(store, s.model, hub_bound=s.hub_bound,
+                                           max_deferred_age=s.max_staleness_s)
+        self._deferred_keys = self._deferred_marks(store)
+        if engine.needs_backfill():
+            self._set_status("backfill", f"running backfill of model {engine.model_tag} over state {s.state}")
+            engine.backfill(publish=True)
+        if engine.pending():
+            self._set_status("recovering", f"recomputing {engine.pending()} dirty marks the last run left")
+            self._recompute(engine, None, None)  # what a crash left dirty
+        freeze_warm_heap()
+        producer = Producer(s.bootstrap)
+        publisher = OutboxPublisher(store, producer, s.output_topic, engine.model_tag, engine.outbox_entries,
+                                    s.output_format)
+        dlq = DeadLetterWriter(producer, s.dlq_topic)
+        try:
+            if not self._setup_kafka():  # stopped while waiting: nothing can be published
+                self._drain_on_stop(engine, None)
+                return
+            self._publish(publisher)
+            consumer = self._open_consumer()
+            if consumer is None:
+                self._drain_on_stop(engine, publisher)
+                return
+            clean = False
+            try:
+                self._loop(consumer, producer, publisher, dlq, engine, max_idle_s)
+                clean = True
+            finally:
+                consumer.close()
+                if clean:
+                    self._drain_on_stop(engine, publisher)
+                self._publish(publisher)
+        finally:
+            producer.close()
+
+    # ------------------------------------------------------------------ start-up
+    def _setup_kafka(self) -> bool:
+        """Create the topics, waiting for the broker with capped backoff; False if stopped meanwhile.
+
+        Raises:
+            TopicSetupError: not reachable within ``broker_wait_s`` (when not 0).
+        """
+        s = self.settings
+        topics = {s.events_topic: s.partitions, s.output_topic: s.partitions, s.dlq_topic: 1}
+        self._set_status("waiting_for_kafka", f"waiting for Kafka at {s.bootstrap}")
+        t0 = time.monotonic()
+        delay = _BACKOFF_FIRST_S
+        last_warning = None
+        while not self._stop.is_set():
+            self.health.kafka_attempts += 1
+            try:
+                _probe(s.bootstrap)
+                ensure_topics(s.bootstrap, topics, timeout_s=_SETUP_TIMEOUT_S)
+            except TopicSetupError as exc:
+                waited = time.monotonic() - t0
+                self.metrics.errors.labels("kafka_setup").inc()
+                self._set_error("kafka_setup", f"kafka_setup: {exc}")
+                if s.broker_wait_s and waited >= s.broker_wait_s:
+                    raise TopicSetupError(f"gave up after {waited:.0f} s (--broker-wait-s {s.broker_wait_s:g}): "
+                                          f"{exc}") from exc
+                if last_warning is None or time.monotonic() - last_warning >= _WAIT_LOG_EVERY_S:
+                    last_warning = time.monotonic()
+                    logger.warning("waiting for Kafka (%.0f s so far, retrying every %g s at most): %s",
+                                   waited, _BACKOFF_MAX_S, exc)
+                pause = delay if not s.broker_wait_s else max(0.0, min(delay, s.broker_wait_s - waited))
+                self._stop.wait(pause)
+                delay = min(2 * delay, _BACKOFF_MAX_S)
+                continue
+            if self.health.kafka_attempts > 1:
+                logger.warning("Kafka at %s is reachable after %.0f s", s.bootstrap, time.monotonic() - t0)
+            self._cleared("kafka_setup")
+            return True
+        return False
+
+    def _open_consumer(self) -> ConsumerClient | None:
+        """Join the consumer group (retrying while Kafka is unavailable); None if stopped meanwhile."""
+        s = self.settings
+        self._set_status("joining", f"joining group {s.group} for topic {s.events_topic}")
+        while not self._stop.is_set():
+            try:
+                consumer = EventConsumer(s.bootstrap, s.events_topic, s.group,
+                                         session_timeout_ms=s.session_timeout_ms, on_assign=self._stored_offsets)
+            except StreamError:
+                raise
+            except Exception as exc:  # Kafka went away again: retry
+                self._recoverable("consumer", exc)
+                continue
+            self._cleared("consumer")
+            return consumer
+        return None
 
     def _stored_offsets(self, partitions: Iterable[tuple[str, int]]) -> dict[tuple[str, int], int]:
         assert self.store is not None
         stored = self.store.offsets()
-        return {tp: stored[tp] for tp in partitions if tp in stored}
+        offsets = {tp: stored[tp] for tp in partitions if tp in stored}
+        self._expected.update(offsets)
+        if self.health.status == "joining":  # joined (with or without partitions)
+            self._set_status("consuming", None)
+        return offsets
 
     # ------------------------------------------------------------------ the loop
-    def _loop(self, consumer: EventConsumer, producer: Producer, publisher: OutboxPublisher,
+    def _loop(self, consumer: ConsumerClient, producer: Producer, publisher: OutboxPublisher,
               dlq: DeadLetterWriter, engine: Engine, max_idle_s: float | None) -> None:
         s = self.settings
         idle_since = time.monotonic()
@@ -193,7 +378,10 @@ class Worker:
             except Exception as exc:  # Kafka unavailable: keep state, retry
                 self._recoverable("poll", exc)
                 continue
+            self._cleared("poll")
             self.health.last_poll = time.time()
+            self.health.polls += 1
+            records = self._check_offsets(consumer, records)
             if records or not consumer.assignment():  # idle time counts once partitions are assigned
                 idle_since = time.monotonic()
             if records:
@@ -209,6 +397,59 @@ class Worker:
             if max_idle_s is not None and not records and time.monotonic() - idle_since > max_idle_s \
                     and not engine.pending() and not publisher.pending():
                 break
+
+    def _check_offsets(self, consumer: ConsumerClient, records: list[Record]) -> list[Record]:
+        """The records of a poll that may be applied, after checking every assigned partition's end.
+
+        A partition that now ends before its stored offset was reset (the
+        topic or the broker was replaced; kafka-python may already have moved
+        its position back per ``auto_offset_reset``): per ``on_offset_reset``
+        this raises :class:`OffsetResetError` before anything of the poll is
+        applied, or moves the partition to its start or end (stored at once)
+        and drops its records of this poll. Records before a partition's
+        stored offset (a position that went back) were applied already and
+        are dropped too.
+        """
+        resets: dict[PartitionKey, tuple[int, int]] = {}
+        for tp, end in consumer.high_watermarks().items():
+            stored = self._expected.get(tp)
+            if stored is not None and end < stored:
+                resets[tp] = (stored, end)
+        if resets:
+            self._offset_reset(consumer, resets)
+        expected = self._expected
+        if not resets and all(r.offset >= expected.get((r.topic, r.partition), 0) for r in records):
+            return records
+        kept = [r for r in records
+                if (r.topic, r.partition) not in resets and r.offset >= expected.get((r.topic, r.partition), 0)]
+        stale = sum(1 for r in records if (r.topic, r.partition) not in resets) - len(kept)
+        if stale:
+            logger.warning("dropped %d records before their partition's stored offset (applied already)", stale)
+        return kept
+
+    def _offset_reset(self, consumer: ConsumerClient, resets: dict[PartitionKey, tuple[int, int]]) -> None:
+        """Stop with :class:`OffsetResetError`, or move the reset partitions per ``on_offset_reset``."""
+        s = self.settings
+        assert self.store is not None
+        self.metrics.errors.labels("offset_reset").inc(len(resets))
+        if s.on_offset_reset == "fail":
+            (topic, partition), (stored, end) = min(resets.items())
+            more = f" (and {len(resets) - 1} more partitions)" if len(resets) > 1 else ""
+            message = (f"topic {topic!r} partition {partition}: stored offset {stored} is past the partition's end "
+                       f"offset {end}{more}, so the topic or the broker was replaced; nothing was read from it. "
+                       f"To go on, start again with --on-offset-reset earliest (read it from its start) or latest "
+                       f"(skip to its end), or GNNSTREAM_ON_OFFSET_RESET")
+            self._set_error("offset_reset", f"offset_reset: {message}")
+            raise OffsetResetError(message, resets)
+        moved = {tp: 0 if s.on_offset_reset == "earliest" else end for tp, (_, end) in resets.items()}
+        for tp, (stored, end) in sorted(resets.items()):
+            logger.warning("topic %r partition %d: stored offset %d is past the partition's end offset %d (the "
+                           "topic or the broker was replaced); resuming at its %s offset %d (--on-offset-reset %s)",
+                           tp[0], tp[1], stored, end, s.on_offset_reset, moved[tp], s.on_offset_reset)
+        # the one deliberate move back of a stored offset (GraphStore.apply refuses it)
+        self.store.write(("offsets", keys.offset_key(*tp), keys.U64.pack(offset)) for tp, offset in moved.items())
+        self._expected.update(moved)
+        consumer.seek_to(moved)
 
     def _process(self, records: list, producer: Producer, dlq: DeadLetterWriter, engine: Engine) -> None:
         s = self.settings
@@ -237,6 +478,7 @@ class Worker:
                     self.metrics.invalid.labels(letter.reason).inc()
                 self.health.invalid += len(letters)
                 letters = []
+                self._cleared("dead_letter")
             except Exception as exc:
                 self._recoverable("dead_letter", exc)
                 if self._stop.is_set():
@@ -244,6 +486,7 @@ class Worker:
         t0 = time.perf_counter()
         assert self.store is not None
         result = self.store.apply(good, offsets)
+        self._expected.update(offsets)
         self.metrics.apply_seconds.observe(time.perf_counter() - t0)
         for ev in good:
             self.metrics.events.labels(ev.op).inc()
@@ -252,9 +495,11 @@ class Worker:
         self.metrics.batches.inc()
         self._recompute(engine, result.max_ts if good else None, oldest_ms / 1000.0)
 
-    def _recompute(self, engine: Engine, event_ts: float | None, oldest_record_s: float | None) -> None:
+    def _recompute(self, engine: Engine, event_ts: float | None, oldest_record_s: float | None,
+                   drain: bool = False) -> None:
         t0 = time.perf_counter()
-        stats = engine.recompute(event_ts=event_ts, publish=True)
+        had_deferred = len(self._deferred_keys) > 0
+        stats = engine.recompute(event_ts=event_ts, publish=True, drain=drain)
         self.metrics.recompute_seconds.observe(time.perf_counter() - t0)
         for layer, n in enumerate(stats.recomputed, 1):
             self.metrics.dirty.labels(str(layer)).set(n)
@@ -262,9 +507,41 @@ class Worker:
         self.metrics.subgraph_edges.observe(stats.sampled_neighbours + sum(stats.recomputed))
         self.metrics.fanout_capped.inc(stats.fanout_capped)
         self.metrics.deferred.set(stats.deferred)
-        self.metrics.deferred_total.inc(stats.deferred)
+        # count each (layer, hub) propagation once when it becomes deferred, not again at every recompute
+        # that carries it: the deferred marks now, less those carried over (all were caught up when the
+        # engine took them this time, which restarts its deferral clock)
+        now = self._deferred_marks(engine.store) if stats.deferred else np.zeros(0, dtype=np.int64)
+        taken = drain or (had_deferred and engine.deferred_age() == 0.0)
+        new = now if taken else np.setdiff1d(now, self._deferred_keys, assume_unique=True)
+        self._deferred_keys = now
+        self.metrics.deferred_total.inc(len(new))
         self.metrics.staleness.set(engine.deferred_age())
         self._oldest_record_s = oldest_record_s
+
+    @staticmethod
+    def _deferred_marks(store: GraphStore) -> np.ndarray:
+        """The deferred hub marks in the store, as sorted ``tag << 32 | iid`` keys."""
+        from workers.engine import DEFERRED_TAG
+        tags, iids, _ = store.dirty_mark_arrays()
+        sel = tags >= DEFERRED_TAG
+        return np.unique((tags[sel] << 32) | iids[sel])
+
+    def _drain_on_stop(self, engine: Engine, publisher: OutboxPublisher | None) -> None:
+        """On a requested stop, finish deferred hub work within ``drain_timeout_s`` and publish it."""
+        s = self.settings
+        pending = engine.pending()
+        if pending and self._stop.is_set() and s.drain_timeout_s > 0 and not self._hurry.is_set():
+            self._set_status("draining", f"stopping: finishing {pending} dirty marks (deferred hub work) within "
+                                         f"{s.drain_timeout_s:g} s")
+            deadline = time.monotonic() + s.drain_timeout_s
+            while engine.pending() and time.monotonic() < deadline and not self._hurry.is_set():
+                self._recompute(engine, None, None, drain=True)
+                if publisher is not None:
+                    self._publish(publisher)
+        left = self.health.pending_marks = engine.pending()
+        if left:
+            logger.warning("stopping with %d dirty marks pending (deferred hub work); they are stored and the "
+                           "next start recomputes them (--drain-timeout-s %g)", left, s.drain_timeout_s)
 
     def _publish(self, publisher: OutboxPublisher) -> None:
         while True:
@@ -274,6 +551,7 @@ class Worker:
             except Exception as exc:  # broker down: entries stay in the outbox
                 self._recoverable("publish", exc)
                 return
+            self._cleared("publish")
             if not entries:
                 return
             now = time.time()
@@ -282,21 +560,33 @@ class Worker:
             self.health.published += len(entries)
             for entry in entries:
                 self.metrics.freshness.observe(max(0.0, now - entry.event_ts))
-            oldest = getattr(self, "_oldest_record_s", None)
+            oldest = self._oldest_record_s
             if oldest is not None:
                 self.metrics.pipeline.observe(max(0.0, now - oldest))
                 self.latency_timeline.append((now, max(0.0, now - oldest)))
                 self._oldest_record_s = None
 
-    def _report_lag(self, consumer: EventConsumer) -> None:
+    def _report_lag(self, consumer: ConsumerClient) -> None:
         try:
             for (topic, partition), lag in consumer.lag().items():
                 self.metrics.lag.labels(str(partition)).set(lag)
         except Exception as exc:
             logger.debug("lag unavailable: %r", exc)
 
+    # ------------------------------------------------------------------ errors
+    def _set_error(self, kind: str, text: str) -> None:
+        self._errors.pop(kind, None)
+        self._errors[kind] = text
+        self.health.last_error = text
+
+    def _cleared(self, kind: str) -> None:
+        """An operation of ``kind`` succeeded: its error is over (``last_error`` shows any other left)."""
+        if self._errors.pop(kind, None) is not None:
+            logger.info("%s works again", kind)
+            self.health.last_error = next(reversed(self._errors.values()), None)
+
     def _recoverable(self, kind: str, exc: BaseException) -> None:
         self.metrics.errors.labels(kind).inc()
-        self.health.last_error = f"{kind}: {exc!r}"
+        self._set_error(kind, f"{kind}: {exc!r}")
         logger.warning("%s failed, retrying: %r", kind, exc)
         self._stop.wait(1.0)
