@@ -13,12 +13,10 @@ import argparse
 import errno
 import json
 import logging
-import os
 import sys
-import tempfile
-from contextlib import contextmanager
-from typing import IO, Any, Callable, Iterator, Sequence
+from typing import Any, Sequence
 
+from workers.atomic import atomic_output
 from workers.heap import tune_collector
 
 __all__ = ["main", "build_parser"]
@@ -38,31 +36,6 @@ def _fanouts(text: str) -> list[int]:
 
 def _print(obj: Any) -> None:
     print(json.dumps(obj, indent=2, allow_nan=False))
-
-
-@contextmanager
-def _atomic_out(path: str, mode: str = "w") -> Iterator[IO[Any]]:
-    """A file that replaces ``path`` only once everything was written: a temporary file in the same
-    directory, renamed over ``path`` at the end (removed if anything fails, leaving ``path`` as it was)."""
-    target = os.path.realpath(path)
-    if os.path.isdir(target):
-        raise IsADirectoryError(errno.EISDIR, "--out is a directory; name a file", path)
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(target), prefix=f".{os.path.basename(target)}.", suffix=".tmp")
-    try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.fchmod(fd, 0o666 & ~umask)  # what open() would have created
-        with os.fdopen(fd, mode) as fh:
-            yield fh
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
 
 
 def _warn_invalid(summary: dict[str, Any], events: str) -> None:
@@ -125,7 +98,7 @@ def _embeddings(args: argparse.Namespace) -> int:
     if args.out == "-":
         count = export_embeddings(args.state, sys.stdout)
     else:
-        with _atomic_out(args.out) as fh:
+        with atomic_output(args.out) as fh:
             count = export_embeddings(args.state, fh)
     print(json.dumps({"embeddings": count, "out": args.out}), file=sys.stderr)
     return 0
@@ -154,7 +127,7 @@ def _events_from_snap(args: argparse.Namespace) -> int:
     if args.limit:
         rows = rows[: args.limit]
     count = 0
-    with _atomic_out(args.out, "wb") as fh:
+    with atomic_output(args.out, "wb") as fh:
         for ev in snap_events(rows, with_features=not args.no_features):
             fh.write(encode_event(ev) + b"\n")
             count += 1
@@ -179,14 +152,14 @@ def _run(args: argparse.Namespace) -> int:
 def _produce(args: argparse.Namespace) -> int:
     from workers.replay import produce_file
     _print(produce_file(args.bootstrap, args.file, topic=args.events_topic, fmt=args.format, rate=args.rate,
-                        partitions=args.partitions, limit=args.limit))
+                        partitions=args.partitions, limit=args.limit, kafka_client=args.kafka_client))
     return 0
 
 
 def _tail(args: argparse.Namespace) -> int:
     from workers.replay import tail_embeddings
     tail_embeddings(args.bootstrap, topic=args.output_topic, from_beginning=args.from_beginning,
-                    max_messages=args.max, idle_s=args.idle)
+                    max_messages=args.max, idle_s=args.idle, kafka_client=args.kafka_client)
     return 0
 
 
@@ -201,7 +174,7 @@ def _score(args: argparse.Namespace) -> int:
     import signal
     from workers.scorer import FraudScorer
     scorer = FraudScorer(args.bootstrap, args.model, in_topic=args.output_topic, out_topic=args.scores_topic,
-                         group=args.scorer_group)
+                         group=args.scorer_group, kafka_client=args.kafka_client)
     signal.signal(signal.SIGTERM, scorer.stop)
     signal.signal(signal.SIGINT, scorer.stop)
     _print(scorer.run(max_idle_s=args.exit_when_idle))
@@ -355,7 +328,7 @@ def _streaming_commands(sub: Any) -> None:
     p.set_defaults(func=_run)
 
     p = sub.add_parser("produce", help="produce events from a JSONL file or a SNAP CSV to Kafka")
-    add_worker_arguments(p, only=("bootstrap", "events_topic", "partitions"))
+    add_worker_arguments(p, only=("bootstrap", "kafka_client", "events_topic", "partitions"))
     p.add_argument("file", metavar="FILE", help="JSONL events, or a SNAP signed-network CSV with --format snap")
     p.add_argument("--format", choices=["jsonl", "snap"], default="jsonl",
                    help="jsonl (default) or snap: replayed in time order with derived node features")
@@ -375,7 +348,7 @@ def _streaming_commands(sub: Any) -> None:
     p.set_defaults(func=_train)
 
     p = sub.add_parser("score", help="fraud scorer: consume embeddings, publish fraud scores")
-    add_worker_arguments(p, only=("bootstrap", "output_topic"))
+    add_worker_arguments(p, only=("bootstrap", "kafka_client", "output_topic"))
     p.add_argument("--model", required=True, metavar="DIR", help="model directory with head.json (gnnstream train)")
     p.add_argument("--scores-topic", default="fraud-scores", help="topic scores are published to (default fraud-scores)")
     p.add_argument("--scorer-group", default="gnnstream-fraud-scorer", help="consumer group of the scorer")
@@ -383,7 +356,7 @@ def _streaming_commands(sub: Any) -> None:
     p.set_defaults(func=_score)
 
     p = sub.add_parser("tail", help="print embedding updates readably")
-    add_worker_arguments(p, only=("bootstrap", "output_topic"))
+    add_worker_arguments(p, only=("bootstrap", "kafka_client", "output_topic"))
     p.add_argument("--from-beginning", action="store_true", help="start at the earliest update")
     p.add_argument("--max", type=int, default=0, help="stop after N updates (default: never)")
     p.add_argument("--idle", type=float, default=0.0, help="stop after this many idle seconds (default: never)")

@@ -37,7 +37,6 @@ import logging
 import os
 import struct
 import sys
-import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -55,6 +54,7 @@ from graph_state.exceptions import (StateModelMismatch, StateNoEmbeddings, State
 from graph_state.store import GraphStore
 from model import CONFIG_FILE, LoadedModel, ModelConfig, ModelError, load_model_dir
 from stream.events import Event, InvalidEvent, NodeUpsert, decode_event_json
+from workers.atomic import atomic_output
 from workers.engine import Engine
 from workers.heap import freeze_warm_heap
 from workers.tables import MetaTable
@@ -428,21 +428,8 @@ def default_report_path(state: str | os.PathLike[str], events: str | os.PathLike
 
 def _write_atomic(path: str, data: bytes) -> None:
     """Replace ``path`` with ``data`` (a temporary file in the same directory, then a rename)."""
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), prefix=f".{Path(path).name}.",
-                               suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+    with atomic_output(path, "wb") as fh:
+        fh.write(data)
 
 
 class _InvalidLines:

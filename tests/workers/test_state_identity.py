@@ -394,16 +394,16 @@ def test_embeddings_out_keeps_the_old_file_when_the_state_is_locked(tmp: Path, g
 
 
 def test_out_files_are_replaced_only_when_complete(tmp: Path) -> None:
-    from workers.cli import _atomic_out
+    from workers.atomic import atomic_output
     out = tmp / "file.jsonl"
     out.write_text("old\n")
     with pytest.raises(RuntimeError):
-        with _atomic_out(str(out)) as fh:
+        with atomic_output(str(out)) as fh:
             fh.write("half")
             raise RuntimeError("the command failed part-way")
     assert out.read_text() == "old\n"
     assert [p.name for p in tmp.iterdir()] == ["file.jsonl"]
-    with _atomic_out(str(out), "wb") as fh:
+    with atomic_output(str(out), "wb") as fh:
         fh.write(b"new\n")
     assert out.read_bytes() == b"new\n"
     assert oct(out.stat().st_mode & 0o777) == oct(0o666 & ~_umask())
