@@ -19,14 +19,14 @@ import re
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator
 
 import pytest
 
 from graph_state.exceptions import GraphStateError, StateCorrupted
 from graph_state.store import MANIFEST_RECORD, GraphStore
 from model import init_model_dir
-from tests.workers.reference import fast_tempdir, gnnstream_command
+from tests.workers.reference import fast_tempdir, run_gnnstream
 
 NODES = 3_000
 EDGES = 20_000
@@ -49,11 +49,6 @@ def _write_events(path: Path) -> None:
             fh.write(json.dumps({"op": "edge_upsert", "src": f"n{a}", "dst": f"n{b}", "ts": ts, "weight": 1.0}) + "\n")
 
 
-def gnnstream(*argv: Any) -> subprocess.CompletedProcess:
-    env = dict(os.environ, GNNSTREAM_NO_PROGRESS="1")
-    return subprocess.run(gnnstream_command(*argv), capture_output=True, text=True, env=env, timeout=300)
-
-
 @pytest.fixture(scope="module")
 def work() -> Iterator[Path]:
     with fast_tempdir() as d:
@@ -67,7 +62,7 @@ def good(work: Path) -> Path:
     _write_events(events)
     (work / "empty.jsonl").write_text("")
     init_model_dir(work / "model", arch="sage", in_dim=8, hidden=16, out_dim=8, layers=2, fanouts=[10, 5], seed=0)
-    done = gnnstream("apply", "--state", work / "good", "--model", work / "model", events)
+    done = run_gnnstream("apply", "--state", work / "good", "--model", work / "model", events)
     assert done.returncode == 0, done.stderr[-3000:]
     return work / "good"
 
@@ -104,7 +99,7 @@ def _assert_one_line_error(done: subprocess.CompletedProcess, damaged: str, what
 
 
 def test_the_good_state_verifies(good: Path) -> None:
-    done = gnnstream("verify", "--state", good)
+    done = run_gnnstream("verify", "--state", good)
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     assert json.loads(done.stdout)["ok"] is True
     assert json.loads((good / MANIFEST_RECORD).read_text())["manifest"] == (good / "CURRENT").read_text().strip()
@@ -129,7 +124,7 @@ def test_a_damaged_table_file_fails_every_command_that_reads_it(good: Path, work
         _scramble(state / name)
         for command, *rest in READERS[family]:
             args = [a.format(model=work / "model", out=tmp / "emb.jsonl", empty=work / "empty.jsonl") for a in rest]
-            done = gnnstream(command, "--state", state, *args)
+            done = run_gnnstream(command, "--state", state, *args)
             _assert_one_line_error(done, name, f"{command} with {family}'s {name} damaged")
 
 
@@ -191,7 +186,7 @@ def test_a_cut_manifest_is_refused_and_costs_no_table_file(good: Path, work: Pat
         tables = sorted(p.name for p in state.glob("*.sst"))
         assert tables
         for command, *args in [("apply", work / "empty.jsonl"), ("verify",), ("embeddings", "--out", tmp / "e.jsonl")]:
-            done = gnnstream(command, "--state", state, *args)
+            done = run_gnnstream(command, "--state", state, *args)
             _assert_one_line_error(done, name, f"{command} with {name} cut to {keep}")
         assert sorted(p.name for p in state.glob("*.sst")) == tables, "table files were deleted"
         assert (state / name).stat().st_size == size

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import tempfile
 from hashlib import blake2b
@@ -35,6 +36,7 @@ __all__ = [
     "assert_embeddings_close",
     "fast_tempdir",
     "gnnstream_command",
+    "run_gnnstream",
     "DATA_DIR",
     "ATOL",
 ]
@@ -52,6 +54,13 @@ def gnnstream_command(*argv: Any) -> list[str]:
     script = Path(sys.executable).with_name("gnnstream")
     base = [str(script)] if script.is_file() else [sys.executable, "-m", "workers.cli"]
     return base + [str(a) for a in argv]
+
+
+def run_gnnstream(*argv: Any, timeout: float = 600) -> subprocess.CompletedProcess:
+    """``gnnstream ARGV`` in a process of its own, as an operator runs it (no progress bars; wide help
+    texts); its output is captured as text. ``timeout`` is a safety net, not a measurement."""
+    env = dict(os.environ, GNNSTREAM_NO_PROGRESS="1", COLUMNS="200")
+    return subprocess.run(gnnstream_command(*argv), capture_output=True, text=True, env=env, timeout=timeout)
 
 
 def fast_tempdir() -> tempfile.TemporaryDirectory:

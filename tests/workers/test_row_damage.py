@@ -15,19 +15,17 @@ PyG reference, with no NaN among them.
 from __future__ import annotations
 
 import json
-import os
 import random
 import shutil
-import subprocess
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator
 
 import numpy as np
 import pytest
 
 from graph_state.store import GraphStore
 from model import init_model_dir
-from tests.workers.reference import (assert_embeddings_close, fast_tempdir, fold_jsonl, gnnstream_command,
+from tests.workers.reference import (assert_embeddings_close, fast_tempdir, fold_jsonl, run_gnnstream,
                                      reference_embeddings)
 from workers.tables import PAGE_ROWS, MetaTable
 
@@ -60,11 +58,6 @@ def _write_events(path: Path) -> None:
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))
 
 
-def gnnstream(*argv: Any) -> subprocess.CompletedProcess:
-    env = dict(os.environ, GNNSTREAM_NO_PROGRESS="1")
-    return subprocess.run(gnnstream_command(*argv), capture_output=True, text=True, env=env, timeout=300)
-
-
 @pytest.fixture(scope="module")
 def work() -> Iterator[Path]:
     with fast_tempdir() as d:
@@ -77,7 +70,7 @@ def good(work: Path) -> Path:
     _write_events(events)
     (work / "empty.jsonl").write_text("")
     init_model_dir(work / "model", arch="sage", in_dim=8, hidden=16, out_dim=8, layers=2, fanouts=[10, 5], seed=0)
-    done = gnnstream("apply", "--state", work / "good", "--model", work / "model", events, "--batch", 500)
+    done = run_gnnstream("apply", "--state", work / "good", "--model", work / "model", events, "--batch", 500)
     assert done.returncode == 0, done.stderr[-3000:]
     return work / "good"
 
@@ -141,19 +134,19 @@ def test_damaged_rows_are_recomputed_by_the_next_apply(good: Path, work: Path, r
         live = _damage(state, layer, kind)
         assert _damaged_pages(state)[layer] == live  # the check finds every record of the damaged page
 
-        done = gnnstream("apply", "--state", state, work / "empty.jsonl")
+        done = run_gnnstream("apply", "--state", state, work / "empty.jsonl")
         assert done.returncode == 0, done.stderr[-3000:]
         assert DAMAGE_NOTE in done.stderr, done.stderr[-3000:]
         assert json.loads(done.stdout)["pending"] == 0
         assert _damaged_pages(state) == {"final": 0, "layer1": 0}, "the damaged frame is still in use"
 
-        verified = gnnstream("verify", "--state", state)
+        verified = run_gnnstream("verify", "--state", state)
         assert verified.returncode == 0, verified.stdout + verified.stderr[-3000:]
         summary = json.loads(verified.stdout)
         assert summary["ok"] is True and summary["pending_dirty"] == 0, summary
 
         export = tmp / "emb.jsonl"
-        exported = gnnstream("embeddings", "--state", state, "--out", export)
+        exported = run_gnnstream("embeddings", "--state", state, "--out", export)
         assert exported.returncode == 0, exported.stderr[-3000:]
         records = [json.loads(line) for line in export.read_text().splitlines()]
         got = {r["id"]: np.asarray(r["embedding"], dtype=np.float64) for r in records}
@@ -161,5 +154,5 @@ def test_damaged_rows_are_recomputed_by_the_next_apply(good: Path, work: Path, r
         assert all(np.isfinite(v).all() for v in got.values()), "an exported embedding holds NaN or inf"
         assert_embeddings_close(got, reference, what=f"{layer} rows with {kind}, after apply")
 
-        again = gnnstream("apply", "--state", state, work / "empty.jsonl")
+        again = run_gnnstream("apply", "--state", state, work / "empty.jsonl")
         assert again.returncode == 0 and DAMAGE_NOTE not in again.stderr, again.stderr[-3000:]
