@@ -1,0 +1,77 @@
+"""Kafka client backends by name: kafka-python or confluent-kafka (librdkafka).
+
+Both implement :class:`stream.clients.ConsumerClient` and
+:class:`stream.clients.ProducerClient` with the same semantics; the backend
+module is imported only when it is asked for, so choosing ``kafka-python``
+never loads librdkafka and the other way round::
+
+    consumer = open_consumer("confluent", bootstrap, "graph-events", "gnnstream",
+                             on_assign=stored_offsets)
+    producer = open_producer("confluent", bootstrap)
+
+Keyword arguments are passed to the backend's class
+(:class:`stream.kafka.EventConsumer` / :class:`stream.kafka.Producer`, or
+:class:`stream.confluent.ConfluentConsumer` /
+:class:`stream.confluent.ConfluentProducer`). The named ones (``on_assign``,
+``on_revoke``, ``session_timeout_ms``, ``heartbeat_interval_ms``,
+``auto_offset_reset``, ``linger_ms``, ``batch_size``, ``max_block_ms``) mean
+the same in both; other settings are the backend's own.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Sequence
+
+from stream.clients import ConsumerClient, ProducerClient
+
+__all__ = ["KAFKA_CLIENTS", "open_consumer", "open_producer"]
+
+KAFKA_CLIENTS = ("kafka-python", "confluent")
+"""The backend names, in the order ``--kafka-client`` lists them."""
+
+_CLASSES = {
+    "kafka-python": ("stream.kafka", "EventConsumer", "Producer"),
+    "confluent": ("stream.confluent", "ConfluentConsumer", "ConfluentProducer"),
+}
+
+
+def _backend(client: str) -> tuple[Any, str, str]:
+    try:
+        module, consumer, producer = _CLASSES[client]
+    except (KeyError, TypeError):
+        raise ValueError(f"Expected a Kafka client among {', '.join(KAFKA_CLIENTS)} (got {client!r})") from None
+    return importlib.import_module(module), consumer, producer
+
+
+def open_consumer(client: str, bootstrap: str, topic: str | Sequence[str], group_id: str,
+                  **kw: Any) -> ConsumerClient:
+    """A consumer-group member of the named backend.
+
+    Args:
+        client: one of :data:`KAFKA_CLIENTS`.
+        bootstrap: ``host:port[,host:port...]``.
+        topic: a topic name or several.
+        group_id: the consumer group.
+        **kw: the backend consumer's other arguments.
+
+    Raises:
+        ValueError: an unknown backend name (or a setting it refuses).
+    """
+    module, consumer, _ = _backend(client)
+    return getattr(module, consumer)(bootstrap, topic, group_id, **kw)
+
+
+def open_producer(client: str, bootstrap: str, **kw: Any) -> ProducerClient:
+    """A producer of the named backend.
+
+    Args:
+        client: one of :data:`KAFKA_CLIENTS`.
+        bootstrap: ``host:port[,host:port...]``.
+        **kw: the backend producer's other arguments.
+
+    Raises:
+        ValueError: an unknown backend name (or a setting it refuses).
+    """
+    module, _, producer = _backend(client)
+    return getattr(module, producer)(bootstrap, **kw)
