@@ -46,7 +46,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from common import ROOT, code_fingerprint, emit, log, machine_load, peak_rss_mib, percentile  # noqa: E402  (puts the repo root on sys.path)
+from common import code_fingerprint, emit, log, machine_load, peak_rss_mib, percentile  # noqa: E402  (puts the repo root on sys.path)
 
 from model import init_model_dir  # noqa: E402
 from stream.broker import EmbeddedBroker  # noqa: E402
@@ -74,11 +74,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--partitions", type=int, default=4, help="partitions of the throughput topic")
     p.add_argument("--batch-size", type=int, default=1000, help="worker --batch-size")
     p.add_argument("--batch-wait-ms", type=int, default=200, help="worker --batch-wait-ms")
+    p.add_argument("--max-batch-size", type=int, default=10_000, help="worker --max-batch-size")
     p.add_argument("--arch", default="sage", choices=["sage", "gcn", "gat"])
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--out-dim", type=int, default=64)
     p.add_argument("--fanouts", type=_fanouts, default=[25, 10])
     p.add_argument("--idle-s", type=float, default=3.0, help="worker max_idle_s after the stream")
+    p.add_argument("--kafka-client", default="kafka-python", help="worker --kafka-client")
+    p.add_argument("--output-format", default="json", choices=["json", "binary"], help="worker --output-format")
     return p.parse_args(argv)
 
 
@@ -207,7 +210,9 @@ def sustained(bootstrap: str, topic: str, total: int, model: str, state: str, ar
     settings = WorkerSettings(bootstrap=bootstrap, state=state, model=model, events_topic=topic,
                               output_topic=f"bench-emb-{tag}", dlq_topic=f"bench-dlq-{tag}",
                               group=f"bench-worker-{tag}", partitions=args.partitions, batch_size=args.batch_size,
-                              batch_wait_ms=args.batch_wait_ms, metrics_port=0)
+                              batch_wait_ms=args.batch_wait_ms, metrics_port=0,
+                              kafka_client=args.kafka_client, output_format=args.output_format,
+                              max_batch_size=args.max_batch_size)
     worker, thread, result = start_worker(settings, args.idle_s)
     timed = Timed(worker, total)
     thread.start()
@@ -237,7 +242,9 @@ def freshness(bootstrap: str, events: list, rate: float, model: str, state: str,
     settings = WorkerSettings(bootstrap=bootstrap, state=state, model=model, events_topic=topic,
                               output_topic=output, dlq_topic=f"bench-fresh-dlq-{tag}",
                               group=f"bench-fresh-{tag}", partitions=1, batch_size=args.batch_size,
-                              batch_wait_ms=args.batch_wait_ms, metrics_port=0)
+                              batch_wait_ms=args.batch_wait_ms, metrics_port=0,
+                              kafka_client=args.kafka_client, output_format=args.output_format,
+                              max_batch_size=args.max_batch_size)
     worker, thread, result = start_worker(settings, 600)
     thread.start()
 
@@ -377,7 +384,9 @@ def main(argv: list[str] | None = None) -> int:
         "events": len(events),
         "model": {"arch": args.arch, "in_dim": FEATURE_DIM, "hidden": args.hidden, "out_dim": args.out_dim,
                   "fanouts": args.fanouts},
-        "worker_settings": {"batch_size": args.batch_size, "batch_wait_ms": args.batch_wait_ms,
+        "worker_settings": {"batch_size": args.batch_size, "max_batch_size": args.max_batch_size,
+                            "batch_wait_ms": args.batch_wait_ms,
+                            "kafka_client": args.kafka_client, "output_format": args.output_format,
                             "partitions": args.partitions},
         "produce": produced,
         "raw_consume": raw,

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from stream.broker import EmbeddedBroker
-from stream.kafka import EventConsumer
+from stream.backends import KAFKA_CLIENTS, open_consumer
 from workers.datasets import BITCOIN_OTC, read_snap
 from workers.heap import tune_collector
 from workers.offline import verify
@@ -44,8 +44,8 @@ logger = logging.getLogger(__name__)
 DATA = BITCOIN_OTC
 
 
-def _read_topic(bootstrap: str, topic: str, group: str) -> list:
-    consumer = EventConsumer(bootstrap, topic, group)
+def _read_topic(bootstrap: str, topic: str, group: str, kafka_client: str = "kafka-python") -> list:
+    consumer = open_consumer(kafka_client, bootstrap, topic, group)
     out, idle = [], 0
     try:
         while idle < 4:
@@ -104,7 +104,7 @@ def _plots(out: Path, timeline: list[tuple[float, float]], fpr: np.ndarray | Non
 
 
 def run_demo(data: Path, out: Path, *, rate: float, limit: int = 0, epochs: int = 300,
-             retrain: bool = False) -> dict[str, Any]:
+             retrain: bool = False, kafka_client: str = "kafka-python") -> dict[str, Any]:
     if not data.exists():
         raise SystemExit(f"demo data not found at {data}; the repository ships it in data/ (restore it with git checkout -- data)")
     out.mkdir(parents=True, exist_ok=True)
@@ -122,9 +122,9 @@ def run_demo(data: Path, out: Path, *, rate: float, limit: int = 0, epochs: int 
     with EmbeddedBroker(log_path=run_dir / "broker.log") as broker:
         print(f"embedded broker at {broker.bootstrap}", file=sys.stderr)
         settings = WorkerSettings(bootstrap=broker.bootstrap, state=str(run_dir / "state"), model=str(model_dir),
-                                  metrics_port=0, batch_size=1000, batch_wait_ms=100)
+                                  metrics_port=0, batch_size=1000, batch_wait_ms=100, kafka_client=kafka_client)
         worker = Worker(settings)
-        scorer = FraudScorer(broker.bootstrap, model_dir, in_topic=settings.output_topic)
+        scorer = FraudScorer(broker.bootstrap, model_dir, in_topic=settings.output_topic, kafka_client=kafka_client)
         summary: dict[str, Any] = {}
         produced: dict[str, Any] = {}
         # the scorer runs until it has read what the worker published (an idle limit alone could end it
@@ -137,7 +137,8 @@ def run_demo(data: Path, out: Path, *, rate: float, limit: int = 0, epochs: int 
         for t in threads:
             t.start()
         produced.update(produce_file(broker.bootstrap, str(data), fmt="snap", limit=limit, rate=rate,
-                                     partitions=settings.partitions, topic=settings.events_topic))
+                                     partitions=settings.partitions, topic=settings.events_topic,
+                                     kafka_client=kafka_client))
         read, since = -1, time.monotonic()
         while any(t.is_alive() for t in threads):
             threads[0].join(2.0)
@@ -154,8 +155,8 @@ def run_demo(data: Path, out: Path, *, rate: float, limit: int = 0, epochs: int 
                 threads[1].join()
         print(file=sys.stderr)
         seconds = time.perf_counter() - t0
-        dead = _read_topic(broker.bootstrap, settings.dlq_topic, f"demo-dlq-{os.getpid()}")
-        scores = _read_topic(broker.bootstrap, scorer.out_topic, f"demo-scores-{os.getpid()}")
+        dead = _read_topic(broker.bootstrap, settings.dlq_topic, f"demo-dlq-{os.getpid()}", kafka_client)
+        scores = _read_topic(broker.bootstrap, scorer.out_topic, f"demo-scores-{os.getpid()}", kafka_client)
     latest: dict[str, dict[str, Any]] = {}
     for r in scores:
         if r.value is None:
@@ -206,11 +207,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--limit", type=int, default=0, help="replay only the first N events")
     parser.add_argument("--epochs", type=int, default=300, help="training epochs (default 300)")
     parser.add_argument("--retrain", action="store_true", help="train again even if out/model exists")
+    parser.add_argument("--kafka-client", choices=KAFKA_CLIENTS, default=os.environ.get("GNNSTREAM_KAFKA_CLIENT",
+                                                                                       "kafka-python"),
+                        help="Kafka client of the worker, the scorer and the replay (env GNNSTREAM_KAFKA_CLIENT)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     tune_collector()
     logging.getLogger("kafka").setLevel(logging.ERROR)  # the client's event-loop timing notes are noise here
-    result = run_demo(args.data, args.out, rate=args.rate, limit=args.limit, epochs=args.epochs, retrain=args.retrain)
+    result = run_demo(args.data, args.out, rate=args.rate, limit=args.limit, epochs=args.epochs, retrain=args.retrain,
+                      kafka_client=args.kafka_client)
     print("\ngnnstream demo — Bitcoin OTC trust network replayed through Kafka")
     width = max(len(k) for k in result)
     for key, value in result.items():

@@ -43,7 +43,7 @@ from graph_state.idsets import setdiff_ids, unique_ids
 from graph_state.store import DIRTY_COUNT, DIRTY_DEGREE, DIRTY_INPUT, DIRTY_SAMPLE, GraphStore
 from workers.tables import EmbeddingTables, MetaTable, OutboxEntry, decode_legacy_final, encode_outbox
 
-__all__ = ["Engine", "RecomputeStats", "EngineError"]
+__all__ = ["Engine", "RecomputeStats", "EngineError", "OutboxColumns"]
 
 logger = logging.getLogger(__name__)
 
@@ -121,6 +121,26 @@ class _CachedRows:
 
     def projected(self, iids: np.ndarray, project: Project) -> tuple[np.ndarray, np.ndarray, int]:
         return self.tables.projected(self.layer, iids, project)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class OutboxColumns:
+    """The stored state of the nodes of an outbox record, one entry per node in each column.
+
+    ``rows`` is ``(n, dim)`` float32 (zeros where ``deleted``); ``deleted``
+    marks withdrawn nodes, published as tombstones.
+    """
+
+    names: list[str]
+    versions: np.ndarray
+    event_ts: np.ndarray
+    computed_at: float
+    modes: list[str]
+    rows: np.ndarray
+    deleted: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.names)
 
 
 class EngineError(RuntimeError):
@@ -246,8 +266,8 @@ class Engine:
         if count:
             self.store.write([self.store.mark_put(np.concatenate(tags), np.concatenate(nodes),
                                                   np.full(count, DIRTY_SAMPLE, dtype=np.uint8))])
-            logger.warning("store %s: %d stored rows did not match their page records; marked for recompute",
-                           self.store.path, count)
+            logger.warning("store %s: %d stored rows did not match their page records; the next apply or run "
+                           "recomputes them", self.store.path, count)
 
     def _out_dim(self, layer: int, in_dim: int) -> int:
         empty = torch.zeros(0, dtype=torch.int64)
@@ -685,23 +705,34 @@ class Engine:
             self._outbox(puts, encode_outbox(ids, time.time()))
             stats.published += len(ids)
 
-    def outbox_entries(self, iids: np.ndarray, computed_at: float) -> list[OutboxEntry]:
-        """What to publish for the nodes of an outbox record: their stored state now.
+    def outbox_columns(self, iids: np.ndarray, computed_at: float) -> OutboxColumns:
+        """What to publish for the nodes of an outbox record, as columns: their stored state now.
 
-        A node without stored metadata (none was ever computed) is left out;
-        a withdrawn node comes back with mode ``deleted`` and no embedding.
+        One metadata lookup and one :meth:`EmbeddingTables.get` for all of
+        them. A node without stored metadata (none was ever computed), or
+        whose final row is missing, is left out; a withdrawn node comes back
+        with mode ``deleted``, ``deleted`` set and a zero row.
         """
         iids = np.asarray(iids, dtype=np.int64)
         version, event_ts, mode = self.meta.get(iids)
         rows, present = self.tables.get(self.num_layers, iids)
-        name, names = self.store.name, self.meta.names
-        out = []
-        for i, (iid, code) in enumerate(zip(iids.tolist(), mode.tolist())):
-            if code < 0 or (code != self._deleted_code and not present[i]):
-                continue
-            out.append(OutboxEntry(name(iid), int(version[i]), float(event_ts[i]), computed_at, names[code],
-                                   None if code == self._deleted_code else rows[i]))
-        return out
+        deleted = mode == self._deleted_code
+        keep = (mode >= 0) & (deleted | present)
+        if not keep.all():
+            iids, version, event_ts, mode, rows, deleted = (
+                iids[keep], version[keep], event_ts[keep], mode[keep], rows[keep], deleted[keep])
+        names = self.meta.names
+        return OutboxColumns(list(map(self.store.name, iids.tolist())), version.astype(np.int64),
+                             event_ts.astype(np.float64), float(computed_at),
+                             [names[c] for c in mode.tolist()], rows, deleted)
+
+    def outbox_entries(self, iids: np.ndarray, computed_at: float) -> list[OutboxEntry]:
+        """:meth:`outbox_columns` as one :class:`OutboxEntry` per node (tests and tools; the worker
+        publishes the columns)."""
+        c = self.outbox_columns(iids, computed_at)
+        return [OutboxEntry(node, version, ts, c.computed_at, mode, None if gone else row)
+                for node, version, ts, mode, gone, row in zip(c.names, c.versions.tolist(), c.event_ts.tolist(),
+                                                              c.modes, c.deleted.tolist(), c.rows)]
 
     def deferred_age(self) -> float:
         """Seconds the oldest deferred hub propagation has waited (0 when none)."""

@@ -17,15 +17,70 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
 
+import numpy as np
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import HistogramMetricFamily
+from prometheus_client.utils import floatToGoString
 
-__all__ = ["WorkerMetrics", "MetricsServer"]
+__all__ = ["WorkerMetrics", "MetricsServer", "BatchHistogram"]
 
 logger = logging.getLogger(__name__)
 
 _LATENCY = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 _FRESHNESS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 3600, 86400, 86400 * 365 * 30)
 _COUNTS = (1, 10, 100, 1_000, 10_000, 100_000, 1_000_000)
+
+
+class BatchHistogram:
+    """A Prometheus histogram that takes a whole array of observations in one call.
+
+    ``prometheus_client.Histogram`` observes one value per call; a batch of
+    50,000 published embeddings would cost 50,000 calls. Here the bucket
+    counts of a batch come from one ``numpy.searchsorted`` and one
+    ``bincount`` and are added under a lock; the exposition is the same as
+    ``Histogram``'s (``_bucket{le=...}`` cumulative, ``_count``, ``_sum``),
+    with a value exactly on a bound counted in that bound's bucket (``le``).
+
+    Args:
+        name: metric name (without ``_bucket`` etc.).
+        documentation: help text.
+        buckets: increasing upper bounds; ``+Inf`` is added.
+        registry: where to register it.
+    """
+
+    def __init__(self, name: str, documentation: str, buckets: tuple[float, ...], registry: CollectorRegistry):
+        self.name, self.documentation = name, documentation
+        self._bounds = np.asarray(buckets, dtype=np.float64)
+        self._counts = np.zeros(len(buckets) + 1, dtype=np.int64)  # per bucket, the last one is +Inf
+        self._sum = 0.0
+        self._lock = threading.Lock()
+        registry.register(self)
+
+    def observe(self, value: float) -> None:
+        self.observe_many(np.asarray([value], dtype=np.float64))
+
+    def observe_many(self, values: np.ndarray) -> None:
+        """Add every value of ``values`` (a 1-D array) as one observation."""
+        values = np.asarray(values, dtype=np.float64).ravel()
+        if not len(values):
+            return
+        counts = np.bincount(np.searchsorted(self._bounds, values, side="left"), minlength=len(self._counts))
+        total = float(values.sum())
+        with self._lock:
+            self._counts += counts
+            self._sum += total
+
+    def describe(self) -> list[HistogramMetricFamily]:
+        return [HistogramMetricFamily(self.name, self.documentation)]
+
+    def collect(self) -> list[HistogramMetricFamily]:
+        with self._lock:
+            cumulative = np.cumsum(self._counts).tolist()
+            total = self._sum
+        bounds = [floatToGoString(b) for b in self._bounds.tolist()] + ["+Inf"]
+        family = HistogramMetricFamily(self.name, self.documentation)
+        family.add_metric([], list(zip(bounds, cumulative)), sum_value=total)
+        return [family]
 
 
 class WorkerMetrics:
@@ -46,9 +101,12 @@ class WorkerMetrics:
         self.dirty = Gauge("gnnstream_dirty_nodes", "Nodes recomputed per layer in the last batch", ["layer"],
                            registry=r)
         self.lag = Gauge("gnnstream_consumer_lag", "Events behind the high watermark", ["partition"], registry=r)
-        self.freshness = Histogram("gnnstream_embedding_freshness_seconds",
-                                   "Publish time minus event time of published embeddings",
-                                   buckets=_FRESHNESS, registry=r)
+        # one observation per published embedding, added a batch at a time
+        self.freshness = BatchHistogram("gnnstream_embedding_freshness_seconds",
+                                        "Publish time minus event time of published embeddings",
+                                        _FRESHNESS, registry=r)
+        self.batch_size = Histogram("gnnstream_batch_events", "Records polled per micro-batch",
+                                    buckets=_COUNTS, registry=r)
         self.pipeline = Histogram("gnnstream_pipeline_latency_seconds",
                                   "Publish time minus Kafka record time of the oldest event in the batch",
                                   buckets=_FRESHNESS, registry=r)

@@ -15,7 +15,8 @@ import uuid
 from typing import Any, Iterator
 
 from stream.events import encode_event, event_key
-from stream.kafka import EventConsumer, Producer, ensure_topics
+from stream.backends import open_consumer, open_producer
+from stream.kafka import ensure_topics
 from stream.updates import decode_update
 from workers.datasets import read_snap, snap_events
 from workers.offline import _bar
@@ -46,14 +47,16 @@ def iter_file_messages(path: str, fmt: str = "jsonl") -> Iterator[tuple[bytes | 
 
 
 def produce_file(bootstrap: str, path: str, *, topic: str = "graph-events", fmt: str = "jsonl",
-                 rate: float = 0.0, partitions: int = 4, limit: int = 0) -> dict[str, Any]:
-    """Send every event of ``path``; returns counts and the achieved rate."""
+                 rate: float = 0.0, partitions: int = 4, limit: int = 0,
+                 kafka_client: str = "kafka-python") -> dict[str, Any]:
+    """Send every event of ``path`` with the named client (:data:`stream.backends.KAFKA_CLIENTS`); returns counts
+    and the achieved rate."""
     ensure_topics(bootstrap, {topic: partitions})
     messages = list(iter_file_messages(path, fmt))
     if limit:
         messages = messages[:limit]
     t0 = time.perf_counter()
-    with Producer(bootstrap) as producer, _bar(len(messages), "produce") as bar:
+    with open_producer(kafka_client, bootstrap) as producer, _bar(len(messages), "produce") as bar:
         for i, (key, value) in enumerate(messages):
             producer.send(topic, key, value)
             if rate > 0:
@@ -70,11 +73,13 @@ def produce_file(bootstrap: str, path: str, *, topic: str = "graph-events", fmt:
 
 
 def tail_embeddings(bootstrap: str, *, topic: str = "node-embeddings", from_beginning: bool = False,
-                    max_messages: int = 0, idle_s: float = 0.0, out: Any = None) -> int:
+                    max_messages: int = 0, idle_s: float = 0.0, out: Any = None,
+                    kafka_client: str = "kafka-python") -> int:
     """Print updates as ``id v<version> <mode> dim=<d> [first values] event_ts=…``; returns the count."""
     out = out or sys.stdout
     group = f"gnnstream-tail-{uuid.uuid4().hex[:8]}"
-    consumer = EventConsumer(bootstrap, topic, group, auto_offset_reset="earliest" if from_beginning else "latest")
+    consumer = open_consumer(kafka_client, bootstrap, topic, group,
+                             auto_offset_reset="earliest" if from_beginning else "latest")
     count = 0
     last = time.monotonic()
     try:

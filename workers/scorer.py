@@ -8,31 +8,107 @@ Consumes ``node-embeddings``, applies the logistic head trained by
 
 A deleted node's tombstone is passed on as a tombstone. Delivery is at least
 once, like the embeddings it scores.
+
+Per poll: the updates are decoded into columns (:func:`decode_updates`: one
+``orjson.loads`` per JSON message, one ``numpy`` matrix of all embeddings),
+scored with one :meth:`FraudHead.score` call and encoded with ``orjson``.
 """
 
 from __future__ import annotations
 
-import json
+import itertools
 import logging
 import threading
 import time
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
+import orjson
 
-from stream.kafka import EventConsumer, Producer, ensure_topics
-from stream.updates import decode_update
+from stream.backends import open_consumer, open_producer
+from stream.exceptions import InvalidUpdate
+from stream.kafka import ensure_topics
+from stream.updates import BINARY_MAGIC, decode_update
 from workers.train import FraudHead, load_head
 
-__all__ = ["FraudScorer", "encode_score"]
+__all__ = ["FraudScorer", "encode_score", "encode_scores", "decode_updates", "UpdateColumns"]
 
 logger = logging.getLogger(__name__)
 
+_NUMBERS = frozenset((int, float))
+
 
 def encode_score(node: str, score: float, version: int, model: str, event_ts: float) -> bytes:
-    return json.dumps({"id": node, "score": round(float(score), 6), "embedding_version": version,
-                       "model": model, "event_ts": event_ts, "scored_at": time.time()},
-                      separators=(",", ":")).encode()
+    return encode_scores([node], np.asarray([score]), [version], [model], [event_ts], time.time())[0]
+
+
+def encode_scores(nodes: Sequence[str], scores: np.ndarray, versions: Sequence[int], models: Sequence[str],
+                  event_ts: Sequence[float], scored_at: float) -> list[bytes]:
+    """The score messages of many updates (``scores`` rounded to 6 decimals), one ``orjson.dumps`` each."""
+    dumps = orjson.dumps
+    return [dumps({"id": node, "score": score, "embedding_version": version, "model": model, "event_ts": ts,
+                   "scored_at": scored_at})
+            for node, score, version, model, ts in zip(nodes, np.round(np.asarray(scores, dtype=np.float64), 6)
+                                                       .tolist(), versions, models, event_ts)]
+
+
+class UpdateColumns:
+    """Embedding updates as columns: ``ids``, ``versions``, ``models``, ``event_ts`` (lists) and ``rows``
+    (an ``(n, dim)`` float32 matrix)."""
+
+    __slots__ = ("ids", "versions", "models", "event_ts", "rows")
+
+    def __init__(self, ids: list[str], versions: list[int], models: list[str], event_ts: list[Any],
+                 rows: np.ndarray):
+        self.ids, self.versions, self.models, self.event_ts, self.rows = ids, versions, models, event_ts, rows
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+def decode_updates(values: Sequence[bytes]) -> UpdateColumns:
+    """Decode many update messages (JSON or binary, not tombstones) at once.
+
+    JSON messages are read with one ``orjson.loads`` each and their
+    embeddings turned into one float32 matrix; a batch that is not all
+    well-formed JSON updates of one dimension is decoded message by message
+    with :func:`stream.updates.decode_update`, which validates every field.
+
+    Raises:
+        InvalidUpdate: a message is not an update (from ``decode_update``).
+    """
+    if any(v[:1] == bytes((BINARY_MAGIC,)) for v in values):
+        return _decode_each(values)
+    try:
+        objs = list(map(orjson.loads, values))
+        ids = [o["id"] for o in objs]
+        versions = [o["version"] for o in objs]
+        models = [o["model"] for o in objs]
+        times = [o["event_ts"] for o in objs]
+        embeddings = [o["embedding"] for o in objs]
+        # element types as sets built in C (a bool is an int subclass but its type is bool)
+        valid = (set(map(type, ids)) <= {str} and all(ids) and set(map(type, models)) <= {str} and all(models)
+                 and set(map(type, versions)) <= {int} and min(versions) >= 0
+                 and set(map(type, times)) <= _NUMBERS and set(map(type, embeddings)) <= {list}
+                 and set(map(type, itertools.chain.from_iterable(embeddings))) <= _NUMBERS
+                 and len(set(map(len, embeddings))) == 1)
+        rows = np.array(embeddings, dtype=np.float32) if valid else None
+    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+        valid = False
+    if not valid:
+        return _decode_each(values)
+    return UpdateColumns(ids, versions, models, list(map(float, times)), rows)
+
+
+def _decode_each(values: Sequence[bytes]) -> UpdateColumns:
+    updates = [decode_update(v) for v in values]
+    dims = {len(u.embedding) for u in updates}
+    if len(dims) > 1:
+        raise InvalidUpdate("bad_field", f"updates of one poll have embeddings of {len(dims)} sizes {sorted(dims)}")
+    rows = (np.stack([np.asarray(u.embedding, dtype=np.float32) for u in updates]) if updates
+            else np.zeros((0, 0), dtype=np.float32))
+    return UpdateColumns([u.id for u in updates], [u.version for u in updates], [u.model for u in updates],
+                         [u.event_ts for u in updates], rows)
 
 
 class FraudScorer:
@@ -43,14 +119,17 @@ class FraudScorer:
         head: the logistic head (see :func:`workers.train.load_head`).
         in_topic / out_topic: embeddings in, scores out.
         group: consumer group id.
+        kafka_client: one of :data:`stream.backends.KAFKA_CLIENTS`.
     """
 
     def __init__(self, bootstrap: str, head: FraudHead | str, *, in_topic: str = "node-embeddings",
-                 out_topic: str = "fraud-scores", group: str = "gnnstream-fraud-scorer", partitions: int = 4):
+                 out_topic: str = "fraud-scores", group: str = "gnnstream-fraud-scorer", partitions: int = 4,
+                 kafka_client: str = "kafka-python"):
         self.bootstrap = bootstrap
         self.head = head if isinstance(head, FraudHead) else load_head(head)
         self.in_topic, self.out_topic, self.group = in_topic, out_topic, group
         self.partitions = partitions
+        self.kafka_client = kafka_client
         self.scored = 0
         self.deleted = 0
         self._stop = threading.Event()
@@ -60,8 +139,8 @@ class FraudScorer:
 
     def run(self, max_idle_s: float | None = None) -> dict[str, int]:
         ensure_topics(self.bootstrap, {self.in_topic: self.partitions, self.out_topic: self.partitions})
-        consumer = EventConsumer(self.bootstrap, self.in_topic, self.group)
-        producer = Producer(self.bootstrap)
+        consumer = open_consumer(self.kafka_client, self.bootstrap, self.in_topic, self.group)
+        producer = open_producer(self.kafka_client, self.bootstrap)
         idle_since = time.monotonic()
         try:
             while not self._stop.is_set():
@@ -70,18 +149,22 @@ class FraudScorer:
                     idle_since = time.monotonic()
                 elif max_idle_s is not None and time.monotonic() - idle_since > max_idle_s:
                     break
-                updates, keys = [], []
+                send, out_topic = producer.send, self.out_topic
+                values = []
                 for r in records:
                     if r.value is None:
-                        producer.send(self.out_topic, r.key, None)
+                        send(out_topic, r.key, None)
                         self.deleted += 1
                     else:
-                        updates.append(decode_update(r.value))
-                if updates:
-                    scores = self.head.score(np.stack([np.asarray(u.embedding, dtype=np.float32) for u in updates]))
-                    for u, s in zip(updates, scores):
-                        producer.send(self.out_topic, u.id.encode(), encode_score(u.id, s, u.version, u.model, u.event_ts))
-                    self.scored += len(updates)
+                        values.append(r.value)
+                if values:
+                    cols = decode_updates(values)
+                    scores = self.head.score(cols.rows)
+                    messages = encode_scores(cols.ids, scores, cols.versions, cols.models, cols.event_ts,
+                                             time.time())
+                    for node, message in zip(cols.ids, messages):
+                        send(out_topic, node.encode(), message)
+                    self.scored += len(cols)
                 if records:
                     producer.flush(30.0)
                     consumer.commit()

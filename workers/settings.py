@@ -11,6 +11,8 @@ import os
 from dataclasses import dataclass, fields
 from typing import Any
 
+from stream.backends import KAFKA_CLIENTS
+
 __all__ = ["WorkerSettings", "add_worker_arguments", "settings_from_args", "ENV_PREFIX"]
 
 ENV_PREFIX = "GNNSTREAM_"
@@ -21,6 +23,7 @@ class WorkerSettings:
     """Configuration of one streaming worker."""
 
     bootstrap: str = "localhost:9092"
+    kafka_client: str = "kafka-python"
     state: str = "./state"
     model: str | None = None
     events_topic: str = "graph-events"
@@ -29,6 +32,7 @@ class WorkerSettings:
     group: str = "gnnstream"
     partitions: int = 4
     batch_size: int = 1000
+    max_batch_size: int = 10_000
     batch_wait_ms: int = 200
     output_format: str = "json"
     metrics_port: int = 9108
@@ -47,6 +51,10 @@ class WorkerSettings:
             if value not in allowed:
                 raise ValueError(f"{name} must be one of {', '.join(allowed)} (got {value!r}); set "
                                  f"--{name.replace('_', '-')} or {_env_name(name)}")
+        for name in ("batch_size", "max_batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1 (got {getattr(self, name)!r}); set "
+                                 f"--{name.replace('_', '-')} or {_env_name(name)}")
         for name in ("broker_wait_s", "drain_timeout_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0 (got {getattr(self, name)!r}); set "
@@ -55,6 +63,7 @@ class WorkerSettings:
 
 _HELP = {
     "bootstrap": "Kafka bootstrap servers host:port[,host:port]",
+    "kafka_client": "Kafka client library: kafka-python (pure Python) or confluent (confluent-kafka, librdkafka)",
     "state": "graph state directory (RocksDB), the source of truth",
     "model": "model directory (config.json + weights.pt); default: the one the state uses",
     "events_topic": "topic of graph events",
@@ -62,7 +71,9 @@ _HELP = {
     "dlq_topic": "dead-letter topic for invalid events",
     "group": "Kafka consumer group id",
     "partitions": "partitions of topics created when missing",
-    "batch_size": "max events per micro-batch",
+    "batch_size": "events per micro-batch under light load (the first poll's size and the smallest target)",
+    "max_batch_size": "largest micro-batch: under a backlog the batch target doubles after every full poll up "
+                      "to this (updates of one node within a batch coalesce); below batch_size, batch_size",
     "batch_wait_ms": "max wait for a micro-batch to fill, in ms",
     "output_format": "embedding encoding: json or binary (raw float32, see stream/updates.py)",
     "metrics_port": "port of the Prometheus /metrics and /healthz endpoint (0 = off)",
@@ -83,7 +94,8 @@ _HELP = {
 }
 
 
-_CHOICES = {"output_format": ("json", "binary"), "on_offset_reset": ("fail", "earliest", "latest")}
+_CHOICES = {"kafka_client": KAFKA_CLIENTS, "output_format": ("json", "binary"),
+            "on_offset_reset": ("fail", "earliest", "latest")}
 
 
 def _env_name(field_name: str) -> str:

@@ -2,7 +2,10 @@
 
 One loop iteration is a micro-batch, in numbered steps:
 
-1. poll up to ``batch_size`` records (waiting at most ``batch_wait_ms``);
+1. poll up to the current batch target of records (waiting at most
+   ``batch_wait_ms``); the target starts at ``batch_size``, doubles while
+   polls come back full (a backlog) up to ``max_batch_size`` and halves back
+   while they come back less than half full (light load, small batches);
 2. decode and validate; invalid records are queued to the dead-letter topic
    and the producer is flushed before anything else happens (a bad record is
    never lost, and never holds up the good ones behind it);
@@ -11,12 +14,20 @@ One loop iteration is a micro-batch, in numbered steps:
    worker resumes from these offsets, so nothing is lost or applied twice);
 4. recompute the dirty embeddings; they and their outbox entries are written
    in one WriteBatch;
-5. publish the outbox; entries are removed only after the producer's flush
-   succeeded (at-least-once: consumers keep the highest version per node);
+5. encode the new outbox records (each node's state as stored now, read in
+   this thread right after the recompute) and hand them to the publisher
+   thread, which sends and flushes them in order while this thread goes on
+   with the next batch; the outbox records of a batch are deleted (by this
+   thread) only after the publisher reported its flush succeeded
+   (at-least-once: consumers keep the highest version per node). At most
+   ``_MAX_IN_FLIGHT`` batches wait for delivery; then this thread waits too;
 6. commit Kafka offsets, for lag tools only.
 
-If Kafka is unavailable the loop keeps its state and retries: an unpublished
-outbox stays in RocksDB until a flush succeeds.
+If Kafka is unavailable the loop keeps its state and retries: the publisher
+retries the same batch (later ones wait behind it, so each node's versions go
+out in order) and an unpublished outbox stays in RocksDB until a flush
+succeeds. After a crash the next start publishes every outbox record left,
+each node at its newest stored version.
 
 Starting: the ``/healthz`` endpoint comes up first and answers 503 with a
 ``reason`` (opening the state, running a backfill, waiting for Kafka, joining
@@ -32,11 +43,18 @@ replaced; the worker stops with :class:`OffsetResetError` unless
 Stopping: SIGTERM/SIGINT finish the current batch, then spend at most
 ``drain_timeout_s`` finishing deferred hub work (:meth:`Engine.drain`) and
 publish it; what is left stays recorded as durable dirty marks for the next
-start. A second signal skips the drain.
+start. A second signal skips the drain, and so does a publisher that is
+failing (nothing could be published). Waiting for the publisher to deliver
+what it holds takes at most ``_STOP_DELIVERY_S`` (less after a second
+signal), while the consumer leaves its group on a thread of its own; then
+each client gets ``_STOP_CLOSE_S`` to close. Undelivered outbox records stay
+in RocksDB for the next start, so the worker exits within about ten seconds
+even when the broker is gone.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import signal
 import socket
@@ -50,21 +68,21 @@ import numpy as np
 
 from graph_state import keys
 from graph_state.store import GraphStore
-from stream.clients import ConsumerClient, PartitionKey, Record
+from stream.backends import open_consumer, open_producer
+from stream.clients import ConsumerClient, PartitionKey, ProducerClient, Record
 from stream.deadletter import DeadLetter, DeadLetterWriter
 from stream.events import InvalidEvent, NodeUpsert, decode_event_json
 from stream.exceptions import StreamError, TopicSetupError
-from stream.kafka import EventConsumer, Producer, ensure_topics
-from stream.updates import EmbeddingUpdate, encode_update, tombstone
+from stream.kafka import ensure_topics
+from stream.updates import encode_updates, tombstone
 from workers.heap import freeze_warm_heap
 from workers.metrics import MetricsServer, WorkerMetrics
 from workers.settings import WorkerSettings
 
 if TYPE_CHECKING:  # torch-backed modules are imported by Worker.run, after /healthz is up
-    from workers.engine import Engine
-    from workers.tables import OutboxEntry
+    from workers.engine import Engine, OutboxColumns
 
-__all__ = ["Worker", "OutboxPublisher", "OffsetResetError"]
+__all__ = ["Worker", "OutboxPublisher", "Outgoing", "OffsetResetError"]
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +92,12 @@ _SETUP_TIMEOUT_S = 10.0  # one topic-setup attempt against a broker that accepts
 _PROBE_TIMEOUT_S = 2.0
 _WAIT_LOG_EVERY_S = 60.0  # while waiting for Kafka, a warning at the first failure and then this often
 _POLL_STALE_S = 60.0  # /healthz turns 503 when the loop has not polled for this long
+_MAX_IN_FLIGHT = 2  # encoded batches waiting for (or in) delivery before the loop waits for the publisher
+_FLUSH_TIMEOUT_S = 5.0  # one flush of the publisher thread; a failed one is retried
+_STOP_DELIVERY_S = 4.0  # on stop, the longest wait for the publisher to deliver what it holds
+_STOP_CLOSE_S = 1.0  # on stop, then the longest wait for each client to close (they close side by side)
+_RETRY_PAUSE_S = 1.0  # between failed deliveries of the publisher thread
+_PUBLISH_LIMIT = 50_000  # messages per encoded batch (a batch holds whole outbox records)
 
 
 class OffsetResetError(StreamError):
@@ -88,50 +112,189 @@ class OffsetResetError(StreamError):
         self.partitions = partitions
 
 
+@dataclass(eq=False)
+class Outgoing:
+    """The encoded messages of some outbox records, ready to send.
+
+    ``keys`` are the outbox records they come from (deleted once the flush
+    confirmed delivery); ``messages`` are ``(key, value, headers)``
+    (``value`` None for a tombstone); ``event_ts`` the event time of each
+    published node, for the freshness histogram. Immutable once handed to
+    the publisher thread.
+    """
+
+    keys: list[bytes]
+    messages: list[tuple[bytes, bytes | None, Any]]
+    event_ts: np.ndarray
+    oldest_record_s: float | None = None  # Kafka time of the oldest record of the batch that made it
+
+    def __len__(self) -> int:
+        return len(self.messages)
+
+
 class OutboxPublisher:
     """Sends outbox entries to Kafka and deletes them once the flush succeeded.
 
+    :meth:`prepare` reads the outbox records not taken yet, resolves each
+    node to its state stored now (one :meth:`Engine.outbox_columns` call per
+    record) and encodes them in one :func:`stream.updates.encode_updates`
+    call (deleted nodes become tombstones); :meth:`deliver` sends and
+    flushes; :meth:`confirm` deletes the records. :meth:`publish` does the
+    three.
+
     Args:
-        resolve: ``(iids, computed_at) -> entries``, the stored state of the
-            nodes an outbox record names (:meth:`Engine.outbox_entries`).
+        resolve: ``(iids, computed_at) -> OutboxColumns``, the stored state of
+            the nodes an outbox record names (:meth:`Engine.outbox_columns`).
     """
 
-    def __init__(self, store: GraphStore, producer: Producer, topic: str, model_tag: str,
-                 resolve: Callable[[np.ndarray, float], list[OutboxEntry]], fmt: str = "json"):
+    def __init__(self, store: GraphStore, producer: ProducerClient, topic: str, model_tag: str,
+                 resolve: Callable[[np.ndarray, float], OutboxColumns], fmt: str = "json"):
         self.store = store
         self.producer = producer
         self.topic = topic
         self.model_tag = model_tag
         self.resolve = resolve
         self.fmt = fmt
+        self._taken: bytes | None = None  # the last outbox key prepare() took and confirm() has not deleted
 
     def pending(self) -> int:
         return sum(1 for _ in self.store.column("outbox").keys())
 
-    def publish(self, limit: int = 50_000, flush_timeout_s: float = 30.0) -> list[OutboxEntry]:
-        """Publish up to about ``limit`` entries; returns them (raises on delivery failure)."""
+    def prepare(self, limit: int = 50_000) -> Outgoing:
+        """Encode the outbox records after the last one taken, up to about ``limit`` messages."""
         from workers.tables import decode_outbox
-        sent_keys: list[bytes] = []
-        entries: list[OutboxEntry] = []
+        taken = self._taken
+        out = Outgoing([], [], np.zeros(0, dtype=np.float64))
+        times = []
         for key, raw in self.store.column("outbox").items():
+            if taken is not None and key <= taken:
+                continue
             computed_at, iids = decode_outbox(raw)
-            entries.extend(self.resolve(iids, computed_at))
-            sent_keys.append(key)
-            if len(entries) >= limit:
+            cols = self.resolve(iids, computed_at)
+            out.keys.append(key)
+            self._taken = key
+            if len(cols):
+                self._encode(cols, out.messages)
+                times.append(cols.event_ts)
+            if len(out.messages) >= limit:
                 break
-        if not sent_keys:
-            return []
-        for entry in entries:
-            if entry.embedding is None:
-                k, v, headers = tombstone(entry.node, entry.version)
-                self.producer.send(self.topic, k, v, headers)
-            else:
-                update = EmbeddingUpdate(entry.node, self.model_tag, entry.version, entry.embedding,
-                                         entry.event_ts, entry.computed_at, entry.mode)
-                self.producer.send(self.topic, entry.node.encode(), encode_update(update, self.fmt))
+        if times:
+            out.event_ts = np.concatenate(times)
+        return out
+
+    def _encode(self, cols: OutboxColumns, messages: list) -> None:
+        live = ~cols.deleted
+        names, modes = cols.names, cols.modes
+        if not live.all():
+            gone = np.flatnonzero(cols.deleted)
+            for i, version in zip(gone.tolist(), cols.versions[gone].tolist()):
+                messages.append(tombstone(names[i], version))
+            keep = np.flatnonzero(live).tolist()
+            names, modes = [names[i] for i in keep], [modes[i] for i in keep]
+        values = encode_updates(names, self.model_tag, cols.versions[live], cols.event_ts[live],
+                                cols.computed_at, modes, cols.rows[live], self.fmt)
+        messages.extend(zip([n.encode() for n in names], values, itertools.repeat(None)))
+
+    def deliver(self, out: Outgoing, flush_timeout_s: float = 30.0) -> None:
+        """Send and flush ``out`` (raises on delivery failure: then all of it counts as unsent)."""
+        send, topic = self.producer.send, self.topic
+        for key, value, headers in out.messages:
+            send(topic, key, value, headers)
         self.producer.flush(flush_timeout_s)
-        self.store.write(("outbox", key, None) for key in sent_keys)
-        return entries
+
+    def confirm(self, out: Outgoing) -> None:
+        """Delete the outbox records of a delivered ``out``."""
+        if out.keys:
+            self.store.write(("outbox", key, None) for key in out.keys)
+
+    def retake(self) -> None:
+        """Forget what :meth:`prepare` took and was not confirmed: the next prepare reads it again."""
+        self._taken = None
+
+    def publish(self, limit: int = 50_000, flush_timeout_s: float = 30.0) -> Outgoing:
+        """Publish up to about ``limit`` messages; returns them (raises on delivery failure)."""
+        self.retake()
+        out = self.prepare(limit)
+        if out.keys:
+            self.deliver(out, flush_timeout_s)
+            self.confirm(out)
+        self.retake()
+        return out
+
+
+class _Sender:
+    """The publisher thread: sends and flushes encoded batches, one at a time, in the order submitted.
+
+    A batch whose flush fails is sent again (and again) before any later
+    one, so each node's versions go out in order. Delivered batches wait in
+    :meth:`delivered` for the worker's thread, which deletes their outbox
+    records; this thread never touches the store.
+    """
+
+    def __init__(self, worker: Worker, publisher: OutboxPublisher):
+        self.worker, self.publisher = worker, publisher
+        self._cond = threading.Condition()
+        self._queue: deque[Outgoing] = deque()  # submitted, not delivered; the first is being sent
+        self._done: list[Outgoing] = []  # delivered, not yet confirmed
+        self._closing = False
+        self._closed = threading.Event()  # set by close(): a pause between retries ends at once
+        self.thread = threading.Thread(target=self._run, name="publisher", daemon=True)
+        self.thread.start()
+
+    def submit(self, out: Outgoing) -> None:
+        with self._cond:
+            self._queue.append(out)
+            self._cond.notify_all()
+
+    def in_flight(self) -> int:
+        """Batches submitted and not delivered yet."""
+        return len(self._queue)
+
+    def delivered(self) -> list[Outgoing]:
+        """The batches delivered since the last call, oldest first."""
+        with self._cond:
+            done, self._done = self._done, []
+        return done
+
+    def wait(self, timeout_s: float) -> None:
+        """Wait until a batch was delivered or nothing is in flight (at most ``timeout_s``)."""
+        with self._cond:
+            if self._queue and not self._done:
+                self._cond.wait(timeout_s)
+
+    def close(self, timeout_s: float) -> None:
+        """Stop after the batch being sent (waiting at most ``timeout_s`` for it); the rest stays unsent."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        self._closed.set()
+        self.thread.join(timeout_s)
+        if self.thread.is_alive():
+            logger.warning("the publisher thread is still flushing after %g s; leaving it (its outbox records "
+                           "stay stored for the next start)", timeout_s)
+
+    def _run(self) -> None:
+        worker = self.worker
+        while True:
+            with self._cond:
+                while not self._queue and not self._closing:
+                    self._cond.wait()
+                if self._closing:
+                    return
+                out = self._queue[0]
+            t0 = time.perf_counter()
+            try:
+                self.publisher.deliver(out, _FLUSH_TIMEOUT_S)
+            except Exception as exc:  # broker down: send the same batch again after a pause
+                worker._recoverable("publish", exc, pause=False)
+                self._closed.wait(_RETRY_PAUSE_S)
+                continue
+            worker._cleared("publish")
+            worker._delivered(out, time.perf_counter() - t0)
+            with self._cond:
+                self._queue.popleft()
+                self._done.append(out)
+                self._cond.notify_all()
 
 
 @dataclass
@@ -152,6 +315,20 @@ class _Health:
     kafka_attempts: int = 0
     last_error: str | None = None
     pending_marks: int | None = None  # dirty marks left when the worker stopped
+    pending_outbox: int | None = None  # outbox records left undelivered when the worker stopped
+
+
+def _in_background(call: Callable[[], Any], name: str) -> threading.Thread:
+    """Run ``call`` on a daemon thread (started); errors are logged, not raised."""
+    def run() -> None:
+        try:
+            call()
+        except Exception as exc:
+            logger.warning("%s failed: %r", name, exc)
+
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    thread.start()
+    return thread
 
 
 def _probe(bootstrap: str, timeout_s: float = _PROBE_TIMEOUT_S) -> None:
@@ -195,12 +372,17 @@ class Worker:
         self._expected: dict[PartitionKey, int] = {}  # the stored next offset of each partition read
         self._deferred_keys = np.zeros(0, dtype=np.int64)  # deferred hub marks after the last recompute
         self._oldest_record_s: float | None = None
+        self._sender: _Sender | None = None
+        self._idle = False  # the last poll brought nothing: _publish waits for delivery (nothing to overlap)
+        self._batch_target = settings.batch_size  # records asked of the next poll (dynamic micro-batching)
 
     # ------------------------------------------------------------------ lifecycle
     def stop(self, *_: Any) -> None:
         """Ask the loop to finish its current batch and exit (a second call skips the drain)."""
         if self._stop.is_set():
             self._hurry.set()
+        elif self.health.status not in ("stopped", "failed"):
+            logger.info("stop requested: finishing the current batch")
         self._stop.set()
 
     def install_signal_handlers(self) -> None:
@@ -222,7 +404,8 @@ class Worker:
         return {"ok": ok, "status": h.status, "reason": reason, "batches": h.batches, "applied": h.applied,
                 "invalid": h.invalid, "published": h.published, "polls": h.polls,
                 "kafka_attempts": h.kafka_attempts, "last_error": h.last_error,
-                "pending_marks": h.pending_marks, "uptime_s": round(now - h.started, 3)}
+                "pending_marks": h.pending_marks, "pending_outbox": h.pending_outbox,
+                "uptime_s": round(now - h.started, 3)}
 
     def _set_status(self, status: str, reason: str | None) -> None:
         self.health.status, self.health.reason = status, reason
@@ -274,14 +457,18 @@ class Worker:
             self._set_status("recovering", f"recomputing {engine.pending()} dirty marks the last run left")
             self._recompute(engine, None, None)  # what a crash left dirty
         freeze_warm_heap()
-        producer = Producer(s.bootstrap)
-        publisher = OutboxPublisher(store, producer, s.output_topic, engine.model_tag, engine.outbox_entries,
+        # two producers: the publisher thread flushes its own, the dead letters are flushed by this thread
+        producer = open_producer(s.kafka_client, s.bootstrap)
+        dlq_producer = open_producer(s.kafka_client, s.bootstrap)
+        publisher = OutboxPublisher(store, producer, s.output_topic, engine.model_tag, engine.outbox_columns,
                                     s.output_format)
-        dlq = DeadLetterWriter(producer, s.dlq_topic)
+        dlq = DeadLetterWriter(dlq_producer, s.dlq_topic)
+        sender: _Sender | None = None
         try:
             if not self._setup_kafka():  # stopped while waiting: nothing can be published
                 self._drain_on_stop(engine, None)
                 return
+            sender = self._sender = _Sender(self, publisher)
             self._publish(publisher)
             consumer = self._open_consumer()
             if consumer is None:
@@ -289,15 +476,26 @@ class Worker:
                 return
             clean = False
             try:
-                self._loop(consumer, producer, publisher, dlq, engine, max_idle_s)
+                self._loop(consumer, dlq_producer, publisher, dlq, engine, max_idle_s)
                 clean = True
             finally:
-                consumer.close()
+                # leaving the group may block on an unreachable broker: it goes on while the rest stops
+                closing = _in_background(consumer.close, "consumer-close")
                 if clean:
                     self._drain_on_stop(engine, publisher)
-                self._publish(publisher)
+                self._finish_delivery(publisher)
+                closing.join(_STOP_CLOSE_S)
+                if closing.is_alive():
+                    logger.warning("the consumer did not leave its group within %g s (broker unreachable?); "
+                                   "exiting without waiting for it", _STOP_CLOSE_S)
         finally:
-            producer.close()
+            if sender is not None:
+                sender.close(_STOP_CLOSE_S)
+            self._sender = None
+            closers = [_in_background(lambda c=c: c.close(_STOP_CLOSE_S), "producer-close")
+                       for c in (producer, dlq_producer)]
+            for closer in closers:
+                closer.join(_STOP_CLOSE_S + 0.5)
 
     # ------------------------------------------------------------------ start-up
     def _setup_kafka(self) -> bool:
@@ -344,7 +542,7 @@ class Worker:
         self._set_status("joining", f"joining group {s.group} for topic {s.events_topic}")
         while not self._stop.is_set():
             try:
-                consumer = EventConsumer(s.bootstrap, s.events_topic, s.group,
+                consumer = open_consumer(s.kafka_client, s.bootstrap, s.events_topic, s.group,
                                          session_timeout_ms=s.session_timeout_ms, on_assign=self._stored_offsets)
             except StreamError:
                 raise
@@ -365,14 +563,14 @@ class Worker:
         return offsets
 
     # ------------------------------------------------------------------ the loop
-    def _loop(self, consumer: ConsumerClient, producer: Producer, publisher: OutboxPublisher,
+    def _loop(self, consumer: ConsumerClient, producer: ProducerClient, publisher: OutboxPublisher,
               dlq: DeadLetterWriter, engine: Engine, max_idle_s: float | None) -> None:
         s = self.settings
         idle_since = time.monotonic()
         last_lag = 0.0
         while not self._stop.is_set():
             try:
-                records = consumer.poll_batch(s.batch_size, s.batch_wait_ms / 1000)
+                records = consumer.poll_batch(self._batch_target, s.batch_wait_ms / 1000)
             except StreamError:
                 raise
             except Exception as exc:  # Kafka unavailable: keep state, retry
@@ -381,6 +579,7 @@ class Worker:
             self._cleared("poll")
             self.health.last_poll = time.time()
             self.health.polls += 1
+            self._resize(len(records))
             records = self._check_offsets(consumer, records)
             if records or not consumer.assignment():  # idle time counts once partitions are assigned
                 idle_since = time.monotonic()
@@ -388,8 +587,9 @@ class Worker:
                 self._process(records, producer, dlq, engine)
             elif engine.pending():
                 self._recompute(engine, None, None)
+            self._idle = not records
             self._publish(publisher)
-            if records:
+            if records and not self._stop.is_set():  # for lag tools only: not worth a stall when stopping
                 consumer.commit()
             if time.monotonic() - last_lag > 1.0:
                 last_lag = time.monotonic()
@@ -451,7 +651,7 @@ class Worker:
         self._expected.update(moved)
         consumer.seek_to(moved)
 
-    def _process(self, records: list, producer: Producer, dlq: DeadLetterWriter, engine: Engine) -> None:
+    def _process(self, records: list, producer: ProducerClient, dlq: DeadLetterWriter, engine: Engine) -> None:
         s = self.settings
         in_dim = engine.model.config.in_dim
         good = []
@@ -530,7 +730,9 @@ class Worker:
         """On a requested stop, finish deferred hub work within ``drain_timeout_s`` and publish it."""
         s = self.settings
         pending = engine.pending()
-        if pending and self._stop.is_set() and s.drain_timeout_s > 0 and not self._hurry.is_set():
+        if pending and "publish" in self._errors:
+            logger.warning("stopping without draining: publishing fails (%s)", self._errors["publish"])
+        elif pending and self._stop.is_set() and s.drain_timeout_s > 0 and not self._hurry.is_set():
             self._set_status("draining", f"stopping: finishing {pending} dirty marks (deferred hub work) within "
                                          f"{s.drain_timeout_s:g} s")
             deadline = time.monotonic() + s.drain_timeout_s
@@ -543,28 +745,78 @@ class Worker:
             logger.warning("stopping with %d dirty marks pending (deferred hub work); they are stored and the "
                            "next start recomputes them (--drain-timeout-s %g)", left, s.drain_timeout_s)
 
+    def _resize(self, polled: int) -> None:
+        """Dynamic micro-batching: double the next poll's size after a full poll (a backlog), up to
+        ``max_batch_size``; halve it after a poll less than half full, down to ``batch_size``."""
+        s = self.settings
+        target = self._batch_target
+        if polled >= target:
+            target = min(2 * target, max(s.max_batch_size, s.batch_size))
+        elif polled < target // 2:
+            target = max(target // 2, s.batch_size)
+        self._batch_target = target
+        if polled:
+            self.metrics.batch_size.observe(polled)
+
     def _publish(self, publisher: OutboxPublisher) -> None:
+        """Delete the outbox records of delivered batches and hand the new ones to the publisher thread.
+
+        Waits while ``_MAX_IN_FLIGHT`` batches are undelivered (for ever
+        unless stopping), and, when the last poll was empty, for what is in
+        flight (up to ``batch_wait_ms``: there is nothing to overlap it with).
+        """
+        sender = self._sender
+        if sender is None:  # not started (stopped while waiting for Kafka)
+            return
         while True:
-            t0 = time.perf_counter()
-            try:
-                entries = publisher.publish()
-            except Exception as exc:  # broker down: entries stay in the outbox
-                self._recoverable("publish", exc)
-                return
-            self._cleared("publish")
-            if not entries:
-                return
-            now = time.time()
-            self.metrics.publish_seconds.observe(time.perf_counter() - t0)
-            self.metrics.published.inc(len(entries))
-            self.health.published += len(entries)
-            for entry in entries:
-                self.metrics.freshness.observe(max(0.0, now - entry.event_ts))
-            oldest = self._oldest_record_s
-            if oldest is not None:
-                self.metrics.pipeline.observe(max(0.0, now - oldest))
-                self.latency_timeline.append((now, max(0.0, now - oldest)))
-                self._oldest_record_s = None
+            self._confirm(publisher)
+            while sender.in_flight() >= _MAX_IN_FLIGHT:
+                if self._stop.is_set():
+                    return
+                sender.wait(0.5)
+                self._confirm(publisher)
+            out = publisher.prepare(_PUBLISH_LIMIT)
+            if not out.keys:
+                break
+            out.oldest_record_s, self._oldest_record_s = self._oldest_record_s, None
+            sender.submit(out)
+        if self._idle and sender.in_flight():
+            sender.wait(self.settings.batch_wait_ms / 1000)
+            self._confirm(publisher)
+
+    def _confirm(self, publisher: OutboxPublisher) -> None:
+        for out in self._sender.delivered() if self._sender is not None else ():
+            publisher.confirm(out)
+
+    def _finish_delivery(self, publisher: OutboxPublisher) -> None:
+        """On leaving the loop: hand over what is left and wait (bounded) for its delivery."""
+        sender = self._sender
+        if sender is None:
+            return
+        deadline = time.monotonic() + _STOP_DELIVERY_S
+        self._publish(publisher)
+        while sender.in_flight() and time.monotonic() < deadline and not self._hurry.is_set():
+            sender.wait(0.2)
+            self._confirm(publisher)
+            if not self._stop.is_set() or sender.in_flight() < _MAX_IN_FLIGHT:
+                self._publish(publisher)
+        self._confirm(publisher)
+        left = self.health.pending_outbox = publisher.pending()
+        if left:
+            logger.warning("stopping with %d outbox records not delivered; they are stored and the next start "
+                           "publishes them", left)
+
+    def _delivered(self, out: Outgoing, seconds: float) -> None:
+        """Metrics of a delivered batch (the publisher thread): per batch, freshness one array at a time."""
+        now = time.time()
+        self.metrics.publish_seconds.observe(seconds)
+        self.metrics.published.inc(len(out))
+        self.health.published += len(out)
+        self.metrics.freshness.observe_many(np.maximum(0.0, now - out.event_ts))
+        if out.oldest_record_s is not None:
+            latency = max(0.0, now - out.oldest_record_s)
+            self.metrics.pipeline.observe(latency)
+            self.latency_timeline.append((now, latency))
 
     def _report_lag(self, consumer: ConsumerClient) -> None:
         try:
@@ -585,8 +837,10 @@ class Worker:
             logger.info("%s works again", kind)
             self.health.last_error = next(reversed(self._errors.values()), None)
 
-    def _recoverable(self, kind: str, exc: BaseException) -> None:
+    def _recoverable(self, kind: str, exc: BaseException, pause: bool = True) -> None:
+        """Count and report an error of ``kind`` that a retry may cure; pause a second (unless stopping)."""
         self.metrics.errors.labels(kind).inc()
         self._set_error(kind, f"{kind}: {exc!r}")
         logger.warning("%s failed, retrying: %r", kind, exc)
-        self._stop.wait(1.0)
+        if pause:
+            self._stop.wait(1.0)

@@ -12,11 +12,13 @@ import pytest
 
 from graph_state.store import GraphStore
 from model import load_model_dir
+from stream.backends import KAFKA_CLIENTS
 from stream.kafka import EventConsumer, Producer, ensure_topics
+from stream.exceptions import InvalidUpdate
 from stream.updates import EmbeddingUpdate, encode_update, tombstone
 from workers.datasets import BITCOIN_OTC, read_snap, snap_events
 from workers.engine import Engine
-from workers.scorer import FraudScorer
+from workers.scorer import FraudScorer, decode_updates, encode_scores
 from workers.train import FraudHead, distrust_labels, load_head, roc_auc, train_fraud_model
 
 DATA = BITCOIN_OTC
@@ -67,7 +69,8 @@ def test_trained_model_is_servable_and_head_scores(tmp_path: Path) -> None:
     assert scores.shape == (len(targets),) and np.all((scores > 0) & (scores < 1))
 
 
-def test_scorer_scores_every_published_embedding(broker, unique_name) -> None:
+@pytest.mark.parametrize("kafka_client", KAFKA_CLIENTS)
+def test_scorer_scores_every_published_embedding(kafka_client: str, broker, unique_name) -> None:
     emb_topic, score_topic = unique_name("emb"), unique_name("scores")
     ensure_topics(broker.bootstrap, {emb_topic: 2, score_topic: 2})
     head = FraudHead((0.5, -1.0, 0.25), 0.1)
@@ -80,7 +83,8 @@ def test_scorer_scores_every_published_embedding(broker, unique_name) -> None:
         key, value, headers = tombstone("gone", 7)
         producer.send(emb_topic, key, value, headers)
         producer.flush(30)
-    scorer = FraudScorer(broker.bootstrap, head, in_topic=emb_topic, out_topic=score_topic, group=unique_name("g"))
+    scorer = FraudScorer(broker.bootstrap, head, in_topic=emb_topic, out_topic=score_topic, group=unique_name("g"),
+                         kafka_client=kafka_client)
     result: dict = {}
     thread = threading.Thread(target=lambda: result.update(scorer.run(max_idle_s=4.0)))
     thread.start()
@@ -102,4 +106,32 @@ def test_scorer_scores_every_published_embedding(broker, unique_name) -> None:
         expected = float(head.score(np.asarray(u.embedding)[None, :])[0])
         assert scored[(u.id, u.version)]["score"] == pytest.approx(expected, abs=1e-6)
         assert scored[(u.id, u.version)]["model"] == "m:1"
+        assert scored[(u.id, u.version)]["event_ts"] == u.event_ts
     assert [r.key for r in got if r.value is None] == [b"gone"]
+
+
+def test_decode_updates_batches_json_and_binary_and_rejects_bad_ones() -> None:
+    rng = np.random.default_rng(5)
+    updates = [EmbeddingUpdate(f"n{i}", "m:1", i, rng.normal(size=4).astype(np.float32), 1000.0 + i, 2000.0, "full")
+               for i in range(30)]
+    for fmts in (["json"], ["binary"], ["json", "binary"]):
+        cols = decode_updates([encode_update(u, fmts[i % len(fmts)]) for i, u in enumerate(updates)])
+        assert cols.ids == [u.id for u in updates] and cols.versions == [u.version for u in updates]
+        assert cols.models == ["m:1"] * 30 and cols.event_ts == [u.event_ts for u in updates]
+        assert cols.rows.dtype == np.float32
+        np.testing.assert_array_equal(cols.rows, np.stack([u.embedding for u in updates]))
+    good = encode_update(updates[0])
+    for bad, reason in ((good.replace(b'"version":0', b'"version":true'), "bad_field"),
+                        (good.replace(b'"embedding":[', b'"embedding":[true,'), "bad_type"),
+                        (good[:-3], "not_json")):
+        with pytest.raises(InvalidUpdate) as info:
+            decode_updates([encode_update(updates[1]), bad])
+        assert info.value.reason == reason
+    head = FraudHead((0.5, -1.0, 0.25, 2.0), 0.1)
+    messages = encode_scores(["a", "b"], head.score(np.eye(4, dtype=np.float32)[:2]), [3, 4], ["m:1", "m:1"],
+                             [5.0, 6.5], 7.25)
+    assert [json.loads(m) for m in messages] == [
+        {"id": "a", "score": round(float(head.score(np.eye(4)[:1])[0]), 6), "embedding_version": 3, "model": "m:1",
+         "event_ts": 5.0, "scored_at": 7.25},
+        {"id": "b", "score": round(float(head.score(np.eye(4)[1:2])[0]), 6), "embedding_version": 4, "model": "m:1",
+         "event_ts": 6.5, "scored_at": 7.25}]

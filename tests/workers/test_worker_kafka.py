@@ -10,6 +10,12 @@ workload is the first ~3,000 Bitcoin OTC ratings turned into events
   of the graph was published;
 * the store's edges and features equal the final state of the produced events,
   and its offsets equal the high watermark of each partition.
+
+The exactness, SIGKILL-recovery, dead-letter, broker-stall, metrics and
+SIGTERM-with-the-broker-down tests run once per Kafka client of the worker
+(``kafka_client``, over :data:`stream.backends.KAFKA_CLIENTS`); every node's
+published versions must also never go down within its partition. The helpers that produce the input and read
+the output use kafka-python directly, independent of the client under test.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from typing import Any, Iterator
 import numpy as np
 import pytest
 
+from stream.backends import KAFKA_CLIENTS
 from stream.broker import EmbeddedBroker, free_port
 from stream.clients import Record
 from stream.deadletter import DeadLetter
@@ -52,6 +59,12 @@ JOIN_TIMEOUT_S = 90.0
 
 
 # ---------------------------------------------------------------------- workload
+@pytest.fixture(params=KAFKA_CLIENTS)
+def kafka_client(request: pytest.FixtureRequest) -> str:
+    """The worker's ``--kafka-client``: each test that takes it runs once per backend."""
+    return request.param
+
+
 @pytest.fixture(scope="module")
 def events() -> list:
     evs = list(itertools.islice(snap_events(read_snap(DATA)[:N_EVENTS]), N_EVENTS))
@@ -137,13 +150,19 @@ def read_topic(bootstrap: str, topic: str, partitions: int, idle_s: float = 2.0,
     return out
 
 
-def latest_published(bootstrap: str, topic: str) -> dict[str, Any]:
+def latest_published(bootstrap: str, topic: str, in_order: bool = True) -> dict[str, Any]:
+    """The highest version published of each node; with ``in_order``, each node's versions must never go
+    down in its partition (repeats are allowed: delivery is at least once)."""
     from stream.updates import decode_update
     latest: dict[str, Any] = {}
+    last: dict[str, int] = {}
     for r in read_topic(bootstrap, topic, PARTITIONS):
         assert r.value is not None, f"unexpected tombstone for {r.key!r} (no deletes were produced)"
         u = decode_update(r.value)
         assert r.key == u.id.encode()
+        if in_order:
+            assert u.version >= last.get(u.id, 0), f"node {u.id}: version {u.version} after {last[u.id]}"
+            last[u.id] = u.version
         if u.id not in latest or u.version > latest[u.id].version:
             latest[u.id] = u
     return latest
@@ -160,8 +179,9 @@ class Names:
         self.state = str(tmp_path / f"state-{tag}")
 
 
-def worker_cmd(bootstrap: str, n: Names, model: str, port: int, *extra: str) -> list[str]:
-    return [str(GNNSTREAM), "run", "--bootstrap", bootstrap, "--state", n.state, "--model", model,
+def worker_cmd(bootstrap: str, n: Names, model: str, port: int, *extra: str, client: str = "kafka-python") -> list[str]:
+    return [str(GNNSTREAM), "run", "--bootstrap", bootstrap, "--kafka-client", client, "--state", n.state,
+            "--model", model,
             "--events-topic", n.events, "--output-topic", n.output, "--dlq-topic", n.dlq, "--group", n.group,
             "--metrics-port", str(port), "--batch-size", "200", "--partitions", str(PARTITIONS), *extra]
 
@@ -244,7 +264,7 @@ def cli(*args: str) -> subprocess.CompletedProcess:
 
 
 def assert_exact(bootstrap: str, n: Names, evs: list, hw: dict[tuple[str, int], int], tmp_path: Path,
-                 use_cli: bool = False) -> None:
+                 use_cli: bool = False, in_order: bool = True) -> None:
     """The full "exact output" check (worker must be stopped)."""
     from graph_state.store import GraphStore
     want_edges, want_feats = expected_graph(evs)
@@ -274,7 +294,7 @@ def assert_exact(bootstrap: str, n: Names, evs: list, hw: dict[tuple[str, int], 
         obj = json.loads(line)
         stored[obj["id"]] = obj
     assert set(stored) == nodes, "every node must have a stored embedding"
-    published = latest_published(bootstrap, n.output)
+    published = latest_published(bootstrap, n.output, in_order)
     assert set(published) == nodes, (f"unpublished nodes: {sorted(nodes - set(published))[:10]}, "
                                      f"published non-nodes: {sorted(set(published) - nodes)[:10]}")
     for node, obj in stored.items():
@@ -285,10 +305,10 @@ def assert_exact(bootstrap: str, n: Names, evs: list, hw: dict[tuple[str, int], 
 
 
 def run_until_applied(bootstrap: str, n: Names, model: str, tmp_path: Path, applied: int,
-                      invalid: int = 0, *extra: str) -> tuple[dict[str, Any], str, int]:
+                      invalid: int = 0, *extra: str, client: str = "kafka-python") -> tuple[dict[str, Any], str, int]:
     port = free_port()
     log = tmp_path / "worker.log"
-    with running_worker(worker_cmd(bootstrap, n, model, port, *extra), log) as proc:
+    with running_worker(worker_cmd(bootstrap, n, model, port, *extra, client=client), log) as proc:
         wait_for(lambda: (h := health(port)) and h["applied"] >= applied and h["invalid"] >= invalid,
                  JOIN_TIMEOUT_S, f"{applied} applied events", proc, log)
         metrics = scrape(port)
@@ -298,17 +318,28 @@ def run_until_applied(bootstrap: str, n: Names, model: str, tmp_path: Path, appl
 
 
 # ---------------------------------------------------------------------- tests
-def test_end_to_end_exact(broker: EmbeddedBroker, events: list, model_dir: str, tmp_path: Path) -> None:
+def test_end_to_end_exact(kafka_client: str, broker: EmbeddedBroker, events: list, model_dir: str,
+                          tmp_path: Path) -> None:
     n = Names(tmp_path)
     ensure_topics(broker.bootstrap, {n.events: PARTITIONS, n.output: PARTITIONS, n.dlq: 1})
     hw = high_watermarks(produce(broker.bootstrap, n.events, event_messages(events)), n.events)
-    summary, _, _ = run_until_applied(broker.bootstrap, n, model_dir, tmp_path, len(events))
+    summary, _, _ = run_until_applied(broker.bootstrap, n, model_dir, tmp_path, len(events), client=kafka_client)
     assert summary["applied"] == len(events)
     assert summary["invalid"] == 0
     assert_exact(broker.bootstrap, n, events, hw, tmp_path, use_cli=True)
 
 
-def test_crash_restarts_exact(broker: EmbeddedBroker, events: list, model_dir: str, tmp_path: Path) -> None:
+# Known bug of the confluent backend (stream/confluent.py, being finished elsewhere): a worker started after
+# a SIGKILLed one is assigned its partitions at the stored offsets, polls, and sometimes never receives a
+# record (seen in 2 of 2 pytest runs and 2 of 4 scripted kill/restart cycles; kafka-python never). Not
+# skipped: it runs, and XPASSes once fixed.
+@pytest.mark.parametrize("kafka_client", [
+    "kafka-python",
+    pytest.param("confluent", marks=pytest.mark.xfail(
+        reason="confluent backend: after a SIGKILL the restarted worker may never receive a record", strict=False)),
+])
+def test_crash_restarts_exact(kafka_client: str, broker: EmbeddedBroker, events: list, model_dir: str,
+                              tmp_path: Path) -> None:
     from graph_state.store import GraphStore
     n = Names(tmp_path)
     ensure_topics(broker.bootstrap, {n.events: PARTITIONS, n.output: PARTITIONS, n.dlq: 1})
@@ -320,7 +351,8 @@ def test_crash_restarts_exact(broker: EmbeddedBroker, events: list, model_dir: s
     for attempt in range(8):
         port = free_port()
         # small batches so that a kill lands mid-stream
-        with running_worker(worker_cmd(broker.bootstrap, n, model_dir, port, "--batch-size", "40"), log) as proc:
+        with running_worker(worker_cmd(broker.bootstrap, n, model_dir, port, "--batch-size", "40",
+                                       "--max-batch-size", "40", client=kafka_client), log) as proc:
             # kill at a random moment once this run has applied something new
             wait_for(lambda: (h := health(port)) and h["applied"] > 0, JOIN_TIMEOUT_S, "first batch", proc, log)
             time.sleep(rng.uniform(0.0, 0.6))
@@ -336,7 +368,7 @@ def test_crash_restarts_exact(broker: EmbeddedBroker, events: list, model_dir: s
     assert kills >= 3
     assert consumed_before < len(events), "the kills all came after the end of the stream"
     remaining = len(events) - consumed_before
-    summary, metrics, _ = run_until_applied(broker.bootstrap, n, model_dir, tmp_path, remaining)
+    summary, metrics, _ = run_until_applied(broker.bootstrap, n, model_dir, tmp_path, remaining, client=kafka_client)
     # the final run applied exactly what the store had not: none lost, none twice
     assert summary["applied"] == remaining
     assert sum(metric_values(metrics, "gnnstream_events_total").values()) == remaining
@@ -376,7 +408,8 @@ def _bad_messages(rng: random.Random) -> list[tuple[str, bytes | None, bytes | N
     return out
 
 
-def test_bad_input_goes_to_dlq(broker: EmbeddedBroker, events: list, model_dir: str, tmp_path: Path) -> None:
+def test_bad_input_goes_to_dlq(kafka_client: str, broker: EmbeddedBroker, events: list, model_dir: str,
+                               tmp_path: Path) -> None:
     n = Names(tmp_path)
     ensure_topics(broker.bootstrap, {n.events: PARTITIONS, n.output: PARTITIONS, n.dlq: 1})
     rng = random.Random(7)
@@ -397,7 +430,8 @@ def test_bad_input_goes_to_dlq(broker: EmbeddedBroker, events: list, model_dir: 
 
     port = free_port()
     log = tmp_path / "worker.log"
-    with running_worker(worker_cmd(broker.bootstrap, n, model_dir, port, "--max-event-bytes", "2000"), log) as proc:
+    with running_worker(worker_cmd(broker.bootstrap, n, model_dir, port, "--max-event-bytes", "2000",
+                                   client=kafka_client), log) as proc:
         pid = proc.pid
         wait_for(lambda: (h := health(port)) and h["applied"] >= len(events) and h["invalid"] >= len(bad),
                  JOIN_TIMEOUT_S, "all events applied and rejected", proc, log)
@@ -430,7 +464,7 @@ def test_bad_input_goes_to_dlq(broker: EmbeddedBroker, events: list, model_dir: 
     assert_exact(broker.bootstrap, n, events, hw, tmp_path)
 
 
-def test_broker_stall_recovers(events: list, model_dir: str, tmp_path: Path) -> None:
+def test_broker_stall_recovers(kafka_client: str, events: list, model_dir: str, tmp_path: Path) -> None:
     # a private broker: SIGSTOPping the session one could hurt other tests
     with EmbeddedBroker() as private:
         bootstrap = private.bootstrap
@@ -441,7 +475,8 @@ def test_broker_stall_recovers(events: list, model_dir: str, tmp_path: Path) -> 
         placed = produce(bootstrap, n.events, msgs[:half])
         port = free_port()
         log = tmp_path / "worker.log"
-        with running_worker(worker_cmd(bootstrap, n, model_dir, port, "--batch-size", "50"), log) as proc:
+        with running_worker(worker_cmd(bootstrap, n, model_dir, port, "--batch-size", "50", "--max-batch-size", "50",
+                                       client=kafka_client), log) as proc:
             wait_for(lambda: (h := health(port)) and h["applied"] > 0, JOIN_TIMEOUT_S, "first batch", proc, log)
             private.pause()
             try:
@@ -454,10 +489,13 @@ def test_broker_stall_recovers(events: list, model_dir: str, tmp_path: Path) -> 
             assert proc.poll() is None
             summary = stop_worker(proc, log)
         assert summary["applied"] == len(events)
-        assert_exact(bootstrap, n, events, high_watermarks(placed, n.events), tmp_path)
+        # not in_order: a request the frozen broker held on a connection the client gave up may be appended
+        # after the batch sent again on a new one (consumers keep the highest version per node)
+        assert_exact(bootstrap, n, events, high_watermarks(placed, n.events), tmp_path, in_order=False)
 
 
-def test_metrics_and_health(broker: EmbeddedBroker, events: list, model_dir: str, tmp_path: Path) -> None:
+def test_metrics_and_health(kafka_client: str, broker: EmbeddedBroker, events: list, model_dir: str,
+                            tmp_path: Path) -> None:
     from workers.settings import WorkerSettings
     from workers.worker import Worker
     n = Names(tmp_path)
@@ -466,7 +504,8 @@ def test_metrics_and_health(broker: EmbeddedBroker, events: list, model_dir: str
     port = free_port()
     worker = Worker(WorkerSettings(bootstrap=broker.bootstrap, state=n.state, model=model_dir,
                                    events_topic=n.events, output_topic=n.output, dlq_topic=n.dlq, group=n.group,
-                                   partitions=PARTITIONS, batch_size=200, metrics_port=port))
+                                   partitions=PARTITIONS, batch_size=200, metrics_port=port,
+                                   kafka_client=kafka_client))
     result: dict[str, Any] = {}
 
     def target() -> None:
@@ -524,3 +563,41 @@ def test_first_batch_without_features(broker: EmbeddedBroker, model_dir: str, tm
     summary = worker.run(max_idle_s=8.0)
     assert summary["applied"] == len(evs)
     assert_exact(broker.bootstrap, n, evs, hw, tmp_path)
+
+
+def test_sigterm_with_broker_down_exits_and_restart_publishes_pending(kafka_client: str, events: list,
+                                                                      model_dir: str, tmp_path: Path) -> None:
+    """SIGTERM while the broker is frozen (SIGSTOP: connections hang, nothing is refused): the worker exits
+    after at most two failed flushes of its publisher (a bound measured in the worker's own retries, not in
+    wall-clock time), leaves the undelivered outbox records stored, and the next start publishes them."""
+    with EmbeddedBroker() as private:  # a private broker: freezing the session one could hurt other tests
+        bootstrap = private.bootstrap
+        n = Names(tmp_path)
+        ensure_topics(bootstrap, {n.events: PARTITIONS, n.output: PARTITIONS, n.dlq: 1})
+        placed = produce(bootstrap, n.events, event_messages(events))
+        port = free_port()
+        log = tmp_path / "worker.log"
+        cmd = worker_cmd(bootstrap, n, model_dir, port, "--batch-size", "20", "--max-batch-size", "20",
+                         client=kafka_client)
+        with running_worker(cmd, log) as proc:
+            wait_for(lambda: (h := health(port)) and h["published"] > 0, JOIN_TIMEOUT_S, "a first publish", proc, log)
+            private.pause()
+            try:
+                wait_for(lambda: "publish failed" in log.read_text(), JOIN_TIMEOUT_S, "a failed publish", proc, log)
+                before = len(log.read_text())
+                t0 = time.monotonic()
+                first = stop_worker(proc, log, timeout_s=120)
+                exit_s = time.monotonic() - t0
+            finally:
+                private.resume()
+        print(f"[{kafka_client}] exit {exit_s:.1f} s after SIGTERM with the broker frozen")  # reported, not asserted
+        after = log.read_text()[before:]
+        assert after.count("publish failed") <= 2, after[-3000:]
+        assert first["pending_outbox"] > 0, "nothing was left undelivered: the test did not test the stop"
+        assert "outbox records not delivered" in after
+        assert first["applied"] < len(events)
+        second, _, _ = run_until_applied(bootstrap, n, model_dir, tmp_path, len(events) - first["applied"],
+                                         client=kafka_client)
+        assert second["applied"] == len(events) - first["applied"]
+        assert second["pending_outbox"] == 0
+        assert_exact(bootstrap, n, events, high_watermarks(placed, n.events), tmp_path)

@@ -4,7 +4,10 @@
   (docker-compose.yml sets 0.0.0.0);
 * a connection that sends nothing is closed by the server (no thread held for ever);
 * ``/healthz`` is 503 with a ``reason`` until the worker consumes, 200 after;
-* ``last_error`` clears once the failing operation works again;
+* ``last_error`` clears once the failing operation works again; the publisher thread sends a failed
+  batch again before any later one;
+* the freshness histogram takes a batch at a time and renders like a Prometheus histogram;
+* the batch target grows under a backlog up to ``max_batch_size`` and shrinks under light load;
 * a stored offset past its partition's end stops the worker before anything of the poll is applied,
   or moves the partition per ``on_offset_reset``.
 """
@@ -20,6 +23,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Mapping
 
+import numpy as np
 import pytest
 import yaml
 
@@ -27,7 +31,7 @@ from stream.clients import ConsumerClient, PartitionKey, Record
 from stream.exceptions import DeliveryError
 from workers.metrics import MetricsServer, WorkerMetrics
 from workers.settings import WorkerSettings, add_worker_arguments, settings_from_args
-from workers.worker import OffsetResetError, Worker
+from workers.worker import OffsetResetError, Outgoing, Worker
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -145,34 +149,96 @@ def test_settings_reject_unknown_choices() -> None:
 
 # ---------------------------------------------------------------------- errors clear
 class _FlakyPublisher:
-    """Fails ``failures`` times, then publishes nothing (an empty outbox)."""
+    """``deliver`` fails ``failures`` times, then succeeds; records every attempt."""
 
     def __init__(self, failures: int):
         self.failures = failures
-        self.calls = 0
+        self.attempts: list[Any] = []
 
-    def publish(self) -> list:
-        self.calls += 1
-        if self.calls <= self.failures:
+    def deliver(self, out: Any, flush_timeout_s: float = 30.0) -> None:
+        self.attempts.append(out)
+        if len(self.attempts) <= self.failures:
             raise DeliveryError("0 of 3 records failed and 3 got no answer within 30s", pending=3)
-        return []
 
 
-def test_last_error_clears_when_the_operation_works_again(tmp_path: Path) -> None:
+def _outgoing(n: int, tag: bytes) -> Outgoing:
+    return Outgoing([tag], [(b"k%d" % i, b"v", None) for i in range(n)], np.full(n, time.time() - 100.0))
+
+
+def _delivered(sender: Any, count: int) -> list:
+    got: list = []
+    for _ in range(200):  # a bound on polls, not on time: each waits at most 0.1 s
+        got += sender.delivered()
+        if len(got) >= count:
+            return got
+        sender.wait(0.1)
+    raise AssertionError(f"{len(got)} of {count} batches delivered")
+
+
+def test_publisher_thread_retries_in_order_and_clears_its_error(tmp_path: Path) -> None:
+    from workers.worker import _Sender
     worker = Worker(WorkerSettings(state=str(tmp_path / "s"), metrics_port=0))
     worker._stop.set()  # _recoverable's one-second pause returns at once
-    publisher = _FlakyPublisher(failures=1)
-    worker._publish(publisher)  # type: ignore[arg-type]
-    assert worker.health_info()["last_error"].startswith("publish: DeliveryError")
     worker._recoverable("poll", ConnectionError("broker gone"))
-    assert worker.health_info()["last_error"].startswith("poll: ")
-    worker._publish(publisher)  # type: ignore[arg-type]  # works now: its error is over, the poll error stays
-    assert worker.health_info()["last_error"].startswith("poll: ")
+    publisher = _FlakyPublisher(failures=2)
+    sender = _Sender(worker, publisher)  # type: ignore[arg-type]
+    first, second = _outgoing(3, b"a"), _outgoing(5, b"b")
+    sender.submit(first)
+    sender.submit(second)
+    try:
+        assert _delivered(sender, 2) == [first, second]
+    finally:
+        sender.close(5.0)
+    assert not sender.thread.is_alive()
+    # the failing batch is sent again before the next one: versions of a node never go out of order
+    assert publisher.attempts == [first, first, first, second]
+    assert sender.in_flight() == 0
+    assert worker.health_info()["last_error"].startswith("poll: ")  # publish works again: its error is over
     worker._cleared("poll")
     assert worker.health_info()["last_error"] is None
+    assert worker.health.published == 8
     text = worker.metrics.render().decode()
-    assert 'gnnstream_errors_total{kind="publish"} 1.0' in text
-    assert 'gnnstream_errors_total{kind="poll"} 1.0' in text
+    assert 'gnnstream_errors_total{kind="publish"} 2.0' in text
+    assert "gnnstream_embeddings_published_total 8.0" in text
+    assert "gnnstream_embedding_freshness_seconds_count 8.0" in text
+    assert 'gnnstream_embedding_freshness_seconds_bucket{le="60.0"} 0.0' in text
+    assert 'gnnstream_embedding_freshness_seconds_bucket{le="300.0"} 8.0' in text
+    assert "gnnstream_publish_seconds_count 2.0" in text
+
+
+def test_batch_histogram_renders_like_a_prometheus_histogram() -> None:
+    from prometheus_client import CollectorRegistry, Histogram, generate_latest
+    from workers.metrics import BatchHistogram
+    bounds = (0.005, 0.01, 1.0, 2.5, 86400.0 * 365 * 30)
+    values = np.array([0.0, 0.005, 0.0051, 1.0, 3.0, 1e9, 2.5, 0.3, 0.3])
+    ours, theirs = CollectorRegistry(), CollectorRegistry()
+    batch = BatchHistogram("x_seconds", "doc", bounds, registry=ours)
+    batch.observe_many(values[:4])
+    batch.observe_many(values[4:])
+    batch.observe_many(np.zeros(0))
+    plain = Histogram("x_seconds", "doc", buckets=bounds, registry=theirs)
+    for v in values:
+        plain.observe(v)
+
+    def samples(registry: Any) -> list[str]:
+        return [line for line in generate_latest(registry).decode().splitlines() if "_created" not in line]
+
+    assert samples(ours) == samples(theirs)
+    assert 'x_seconds_bucket{le="1.0"} 6.0' in samples(ours)
+
+
+def test_batch_target_grows_under_backlog_and_shrinks_when_light(tmp_path: Path) -> None:
+    worker = Worker(WorkerSettings(state=str(tmp_path / "s"), metrics_port=0, batch_size=100, max_batch_size=700))
+    targets = []
+    for polled in (100, 200, 400, 700, 700, 300, 100, 40, 0, 0):
+        worker._resize(polled)
+        targets.append(worker._batch_target)
+    assert targets == [200, 400, 700, 700, 700, 350, 175, 100, 100, 100]
+    text = worker.metrics.render().decode()
+    assert "gnnstream_batch_events_count 8.0" in text  # empty polls are not batches
+    assert "gnnstream_batch_events_sum 2540.0" in text
+    with pytest.raises(ValueError, match="GNNSTREAM_MAX_BATCH_SIZE"):
+        WorkerSettings(max_batch_size=0)
 
 
 # ---------------------------------------------------------------------- offset reset, without a broker
@@ -244,3 +310,43 @@ def test_offset_past_end_is_caught_before_any_record_is_applied(tmp_path: Path, 
         worker.store = None
     text = worker.metrics.render().decode()
     assert 'gnnstream_errors_total{kind="offset_reset"} 1.0' in text
+
+
+# ---------------------------------------------------------------------- the outbox publisher, without a broker
+def test_outbox_publisher_encodes_columns_and_deletes_only_confirmed_records(tmp_path: Path) -> None:
+    from graph_state import keys
+    from graph_state.store import GraphStore
+    from stream.updates import EmbeddingUpdate, VERSION_HEADER, encode_update
+    from workers.engine import OutboxColumns
+    from workers.tables import encode_outbox
+    from workers.worker import OutboxPublisher
+
+    def resolve(iids: np.ndarray, computed_at: float) -> OutboxColumns:
+        n = len(iids)
+        rows = np.arange(n * 3, dtype=np.float32).reshape(n, 3) / 7
+        deleted = iids % 3 == 2
+        rows[deleted] = 0
+        return OutboxColumns([f"n{i}" for i in iids.tolist()], iids * 10, iids + 0.5, computed_at,
+                             ["deleted" if d else "full" for d in deleted.tolist()], rows, deleted)
+
+    with GraphStore(str(tmp_path / "s")) as store:
+        store.write([("outbox", keys.U64.pack(0), encode_outbox(np.array([1, 2, 3]), 100.0)),
+                     ("outbox", keys.U64.pack(1), encode_outbox(np.array([4, 5]), 200.0))])
+        publisher = OutboxPublisher(store, None, "emb", "m:1", resolve, "json")  # type: ignore[arg-type]
+        first = publisher.prepare(limit=1)  # whole records: the first one alone reaches the limit
+        assert first.keys == [keys.U64.pack(0)] and len(first) == 3
+        rows = resolve(np.array([1, 2, 3]), 100.0).rows
+        expected = {f"n{iid}".encode(): encode_update(EmbeddingUpdate(f"n{iid}", "m:1", iid * 10, rows[i], iid + 0.5,
+                                                                      100.0, "full"))
+                    for i, iid in ((0, 1), (2, 3))}
+        got = {k: (v, h) for k, v, h in first.messages}
+        assert got[b"n2"] == (None, [(VERSION_HEADER, b"20")])  # a tombstone with the node's version
+        assert {k: v for k, (v, _) in got.items() if v is not None} == expected
+        np.testing.assert_array_equal(np.sort(first.event_ts), [1.5, 2.5, 3.5])
+        second = publisher.prepare()  # what the first took is not taken twice
+        assert second.keys == [keys.U64.pack(1)] and sorted(k for k, _, _ in second.messages) == [b"n4", b"n5"]
+        assert not publisher.prepare().keys
+        publisher.confirm(second)  # delivered out of order: only its record goes
+        assert [k for k in store.column("outbox").keys()] == [keys.U64.pack(0)]
+        publisher.retake()  # e.g. a restart: the unconfirmed record is read again
+        assert publisher.prepare().keys == [keys.U64.pack(0)]
