@@ -603,6 +603,9 @@ class _Batch:
         self.wb.delete(key, self.handles[cf])
 
 
+_CALLER_META = "caller:"  # meta records of callers (apply(meta=...)), apart from the store's own
+
+
 class GraphStore:
     """A directed graph with rank-ordered neighbour lists in RocksDB.
 
@@ -729,6 +732,10 @@ class GraphStore:
         self.close()
 
     # ------------------------------------------------------------------ meta
+    def meta(self, name: str) -> Any:
+        """A record stored with :meth:`apply`'s ``meta`` (``None`` if there is none)."""
+        return self._meta_get(f"{_CALLER_META}{name}")
+
     def _meta_get(self, name: str) -> Any:
         raw = self._cf["meta"].get(name.encode())
         return None if raw is None else json.loads(raw)
@@ -1021,12 +1028,15 @@ class GraphStore:
         self,
         events: Sequence[Any],
         offsets: Mapping[tuple[str, int], int] | None = None,
+        meta: Mapping[str, Any] | None = None,
     ) -> ApplyResult:
         """Apply a batch of events and consumed offsets atomically.
 
         Args:
             events: graph events (objects with ``op`` and the schema's fields).
             offsets: ``{(topic, partition): next_offset}`` consumed by this batch.
+            meta: JSON-ready records the caller keeps with its offsets (read
+                back with :meth:`meta`), written in the same batch.
 
         Returns:
             What changed, with sample changes for the store's fanouts.
@@ -1058,6 +1068,8 @@ class GraphStore:
             self._finish(batch, result)
             for (topic, partition), off in (offsets or {}).items():
                 batch.put("offsets", keys.offset_key(topic, partition), keys.U64.pack(off))
+            for name, value in (meta or {}).items():
+                self._meta_put(f"{_CALLER_META}{name}", value, batch)
             self._meta_put("next_iid", self._next_iid, batch)
             t = result.lap("finish", t)
             result.rows_written = batch.wb.len()

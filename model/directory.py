@@ -173,8 +173,8 @@ def load_model_dir(path: str | os.PathLike[str]) -> LoadedModel:
     """
     directory = Path(path)
     if not directory.is_dir():
-        raise ModelDirNotFound(f"model directory {str(directory)!r} does not exist; create it with "
-                               f"init_model_dir/save_model_dir or fix the --model path")
+        raise ModelDirNotFound(f"model directory {str(directory)!r} does not exist; fix the --model path, or "
+                               f"create a model with `gnnstream model init` or `gnnstream train`")
     config_path, weights_path = directory / CONFIG_FILE, directory / WEIGHTS_FILE
     for file in (config_path, weights_path):
         if not file.is_file():
@@ -261,7 +261,8 @@ def init_model_dir(
         name=name, version=version,
     )
     if (Path(path) / CONFIG_FILE).exists() and not overwrite:
-        raise ModelDirExists(f"{path} already holds a model; pass overwrite=True or choose another directory")
+        raise ModelDirExists(f"{path} already holds a model; choose another directory, or replace it with "
+                             f"--force (overwrite=True in Python)")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = GNN.from_config(config)

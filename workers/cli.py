@@ -60,8 +60,9 @@ def _graph_show(args: argparse.Namespace) -> int:
     from workers.offline import open_store
     with open_store(args.state, create=False, read_only=True) as store:
         if not store.exists(args.node):
-            print(f"node {args.node!r} does not exist in {args.state}", file=sys.stderr)
-            return 1
+            print(f"gnnstream: error: node {args.node!r} does not exist in state {args.state!r} (ids are matched "
+                  f"exactly, as strings)", file=sys.stderr)
+            return 2
         feats = store.features(args.node)
         _print({
             "id": args.node,
@@ -166,7 +167,8 @@ def _tail(args: argparse.Namespace) -> int:
 def _train(args: argparse.Namespace) -> int:
     from workers.train import train_fraud_model
     _print(train_fraud_model(args.events, args.out, train_fraction=args.train_fraction, hidden=args.hidden,
-                             out_dim=args.out_dim, fanouts=args.fanouts, seed=args.seed, epochs=args.epochs))
+                             out_dim=args.out_dim, fanouts=args.fanouts, seed=args.seed, epochs=args.epochs,
+                             overwrite=args.force))
     return 0
 
 
@@ -336,15 +338,35 @@ def _streaming_commands(sub: Any) -> None:
     p.add_argument("--limit", type=int, default=0, help="only the first N events")
     p.set_defaults(func=_produce)
 
+    def _train_fraction(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number between 0 and 1 like 0.7 (got {text!r})") from None
+        if not 0 < value < 1:
+            raise argparse.ArgumentTypeError(f"expected a fraction between 0 and 1, both excluded (got {text!r})")
+        return value
+
+    def _epochs(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number of epochs like 300 (got {text!r})") from None
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"expected at least 1 epoch (got {text!r})")
+        return value
+
     p = sub.add_parser("train", help="train a GraphSAGE model and a logistic fraud head on Bitcoin OTC")
     p.add_argument("--events", required=True, metavar="FILE.csv", help="SNAP signed-network CSV (Bitcoin OTC)")
     p.add_argument("--out", required=True, metavar="MODEL_DIR", help="model directory to write (servable by run)")
-    p.add_argument("--train-fraction", type=float, default=0.7, help="first fraction of ratings by time (default 0.7)")
+    p.add_argument("--force", action="store_true", help="overwrite an existing non-empty MODEL_DIR")
+    p.add_argument("--train-fraction", type=_train_fraction, default=0.7,
+                   help="first fraction of ratings by time, between 0 and 1 (default 0.7)")
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--out-dim", type=int, default=32)
     p.add_argument("--fanouts", type=_fanouts, default=[25, 10])
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--epochs", type=int, default=300)
+    p.add_argument("--epochs", type=_epochs, default=300, help="training epochs, at least 1 (default 300)")
     p.set_defaults(func=_train)
 
     p = sub.add_parser("score", help="fraud scorer: consume embeddings, publish fraud scores")
@@ -411,14 +433,18 @@ def _error_line(exc: BaseException, args: argparse.Namespace) -> str | None:
         detail = text if name in text else f"{name}: {text}" if text else name  # kafka-python's text names it
         return f"Kafka: {detail}; check that the broker{where} is running and reachable, then run the command again"
     if isinstance(exc, OSError):
+        code = exc.errno or next((c for c in (errno.EROFS, errno.ENOSPC, errno.EACCES, errno.EDQUOT)
+                                  if f"(os error {c})" in text), 0)  # rocksdict's OSError has no errno
         hint = {errno.ENOSPC: "free some space, then run the command again",
                 errno.EDQUOT: "free some space, then run the command again",
                 errno.EACCES: "check the owner and permissions of that path",
                 errno.EPERM: "check the owner and permissions of that path",
-                errno.EROFS: "the file system is read-only; use a writable path"}.get(exc.errno or 0)
-        return f"{text}; {hint}" if hint else text
-    if type(exc) is Exception and text.startswith(_ROCKSDB_STATUS):
-        return _rocksdb_line(text, state)
+                errno.EROFS: "the file system is read-only; RocksDB writes small files even to open a state, so "
+                             "copy it to a writable directory"}.get(code)
+        where = f"state directory {state!r}: " if state and code and not exc.filename else ""
+        return f"{where}{text}; {hint}" if hint else text
+    if type(exc) is Exception and (text.startswith(_ROCKSDB_STATUS) or "(os error " in text):
+        return _rocksdb_line(text, state)  # RocksDB's status, or an OS error as rocksdict reports it
     if isinstance(exc, ValueError):
         return text
     return None
@@ -438,8 +464,14 @@ def _rocksdb_line(text: str, state: str | None) -> str:
         return (f"{where} is damaged ({text}); restore a snapshot of the state directory, or rebuild it with "
                 f"`gnnstream graph load` and `gnnstream backfill`")
     if "no space left" in low or "disk quota" in low:
-        return f"no space left writing {where} ({text}); free some space, then run the command again"
-    if "permission denied" in low or "read-only file system" in low:
+        return (f"no space left writing {where} ({text}); free some space, then run the command again (it "
+                f"resumes from the last committed batch)")
+    if "writer has previous error" in low:  # RocksDB refuses every write after one failed, until reopened
+        return (f"cannot write {where} ({text}): an earlier write failed, most often on a full disk; free some "
+                f"space, then run the command again (it resumes from the last committed batch)")
+    if "read-only file system" in low:
+        return f"cannot write {where} ({text}): the file system is read-only; use a writable --state path"
+    if "permission denied" in low:
         return f"cannot write {where} ({text}); check the owner and permissions of the directory"
     return f"RocksDB error in {where}: {text}"
 

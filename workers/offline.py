@@ -32,6 +32,7 @@ import base64
 import errno
 import fcntl
 import gc
+import hashlib
 import json
 import logging
 import os
@@ -70,6 +71,7 @@ __all__ = [
     "open_engine",
     "model_identity",
     "default_report_path",
+    "EventsFileChanged",
 ]
 
 logger = logging.getLogger(__name__)
@@ -400,6 +402,13 @@ def read_jsonl_events(path: str | os.PathLike[str], bad: list[tuple[int, str]] |
                     bad.append((lineno, exc.reason))
 
 
+def _events_file(path: str | os.PathLike[str]) -> None:
+    """Refuse a missing events file before anything (a state included) is created."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(errno.ENOENT, "events file not found (expected JSON lines, one event each)",
+                                os.fspath(path))
+
+
 def _count_lines(path: str | os.PathLike[str]) -> int:
     with open(path, "rb") as fh:
         return sum(1 for _ in fh)
@@ -507,16 +516,30 @@ class _InvalidLines:
                 "dead_letters": dead_letters if dead_letters and os.path.exists(dead_letters) else None}
 
 
+def _line_hash(line: bytes) -> str:
+    return hashlib.blake2b(line.rstrip(b"\r\n"), digest_size=8).hexdigest()
+
+
 def _numbered_events(path: str | os.PathLike[str], done: int, invalid: _InvalidLines, dim: int | None,
-                     dim_source: str) -> Iterator[tuple[int, Event]]:
+                     dim_source: str, position: dict[str, Any] | None = None) -> Iterator[tuple[int, Event]]:
     """``(line number, event)`` of the valid lines after line ``done``; the others go to ``invalid``.
 
     A ``node_upsert`` must carry ``dim`` features (``dim_source`` says whose
     dimension that is), as the worker requires; without ``dim`` the first one
-    read sets it, as the store would.
+    read sets it, as the store would. ``position``, when given, holds the
+    number and hash of the last line read (``line``, ``hash``); if it comes
+    with the ``hash`` of line ``done`` as applied before, a file whose line
+    ``done`` differs, or that has fewer lines, raises :class:`EventsFileChanged`
+    before any event after it is yielded.
     """
+    expect = position.get("hash") if position is not None and done else None
+    line_no = 0
     with open(path, "rb") as fh:
         for line_no, line in enumerate(fh, 1):
+            if position is not None:
+                position["line"], position["hash"] = line_no, _line_hash(line)
+                if line_no == done and expect is not None and position["hash"] != expect:
+                    raise EventsFileChanged(path, done)
             if line_no <= done or not line.strip():
                 continue
             try:
@@ -534,6 +557,19 @@ def _numbered_events(path: str | os.PathLike[str], done: int, invalid: _InvalidL
                 invalid.add(line_no, line, exc)
                 continue
             yield line_no, ev
+    if expect is not None and line_no < done:
+        raise EventsFileChanged(path, done)
+
+
+class EventsFileChanged(ValueError):
+    """An events file resumed by ``apply`` is not the file whose first lines the state applied."""
+
+    def __init__(self, path: str | os.PathLike[str], line: int):
+        super().__init__(
+            f"events file {os.fspath(path)!r} is not the one applied before: its line {line}, where the last run "
+            f"stopped, is missing or differs; apply resumes a file only after the lines it applied (a file that "
+            f"grew), so put new events in a file of another name, or apply into a new --state")
+        self.path, self.line = os.fspath(path), line
 
 
 # ---------------------------------------------------------------------- commands
@@ -546,6 +582,7 @@ def load_events(state: str, path: str, *, seed: int | None = None, model_dir: st
     skipped and listed in ``report`` (default :func:`default_report_path`) and
     ``dead_letters``; the run reads the whole file each time.
     """
+    _events_file(path)
     if seed is None and model_dir is None and not _holds_state(os.fspath(state)):
         seed = 0
     in_dim = load_model_dir(model_dir).config.in_dim if model_dir is not None else None
@@ -576,7 +613,7 @@ def load_events(state: str, path: str, *, seed: int | None = None, model_dir: st
 def backfill(state: str, model_dir: str, *, publish: bool = False) -> dict[str, Any]:
     """``backfill``: recompute every embedding from scratch and store it; the one way to switch a state to
     another model."""
-    with open_store(state, create=True, model_dir=model_dir) as store:
+    with open_store(state, create=False, model_dir=model_dir) as store:  # an empty new state has nothing to embed
         engine = open_engine(store, model_dir, switch_model=True)
         with _bar(engine.num_layers, "backfill", unit="layer") as bar:
             stats = engine.backfill(progress=lambda done: bar.update(1), publish=publish)
@@ -596,6 +633,7 @@ def apply_events(state: str, model_dir: str | None, path: str, *, batch: int = 1
     included) are skipped and listed in ``report`` (default
     :func:`default_report_path`) and ``dead_letters``.
     """
+    _events_file(path)
     t0 = time.perf_counter()
     report = report or default_report_path(state, path)
     # without a model the state must exist and name its own
@@ -607,17 +645,23 @@ def apply_events(state: str, model_dir: str | None, path: str, *, batch: int = 1
         freeze_warm_heap()
         (tp, _), = _file_offsets(path, 0).items()
         done = store.offsets().get(tp, 0)
+        # the hash of the line the last run stopped after: a different file at the same path is refused
+        fingerprint = tp[0]
+        stored = store.meta(fingerprint)
+        position: dict[str, Any] = {"hash": stored["hash"]} if stored and stored.get("line") == done else {}
         invalid = _InvalidLines(path, report, dead_letters, keep_through=done)
         total = _count_lines(path)
         applied = published = 0
         recomputed = [0] * engine.num_layers
         with _bar(total, "apply") as bar:
             bar.update(done)
-            events = _numbered_events(path, done, invalid, engine.model.config.in_dim, "the model expects")
+            events = _numbered_events(path, done, invalid, engine.model.config.in_dim, "the model expects",
+                                      position)
             for chunk in _batches(events, batch):
                 end = chunk[-1][0]
                 invalid.flush()
-                result = store.apply([ev for _, ev in chunk], {tp: end})
+                result = store.apply([ev for _, ev in chunk], {tp: end},
+                                     meta={fingerprint: {"line": end, "hash": position["hash"]}})
                 stats = engine.recompute(event_ts=result.max_ts)
                 applied += len(chunk)
                 published += stats.published
@@ -626,8 +670,9 @@ def apply_events(state: str, model_dir: str | None, path: str, *, batch: int = 1
                 bar.update(end - done)
                 done = end
         invalid.flush()
-        if done < total:
-            store.apply([], {tp: total})
+        if done < position.get("line", done):  # invalid or blank lines after the last event
+            store.apply([], {tp: position["line"]}, meta={fingerprint: {"line": position["line"],
+                                                                         "hash": position["hash"]}})
         stats = engine.drain()
         published += stats.published
         return {"events": applied, **invalid.summary(report, dead_letters), "published": published,

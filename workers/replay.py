@@ -2,7 +2,8 @@
 
 ``produce_file`` sends JSONL events (or a SNAP signed-network CSV turned into
 events, in time order) keyed by ``src``/``id``; ``tail_embeddings`` prints
-updates from the embeddings topic one line each.
+updates from the embeddings topic one line each (a message that is not an
+update gets an ``invalid`` line and the tail goes on).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any, Iterator
 from stream.events import encode_event, event_key
 from stream.backends import open_consumer, open_producer
 from stream.kafka import ensure_topics
+from stream.exceptions import InvalidUpdate
 from stream.updates import decode_update
 from workers.datasets import read_snap, snap_events
 from workers.offline import _bar
@@ -75,7 +77,13 @@ def produce_file(bootstrap: str, path: str, *, topic: str = "graph-events", fmt:
 def tail_embeddings(bootstrap: str, *, topic: str = "node-embeddings", from_beginning: bool = False,
                     max_messages: int = 0, idle_s: float = 0.0, out: Any = None,
                     kafka_client: str = "kafka-python") -> int:
-    """Print updates as ``id v<version> <mode> dim=<d> [first values] event_ts=…``; returns the count."""
+    """Print updates as ``id v<version> <mode> dim=<d> [first values] event_ts=…``; returns the count.
+
+    A deleted node prints ``<key> deleted``; a message that is not an update prints
+    ``<key> invalid <topic>/<partition>@<offset> <reason>: <detail>``. Both count. ``idle_s`` stops the
+    tail after that many seconds without a message, counted once the consumer has partitions assigned
+    (joining the group can take longer than ``idle_s``).
+    """
     out = out or sys.stdout
     group = f"gnnstream-tail-{uuid.uuid4().hex[:8]}"
     consumer = open_consumer(kafka_client, bootstrap, topic, group,
@@ -85,18 +93,23 @@ def tail_embeddings(bootstrap: str, *, topic: str = "node-embeddings", from_begi
     try:
         while not max_messages or count < max_messages:
             records = consumer.poll_batch(500, 0.5)
-            if not records and idle_s and time.monotonic() - last > idle_s:
+            if records or not consumer.assignment():  # idle time counts once partitions are assigned
+                last = time.monotonic()
+            elif idle_s and time.monotonic() - last > idle_s:
                 break
             for r in records:
-                last = time.monotonic()
                 node = (r.key or b"").decode(errors="replace")
                 if r.value is None:
                     print(f"{node} deleted", file=out)
                 else:
-                    u = decode_update(r.value)
-                    head = ", ".join(f"{x:+.4f}" for x in list(u.embedding)[:4])
-                    print(f"{u.id} v{u.version} {u.mode} {u.model} dim={len(u.embedding)} [{head}, …] "
-                          f"event_ts={u.event_ts:.0f}", file=out)
+                    try:
+                        u = decode_update(r.value)
+                    except InvalidUpdate as exc:
+                        print(f"{node or '-'} invalid {r.topic}/{r.partition}@{r.offset} {exc}", file=out)
+                    else:
+                        head = ", ".join(f"{x:+.4f}" for x in list(u.embedding)[:4])
+                        print(f"{u.id} v{u.version} {u.mode} {u.model} dim={len(u.embedding)} [{head}, …] "
+                              f"event_ts={u.event_ts:.0f}", file=out)
                 count += 1
                 if max_messages and count >= max_messages:
                     break

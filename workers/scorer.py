@@ -9,9 +9,16 @@ Consumes ``node-embeddings``, applies the logistic head trained by
 A deleted node's tombstone is passed on as a tombstone. Delivery is at least
 once, like the embeddings it scores.
 
+An update that does not decode (or whose embedding is not the head's size) is
+skipped with a warning naming its topic, partition and offset, and counted as
+``invalid``; an update of a model other than the one the head was trained for
+(``head.json``'s ``model``) is skipped and counted as ``other_model``. The rest
+of the poll is scored and committed, so one bad message never stops the scorer.
+
 Per poll: the updates are decoded into columns (:func:`decode_updates`: one
 ``orjson.loads`` per JSON message, one ``numpy`` matrix of all embeddings),
-scored with one :meth:`FraudHead.score` call and encoded with ``orjson``.
+scored with one :meth:`FraudHead.score` call and encoded with ``orjson``; a
+poll holding a bad message is decoded message by message instead.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ import numpy as np
 import orjson
 
 from stream.backends import open_consumer, open_producer
+from stream.clients import Record
 from stream.exceptions import InvalidUpdate
 from stream.kafka import ensure_topics
 from stream.updates import BINARY_MAGIC, decode_update
@@ -132,6 +140,9 @@ class FraudScorer:
         self.kafka_client = kafka_client
         self.scored = 0
         self.deleted = 0
+        self.invalid = 0
+        self.other_model = 0
+        self._other_models: set[str] = set()
         self._stop = threading.Event()
 
     def stop(self, *_: Any) -> None:
@@ -150,15 +161,15 @@ class FraudScorer:
                 elif max_idle_s is not None and time.monotonic() - idle_since > max_idle_s:
                     break
                 send, out_topic = producer.send, self.out_topic
-                values = []
+                updates = []
                 for r in records:
                     if r.value is None:
                         send(out_topic, r.key, None)
                         self.deleted += 1
                     else:
-                        values.append(r.value)
-                if values:
-                    cols = decode_updates(values)
+                        updates.append(r)
+                cols = self._decode(updates) if updates else None
+                if cols:
                     scores = self.head.score(cols.rows)
                     messages = encode_scores(cols.ids, scores, cols.versions, cols.models, cols.event_ts,
                                              time.time())
@@ -171,4 +182,66 @@ class FraudScorer:
         finally:
             consumer.close()
             producer.close()
-        return {"scored": self.scored, "deleted": self.deleted}
+        return {"scored": self.scored, "deleted": self.deleted, "invalid": self.invalid,
+                "other_model": self.other_model}
+
+    def _decode(self, records: Sequence[Record]) -> UpdateColumns:
+        """The scorable updates of ``records`` (no tombstones): one :func:`decode_updates` call for the whole
+        poll, message by message when that fails; bad and other-model updates are counted and left out."""
+        dim = len(self.head.weights)
+        try:
+            cols = decode_updates([r.value for r in records])
+        except InvalidUpdate:
+            kept: list[Any] = []
+            for r in records:
+                try:
+                    u = decode_update(r.value)
+                except InvalidUpdate as exc:
+                    self._skip_invalid(r, exc.reason, exc.detail)
+                    continue
+                if self._is_other_model(u.model):
+                    continue
+                if len(u.embedding) != dim:
+                    self._skip_invalid(r, "bad_dim", f"embedding of {len(u.embedding)} values, the fraud head "
+                                                     f"takes {dim}")
+                    continue
+                kept.append(u)
+            rows = (np.stack([np.asarray(u.embedding, dtype=np.float32) for u in kept]) if kept
+                    else np.zeros((0, dim), dtype=np.float32))
+            return UpdateColumns([u.id for u in kept], [u.version for u in kept], [u.model for u in kept],
+                                 [u.event_ts for u in kept], rows)
+        model = self.head.model
+        keep = ([True] * len(cols) if model is None or set(cols.models) == {model}
+                else [m == model for m in cols.models])
+        for m, ok in zip(cols.models, keep):
+            if not ok:
+                self._is_other_model(m)
+        if cols.rows.shape[1] != dim:
+            for r, ok in zip(records, keep):
+                if ok:
+                    self._skip_invalid(r, "bad_dim", f"embedding of {cols.rows.shape[1]} values, the fraud head "
+                                                     f"takes {dim}")
+            keep = [False] * len(keep)
+        if all(keep):
+            return cols
+        idx = [i for i, ok in enumerate(keep) if ok]
+        return UpdateColumns([cols.ids[i] for i in idx], [cols.versions[i] for i in idx],
+                             [cols.models[i] for i in idx], [cols.event_ts[i] for i in idx],
+                             cols.rows[idx] if idx else np.zeros((0, dim), dtype=np.float32))
+
+    def _skip_invalid(self, record: Record, reason: str, detail: str) -> None:
+        self.invalid += 1
+        logger.warning("skipped an invalid update at %s partition %d offset %d (%s: %s); it is not scored",
+                       record.topic, record.partition, record.offset, reason, detail)
+
+    def _is_other_model(self, model: str) -> bool:
+        """True (counted; warned once per model) when ``model`` is not the one the head was trained for."""
+        if self.head.model is None or model == self.head.model:
+            return False
+        self.other_model += 1
+        if model not in self._other_models:
+            self._other_models.add(model)
+            logger.warning("skipping updates of model %s on %s: the fraud head was trained for %s (retrain it with "
+                           "`gnnstream train`, or score with the head of %s)", model, self.in_topic,
+                           self.head.model, model)
+        return True

@@ -8,8 +8,10 @@ below zero is *distrusted* (1), else trusted (0); only users rated in the
 training window are labelled for training.
 
 The output directory is a normal model directory (``config.json`` +
-``weights.pt``) plus ``head.json`` (the logistic head) and ``train.json`` (what
-was trained on, for the record).
+``weights.pt``) plus ``head.json`` (the logistic head and the ``NAME:VERSION``
+tag of the model it was trained for, which the scorer checks every update
+against) and ``train.json`` (what was trained on, for the record). An existing
+non-empty output directory is refused unless ``overwrite`` is set.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import numpy as np
 import torch
 
 from graph_state.store import GraphStore
-from model import GNN, ModelConfig, save_model_dir
+from model import GNN, ModelConfig, ModelDirExists, save_model_dir
 from workers.datasets import FEATURE_DIM, SnapRating, read_snap, snap_events
 
 __all__ = ["FraudHead", "distrust_labels", "train_fraud_model", "roc_auc", "roc_curve", "load_head"]
@@ -38,17 +40,26 @@ HEAD_FILE = "head.json"
 
 @dataclass(frozen=True)
 class FraudHead:
-    """``score = sigmoid(weights · embedding + bias)``: probability of being distrusted."""
+    """``score = sigmoid(weights · embedding + bias)``: probability of being distrusted.
+
+    ``model`` is the ``NAME:VERSION`` tag of the model whose embeddings the
+    head was trained on (``None`` for a head saved before the tag was recorded:
+    then updates of any model are scored).
+    """
 
     weights: tuple[float, ...]
     bias: float
+    model: str | None = None
 
     def score(self, embeddings: np.ndarray) -> np.ndarray:
         z = np.asarray(embeddings, dtype=np.float64) @ np.asarray(self.weights) + self.bias
         return 1.0 / (1.0 + np.exp(-z))
 
     def save(self, directory: Path) -> None:
-        (directory / HEAD_FILE).write_text(json.dumps({"weights": list(self.weights), "bias": self.bias}))
+        data: dict[str, Any] = {"weights": list(self.weights), "bias": self.bias}
+        if self.model is not None:
+            data["model"] = self.model
+        (directory / HEAD_FILE).write_text(json.dumps(data))
 
 
 def load_head(directory: str | Path) -> FraudHead:
@@ -56,7 +67,9 @@ def load_head(directory: str | Path) -> FraudHead:
     if not path.exists():
         raise FileNotFoundError(f"{path} is missing: train the model with `gnnstream train` to get a fraud head")
     data = json.loads(path.read_text())
-    return FraudHead(tuple(float(x) for x in data["weights"]), float(data["bias"]))
+    model = data.get("model")
+    return FraudHead(tuple(float(x) for x in data["weights"]), float(data["bias"]),
+                     None if model is None else str(model))
 
 
 def distrust_labels(rows: Sequence[SnapRating]) -> dict[str, int]:
@@ -110,12 +123,33 @@ def _sampled_edges(store: GraphStore, iids: np.ndarray, k: int) -> torch.Tensor:
 
 def train_fraud_model(csv: str | Path, out: str | Path, *, train_fraction: float = 0.7, hidden: int = 64,
                       out_dim: int = 32, fanouts: Sequence[int] = (25, 10), seed: int = 0, epochs: int = 300,
-                      lr: float = 0.01, name: str = "otc-sage", version: int = 1) -> dict[str, Any]:
-    """Train and save; returns a summary (sizes, training AUC)."""
+                      lr: float = 0.01, name: str = "otc-sage", version: int = 1,
+                      overwrite: bool = False) -> dict[str, Any]:
+    """Train and save; returns a summary (sizes, training AUC).
+
+    Raises:
+        ValueError: ``epochs`` < 1, ``train_fraction`` not in (0, 1), or ``csv``
+            holds no ratings (not a SNAP signed-network CSV) or too few to train on.
+        ModelDirExists: ``out`` exists and is not empty, and ``overwrite`` is false.
+    """
+    if epochs < 1:
+        raise ValueError(f"epochs must be at least 1 (got {epochs})")
+    if not 0 < train_fraction < 1:
+        raise ValueError(f"train_fraction must be between 0 and 1, both excluded (got {train_fraction})")
+    out = Path(out)
+    if not overwrite and out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ModelDirExists(f"{out} already exists and is not empty; choose another output directory, or pass "
+                             f"--force (overwrite=True) to replace the model in it")
     rows = read_snap(csv)
+    if not rows:
+        raise ValueError(f"no ratings read from {csv}: expected a SNAP signed-network CSV (source,target,rating,time)")
     cut = int(len(rows) * train_fraction)
     train_rows = rows[:cut]
     labels = distrust_labels(train_rows)
+    if not 0 < sum(labels.values()) < len(labels):
+        raise ValueError(f"the first {cut} of the {len(rows)} ratings of {csv} (train fraction {train_fraction}) "
+                         f"rate {len(labels)} users but not both trusted and distrusted ones; use a larger "
+                         f"--train-fraction or a larger file")
     torch.manual_seed(seed)
     with tempfile.TemporaryDirectory(prefix="gnnstream-train-") as tmp:
         store = GraphStore(Path(tmp) / "state", seed=seed, feature_dim=FEATURE_DIM)
@@ -150,11 +184,10 @@ def train_fraud_model(csv: str | Path, out: str | Path, *, train_fraction: float
     gnn.eval()
     with torch.no_grad():
         train_scores = torch.sigmoid(head(gnn(x, edges)[idx]).squeeze(-1)).numpy()
-    out = Path(out)
     save_model_dir(out, config, gnn.state_dict())
-    FraudHead(tuple(head.weight[0].detach().tolist()), head.bias[0].item()).save(out)
+    FraudHead(tuple(head.weight[0].detach().tolist()), head.bias[0].item(), config.model_id).save(out)
     summary = {
-        "model": f"{name}:{version}", "ratings": len(rows), "train_ratings": cut,
+        "model": config.model_id, "ratings": len(rows), "train_ratings": cut,
         "train_until_ts": rows[cut - 1].ts if cut else None, "train_nodes": len(names),
         "labelled": len(rows_labelled), "distrusted": int(y.sum()),
         "train_auc": round(roc_auc(y.numpy(), train_scores), 4), "final_loss": round(loss.item(), 4),

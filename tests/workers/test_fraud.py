@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import logging
 import threading
 from pathlib import Path
 
@@ -13,9 +14,11 @@ import pytest
 from graph_state.store import GraphStore
 from model import load_model_dir
 from stream.backends import KAFKA_CLIENTS
+from stream.clients import Record
 from stream.kafka import EventConsumer, Producer, ensure_topics
 from stream.exceptions import InvalidUpdate
 from stream.updates import EmbeddingUpdate, encode_update, tombstone
+from tests.workers.reference import run_gnnstream
 from workers.datasets import BITCOIN_OTC, read_snap, snap_events
 from workers.engine import Engine
 from workers.scorer import FraudScorer, decode_updates, encode_scores
@@ -57,6 +60,9 @@ def test_trained_model_is_servable_and_head_scores(tmp_path: Path) -> None:
     loaded = load_model_dir(tmp_path / "model")
     head = load_head(tmp_path / "model")
     assert len(head.weights) == loaded.config.out_dim == 8
+    # the head records the model it was trained for: the tag the worker publishes
+    assert head.model == summary["model"] == "otc-sage:1"
+    assert json.loads((tmp_path / "model" / "head.json").read_text())["model"] == "otc-sage:1"
     # the worker serves it: the engine backfills a store built from the same events
     with GraphStore(tmp_path / "state", seed=loaded.config.seed) as store:
         store.apply(list(snap_events(read_snap(csv))))
@@ -90,7 +96,7 @@ def test_scorer_scores_every_published_embedding(kafka_client: str, broker, uniq
     thread.start()
     thread.join(90)
     assert not thread.is_alive(), "scorer did not stop when idle"
-    assert result == {"scored": 200, "deleted": 1}
+    assert result == {"scored": 200, "deleted": 1, "invalid": 0, "other_model": 0}
     consumer = EventConsumer(broker.bootstrap, score_topic, unique_name("read"))
     got, idle = [], 0
     try:
@@ -135,3 +141,157 @@ def test_decode_updates_batches_json_and_binary_and_rejects_bad_ones() -> None:
          "event_ts": 5.0, "scored_at": 7.25},
         {"id": "b", "score": round(float(head.score(np.eye(4)[1:2])[0]), 6), "embedding_version": 4, "model": "m:1",
          "event_ts": 6.5, "scored_at": 7.25}]
+
+
+def _updates(n: int, model: str = "m:1", dim: int = 3, seed: int = 11) -> list[EmbeddingUpdate]:
+    rng = np.random.default_rng(seed)
+    return [EmbeddingUpdate(f"n{i}", model, i + 1, rng.normal(size=dim).astype(np.float32), 1000.0 + i, 2000.0,
+                            "full") for i in range(n)]
+
+
+def _records(values: list[bytes]) -> list[Record]:
+    return [Record("emb", 1, 100 + i, b"k", v, 0) for i, v in enumerate(values)]
+
+
+def test_scorer_decode_skips_bad_and_other_model_updates(caplog) -> None:
+    head = FraudHead((0.5, -1.0, 0.25), 0.1, "m:1")
+    scorer = FraudScorer("unused:9092", head, in_topic="emb")
+    good = _updates(6)
+    # a clean poll stays on the batch path and keeps everything
+    cols = scorer._decode(_records([encode_update(u) for u in good]))
+    assert cols.ids == [u.id for u in good]
+    np.testing.assert_array_equal(cols.rows, np.stack([u.embedding for u in good]))
+    # one well-formed update of another model: dropped from the batch, counted
+    other = _updates(1, model="m:2")[0]
+    values = [encode_update(u) for u in good[:3]] + [encode_update(other)] + [encode_update(u) for u in good[3:]]
+    cols = scorer._decode(_records(values))
+    assert cols.ids == [u.id for u in good] and cols.rows.shape == (6, 3)
+    assert (scorer.invalid, scorer.other_model) == (0, 1)
+    # poison, another model, a wrong size and a binary update in one poll: decoded message by message
+    values = [encode_update(good[0]), b'{"hello":1}', encode_update(other), encode_update(_updates(1, dim=5)[0]),
+              encode_update(good[1], "binary"), b"\x00junk"]
+    with caplog.at_level(logging.WARNING, logger="workers.scorer"):
+        cols = scorer._decode(_records(values))
+    assert cols.ids == ["n0", "n1"] and cols.versions == [1, 2] and cols.models == ["m:1", "m:1"]
+    np.testing.assert_array_equal(cols.rows, np.stack([good[0].embedding, good[1].embedding]))
+    assert (scorer.invalid, scorer.other_model) == (3, 2)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("emb partition 1 offset 101 (missing_field:" in w for w in warnings)
+    assert any("emb partition 1 offset 103 (bad_dim:" in w for w in warnings)
+    assert any("emb partition 1 offset 105 (" in w for w in warnings)
+    # a head without a model tag (trained before it was recorded) scores every model of its size
+    untagged = FraudScorer("unused:9092", FraudHead((0.5, -1.0, 0.25), 0.1), in_topic="emb")
+    cols = untagged._decode(_records([encode_update(good[0]), encode_update(other)]))
+    assert cols.models == ["m:1", "m:2"] and untagged.other_model == 0
+
+
+@pytest.mark.parametrize("kafka_client", KAFKA_CLIENTS)
+def test_scorer_skips_poison_message_and_commits(kafka_client: str, broker, unique_name) -> None:
+    emb_topic, score_topic = unique_name("emb"), unique_name("scores")
+    ensure_topics(broker.bootstrap, {emb_topic: 1, score_topic: 1})
+    head = FraudHead((0.5, -1.0, 0.25), 0.1, "m:1")
+    good = _updates(10)
+    with Producer(broker.bootstrap) as producer:
+        for u in good[:5]:
+            producer.send(emb_topic, u.id.encode(), encode_update(u))
+        producer.send(emb_topic, b"x", b'{"hello":1}')
+        producer.send(emb_topic, b"o", encode_update(_updates(1, model="m:2")[0]))
+        for u in good[5:]:
+            producer.send(emb_topic, u.id.encode(), encode_update(u, "binary"))
+        producer.flush(30)
+    group = unique_name("g")
+
+    def run_scorer() -> dict:
+        scorer = FraudScorer(broker.bootstrap, head, in_topic=emb_topic, out_topic=score_topic, group=group,
+                             kafka_client=kafka_client)
+        result: dict = {}
+        thread = threading.Thread(target=lambda: result.update(scorer.run(max_idle_s=3.0)))
+        thread.start()
+        thread.join(90)
+        assert not thread.is_alive(), "scorer did not stop when idle"
+        return result
+
+    assert run_scorer() == {"scored": 10, "deleted": 0, "invalid": 1, "other_model": 1}
+    # the poll holding the poison message was committed (past all 12 messages)
+    from kafka import KafkaConsumer, TopicPartition
+    reader = KafkaConsumer(bootstrap_servers=broker.bootstrap, group_id=group, enable_auto_commit=False)
+    try:
+        assert reader.committed(TopicPartition(emb_topic, 0)) == 12
+    finally:
+        reader.close()
+    # and a rerun does not stop either (it finds nothing left, or reads the topic again: the consumer's choice)
+    assert run_scorer() in ({"scored": 0, "deleted": 0, "invalid": 0, "other_model": 0},
+                            {"scored": 10, "deleted": 0, "invalid": 1, "other_model": 1})
+    consumer = EventConsumer(broker.bootstrap, score_topic, unique_name("read"))
+    got, idle = [], 0
+    try:
+        while idle < 3:
+            records = consumer.poll_batch(500, 1.0)
+            got.extend(records)
+            idle = 0 if records else idle + (1 if consumer.assignment() else 0)
+    finally:
+        consumer.close()
+    scores = [json.loads(r.value) for r in got]
+    assert len(scores) in (10, 20) and all(s["model"] == "m:1" for s in scores)
+    scored = {s["id"]: s for s in scores}
+    assert sorted(scored) == sorted(u.id for u in good)
+    for u in good:
+        assert scored[u.id]["score"] == pytest.approx(float(head.score(np.asarray(u.embedding)[None, :])[0]),
+                                                      abs=1e-6)
+
+
+def _small_csv(tmp_path: Path, lines: int = 1500) -> Path:
+    csv = tmp_path / "otc-small.csv"
+    with gzip.open(_otc(), "rt") as fh:
+        csv.write_text("".join(line for _, line in zip(range(lines), fh)))
+    return csv
+
+
+def test_train_validates_arguments_at_parse_time(tmp_path: Path) -> None:
+    csv = _small_csv(tmp_path)
+    for flag, value, expected in (("--epochs", "0", "argument --epochs: expected at least 1 epoch (got '0')"),
+                                  ("--train-fraction", "1.5", "argument --train-fraction: expected a fraction "
+                                                              "between 0 and 1, both excluded (got '1.5')"),
+                                  ("--train-fraction", "0", "argument --train-fraction: expected a fraction"),
+                                  ("--train-fraction", "x", "argument --train-fraction: expected a number")):
+        proc = run_gnnstream("train", "--events", csv, "--out", tmp_path / "m", flag, value, timeout=120)
+        assert proc.returncode == 2, proc.stderr
+        assert expected in proc.stderr and "Traceback" not in proc.stderr
+        assert not (tmp_path / "m").exists()
+    with pytest.raises(ValueError, match="epochs must be at least 1"):
+        train_fraud_model(csv, tmp_path / "m", epochs=0)
+    with pytest.raises(ValueError, match="train_fraction must be between 0 and 1"):
+        train_fraud_model(csv, tmp_path / "m", train_fraction=1.5)
+
+
+def test_train_rejects_a_file_that_is_not_snap_csv(tmp_path: Path) -> None:
+    events = tmp_path / "events.jsonl"
+    events.write_text('{"type":"edge_upsert","src":"a","dst":"b","ts":1}\n{"type":"node_delete","id":"a","ts":2}\n')
+    proc = run_gnnstream("train", "--events", events, "--out", tmp_path / "m", "--epochs", "1", timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == (f"gnnstream: error: no ratings read from {events}: expected a SNAP "
+                                   f"signed-network CSV (source,target,rating,time)")
+    assert not (tmp_path / "m").exists()
+
+
+def test_train_refuses_an_existing_model_dir_unless_forced(tmp_path: Path) -> None:
+    csv = _small_csv(tmp_path)
+    out = tmp_path / "model"
+    out.mkdir()
+    (out / "config.json").write_text("{}")
+    args = ("train", "--events", csv, "--out", out, "--epochs", "2", "--hidden", "4", "--out-dim", "3",
+            "--fanouts", "3,2")
+    proc = run_gnnstream(*args, timeout=300)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == (f"gnnstream: error: {out} already exists and is not empty; choose another "
+                                   f"output directory, or pass --force (overwrite=True) to replace the model in it")
+    assert (out / "config.json").read_text() == "{}" and sorted(p.name for p in out.iterdir()) == ["config.json"]
+    proc = run_gnnstream(*args, "--force", timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["epochs"] == 2
+    assert load_head(out).model == "otc-sage:1" and len(load_head(out).weights) == 3
+    # an empty directory is fine without --force
+    (tmp_path / "empty").mkdir()
+    proc = run_gnnstream("train", "--events", csv, "--out", tmp_path / "empty", "--epochs", "1", "--hidden", "4",
+                         "--out-dim", "3", "--fanouts", "3,2", timeout=300)
+    assert proc.returncode == 0, proc.stderr

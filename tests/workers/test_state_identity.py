@@ -145,6 +145,7 @@ def test_read_only_commands_refuse_a_missing_state_and_create_nothing(tmp: Path,
     for argv in (["verify", "--state", typo, "--model", models["m"]],
                  ["embeddings", "--state", typo, "--out", out],
                  ["graph", "show", "--state", typo, "1"],
+                 ["backfill", "--state", typo, "--model", models["m"]],  # an empty new state has nothing to embed
                  ["apply", "--state", typo, events]):  # creates a state only with a model to take its seed from
         res = run_gnnstream(*argv)
         assert res.returncode == 2, (argv, res.stdout, res.stderr)
@@ -153,6 +154,16 @@ def test_read_only_commands_refuse_a_missing_state_and_create_nothing(tmp: Path,
         assert not typo.exists(), f"{argv[0]} created {typo}"
         assert res.stdout == ""
     assert not out.exists()
+
+
+def test_a_missing_events_file_creates_no_state(tmp: Path, models: dict[str, Path]) -> None:
+    state, missing = tmp / "new", tmp / "nosuch.jsonl"
+    for argv in (["graph", "load", "--state", state, missing],
+                 ["apply", "--state", state, "--model", models["m"], missing]):
+        res = run_gnnstream(*argv)
+        assert res.returncode == 2, (argv, res.stdout, res.stderr)
+        assert "events file not found" in error_line(res) and str(missing) in error_line(res)
+        assert not state.exists(), f"{argv[0]} created {state}"
 
 
 def test_a_state_path_that_is_a_file_is_one_line(tmp: Path, events: Path, models: dict[str, Path]) -> None:
@@ -349,11 +360,11 @@ def test_bad_lines_after_a_crash_are_reported_once(tmp: Path, models: dict[str, 
     real_apply = GraphStore.apply
     calls = {"n": 0}
 
-    def dying_apply(self: GraphStore, events: Any, offsets: Any = None) -> Any:
+    def dying_apply(self: GraphStore, events: Any, offsets: Any = None, **kwargs: Any) -> Any:
         calls["n"] += 1
         if calls["n"] == 4:
             raise KeyboardInterrupt("killed")  # after the batch's report was written, before its commit
-        return real_apply(self, events, offsets)
+        return real_apply(self, events, offsets, **kwargs)
 
     monkeypatch.setattr(GraphStore, "apply", dying_apply)
     with pytest.raises(KeyboardInterrupt):
@@ -432,6 +443,11 @@ ERRORS = {
                     "`gnnstream backfill`"]),
     "rocksdb_disk_full": (lambda: _rocksdb("IO error: No space left on device: While appending to file: /s/000009.log"),
                           ["no space left", "free some space"]),
+    "rocksdb_after_failed_write": (lambda: _rocksdb("IO error: Writer has previous error.; IO error: Writer has "
+                                                    "previous error."),
+                                   ["an earlier write failed", "full disk", "free some space"]),
+    "read_only_fs": (lambda: OSError("Read-only file system (os error 30)"),  # as rocksdict raises it: no errno
+                     ["Read-only file system", "copy it to a writable directory"]),
     "disk_full": (lambda: OSError(errno.ENOSPC, "No space left on device", "/s/final-rows-4.f32"),
                   ["No space left on device", "final-rows-4.f32", "free some space"]),
     "permission": (lambda: PermissionError(errno.EACCES, "Permission denied", "/s/LOCK"),
@@ -458,7 +474,7 @@ def test_errors_are_one_line_and_v_shows_the_traceback(case: str, tmp: Path, cap
     assert out == "" and len(lines) == 1 and lines[0].startswith("gnnstream: error: "), err
     for word in words:
         assert word in lines[0], (word, lines[0])
-    if case in ("lock", "corruption", "rocksdb_disk_full"):
+    if case in ("lock", "corruption", "rocksdb_disk_full", "rocksdb_after_failed_write", "read_only_fs"):
         assert repr(str(tmp)) in lines[0], lines[0]  # names the state directory
     with pytest.raises(type(make())):
         main(["-v", "verify", "--state", str(tmp)])
