@@ -213,7 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
                         description="Apply a JSONL event file to the graph store (created if missing), without "
                                     "embeddings. Invalid lines are skipped and counted, never a stop.")
     _state_arg(p)
-    p.add_argument("events", metavar="EVENTS.jsonl", help="one JSON event per line (see DESIGN.md)")
+    p.add_argument("events", metavar="EVENTS.jsonl", help="one JSON event per line (see docs/design.md)")
     p.add_argument("--model", default=None, metavar="DIR",
                    help="model the state is for: a new state takes its sampling seed, features must have its "
                         "in_dim")
@@ -245,7 +245,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", default="model", help="model name published as NAME:VERSION")
     p.add_argument("--version", type=int, default=1)
     p.add_argument("--cold-start", choices=["plain", "feature_only"], default="plain",
-                   help="cold-start policy (default plain: the DESIGN.md contract)")
+                   help="cold-start policy (default plain: the contract of docs/design.md)")
     p.add_argument("--min-neighbours", type=int, default=2, help="feature_only threshold (default 2)")
     p.add_argument("--force", action="store_true", help="overwrite an existing directory")
     p.set_defaults(func=_model_init)
