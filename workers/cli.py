@@ -457,12 +457,10 @@ def _rocksdb_line(text: str, state: str | None) -> str:
         return (f"{where} is locked by another process ({text}); stop the other gnnstream process using it "
                 f"(one process per state)")
     if text.startswith("Corruption") or "checksum" in low or "corrupt" in low:
-        from graph_state import store as store_module
-        corrupted = getattr(store_module, "state_corrupted", None)  # names the damaged file
-        if corrupted is not None and state:
-            return _one_line(corrupted(state, text))
-        return (f"{where} is damaged ({text}); restore a snapshot of the state directory, or rebuild it with "
-                f"`gnnstream graph load` and `gnnstream backfill`")
+        from graph_state.store import REMEDY, state_corrupted
+        if state:
+            return _one_line(state_corrupted(state, text))  # names the damaged file and the remedy
+        return f"{where} is damaged ({text}); {REMEDY}"
     if "no space left" in low or "disk quota" in low:
         return (f"no space left writing {where} ({text}); free some space, then run the command again (it "
                 f"resumes from the last committed batch)")

@@ -41,7 +41,7 @@ import torch
 from graph_state import keys
 from graph_state.idsets import setdiff_ids, unique_ids
 from graph_state.store import DIRTY_COUNT, DIRTY_DEGREE, DIRTY_INPUT, DIRTY_SAMPLE, GraphStore
-from workers.tables import EmbeddingTables, MetaTable, OutboxEntry, decode_legacy_final, encode_outbox
+from workers.tables import EmbeddingTables, MetaTable, decode_legacy_final, encode_outbox
 
 __all__ = ["Engine", "RecomputeStats", "EngineError", "OutboxColumns"]
 
@@ -725,14 +725,6 @@ class Engine:
         return OutboxColumns(list(map(self.store.name, iids.tolist())), version.astype(np.int64),
                              event_ts.astype(np.float64), float(computed_at),
                              [names[c] for c in mode.tolist()], rows, deleted)
-
-    def outbox_entries(self, iids: np.ndarray, computed_at: float) -> list[OutboxEntry]:
-        """:meth:`outbox_columns` as one :class:`OutboxEntry` per node (tests and tools; the worker
-        publishes the columns)."""
-        c = self.outbox_columns(iids, computed_at)
-        return [OutboxEntry(node, version, ts, c.computed_at, mode, None if gone else row)
-                for node, version, ts, mode, gone, row in zip(c.names, c.versions.tolist(), c.event_ts.tolist(),
-                                                              c.modes, c.deleted.tolist(), c.rows)]
 
     def deferred_age(self) -> float:
         """Seconds the oldest deferred hub propagation has waited (0 when none)."""

@@ -48,11 +48,10 @@ from rocksdict import AccessType, Cache, Options, Rdict
 from tqdm import tqdm
 
 from graph_state import keys
-from graph_state import store as _store_module
 from graph_state.exceptions import (StateModelMismatch, StateNoEmbeddings, StateNotADirectoryError,
                                     StateNotFoundError, StateReadOnlyError, StateSeedMismatch, StoreConfigError,
                                     StoreLockedError)
-from graph_state.store import GraphStore
+from graph_state.store import GraphStore, _check_manifest, state_corrupted
 from model import CONFIG_FILE, LoadedModel, ModelConfig, ModelError, load_model_dir
 from stream.events import Event, InvalidEvent, NodeUpsert, decode_event_json
 from workers.atomic import atomic_output
@@ -229,22 +228,18 @@ class _ReadOnlyStore(GraphStore):
     def _open(self, path: str, lock_timeout: float) -> Rdict:  # type: ignore[override]
         self._lock_fd = _shared_lock(path, lock_timeout)
         try:
-            check = getattr(_store_module, "_check_manifest", None)  # a MANIFEST cut short: refused, as by a writer
-            if check is not None:
-                check(path)
+            _check_manifest(path)  # a MANIFEST cut short: refused, as by a writer
             cache = Cache(_BLOCK_CACHE_BYTES)
             families = {name: GraphStore._family_options(cache, name) for name in keys.COLUMN_FAMILIES}
             try:
                 return Rdict(path, options=Options(raw_mode=True), column_families=families,
                              access_type=AccessType.read_only())
             except Exception as exc:  # rocksdict raises plain Exception
-                corrupted = getattr(_store_module, "state_corrupted", None)
                 message = str(exc)
                 if type(exc) is not Exception:
                     raise
-                if corrupted is not None and (
-                        message.startswith("Corruption") or ("No such file" in message and "MANIFEST-" in message)):
-                    raise corrupted(path, exc) from exc
+                if message.startswith("Corruption") or ("No such file" in message and "MANIFEST-" in message):
+                    raise state_corrupted(path, exc) from exc
                 if "Column family not found" in message:  # a writer creates the families a newer version adds
                     raise StateReadOnlyError(
                         f"state {path!r} lacks a column family ({message}): it was written by an older gnnstream; "

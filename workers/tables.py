@@ -26,7 +26,7 @@ from graph_state.idsets import unique_ids
 from graph_state.store import GraphStore, grow_columns
 
 __all__ = ["EmbeddingTables", "MetaTable", "EmbeddingMeta", "decode_legacy_final", "read_final_rows", "encode_pages",
-           "decode_page", "PAGE_ROWS", "OutboxEntry", "encode_outbox", "decode_outbox"]
+           "decode_page", "PAGE_ROWS", "encode_outbox", "decode_outbox"]
 
 logger = logging.getLogger(__name__)
 
@@ -67,18 +67,6 @@ def read_final_rows(store: GraphStore, iids: Sequence[int] | np.ndarray, dim: in
     """The stored final embeddings of ``iids`` (from the page log and its row file) and a mask of which exist
     (zero rows elsewhere)."""
     return MetaTable(store).rows(np.asarray(iids, dtype=np.int64), dim)
-
-
-@dataclass(frozen=True, slots=True)
-class OutboxEntry:
-    """One embedding update to publish (``embedding`` None = node deleted)."""
-
-    node: str
-    version: int
-    event_ts: float
-    computed_at: float
-    mode: str
-    embedding: np.ndarray | None
 
 
 def encode_outbox(iids: np.ndarray, computed_at: float) -> bytes:

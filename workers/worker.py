@@ -139,8 +139,7 @@ class OutboxPublisher:
     node to its state stored now (one :meth:`Engine.outbox_columns` call per
     record) and encodes them in one :func:`stream.updates.encode_updates`
     call (deleted nodes become tombstones); :meth:`deliver` sends and
-    flushes; :meth:`confirm` deletes the records. :meth:`publish` does the
-    three.
+    flushes; :meth:`confirm` deletes the records.
 
     Args:
         resolve: ``(iids, computed_at) -> OutboxColumns``, the stored state of
@@ -210,16 +209,6 @@ class OutboxPublisher:
     def retake(self) -> None:
         """Forget what :meth:`prepare` took and was not confirmed: the next prepare reads it again."""
         self._taken = None
-
-    def publish(self, limit: int = 50_000, flush_timeout_s: float = 30.0) -> Outgoing:
-        """Publish up to about ``limit`` messages; returns them (raises on delivery failure)."""
-        self.retake()
-        out = self.prepare(limit)
-        if out.keys:
-            self.deliver(out, flush_timeout_s)
-            self.confirm(out)
-        self.retake()
-        return out
 
 
 class _Sender:

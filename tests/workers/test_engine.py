@@ -14,7 +14,7 @@ import json
 import random
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pytest
@@ -195,6 +195,13 @@ def _at_most(rnd: random.Random, n: int, count: int) -> list[bool]:
 
 
 # ---------------------------------------------------------------------- helpers
+class _Entry(NamedTuple):
+    node: str
+    version: int
+    mode: str
+    embedding: np.ndarray | None  # None: withdrawn
+
+
 class _Publisher:
     """What the worker's publisher sends: outbox records read after each recompute, resolved then."""
 
@@ -207,7 +214,10 @@ class _Publisher:
             if key not in self._read:
                 self._read.add(key)
                 computed_at, iids = decode_outbox(raw)
-                self.entries.extend(engine.outbox_entries(iids, computed_at))
+                c = engine.outbox_columns(iids, computed_at)
+                self.entries.extend(_Entry(node, version, mode, None if gone else row)
+                                    for node, version, mode, gone, row
+                                    in zip(c.names, c.versions.tolist(), c.modes, c.deleted.tolist(), c.rows))
         return self.entries
 
 
