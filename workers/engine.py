@@ -128,7 +128,11 @@ class OutboxColumns:
     """The stored state of the nodes of an outbox record, one entry per node in each column.
 
     ``rows`` is ``(n, dim)`` float32 (zeros where ``deleted``); ``deleted``
-    marks withdrawn nodes, published as tombstones.
+    marks withdrawn nodes, published as tombstones. ``iids`` and
+    ``mode_codes`` (the nodes' interned ids and the small integers standing
+    for ``modes``, stable within a process) let the publisher compare with
+    what it sent before without looking names up; a resolver may leave them
+    out when no ``min_change`` is set.
     """
 
     names: list[str]
@@ -138,6 +142,8 @@ class OutboxColumns:
     modes: list[str]
     rows: np.ndarray
     deleted: np.ndarray
+    iids: np.ndarray | None = None
+    mode_codes: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.names)
@@ -724,7 +730,7 @@ class Engine:
         names = self.meta.names
         return OutboxColumns(list(map(self.store.name, iids.tolist())), version.astype(np.int64),
                              event_ts.astype(np.float64), float(computed_at),
-                             [names[c] for c in mode.tolist()], rows, deleted)
+                             [names[c] for c in mode.tolist()], rows, deleted, iids, mode)
 
     def deferred_age(self) -> float:
         """Seconds the oldest deferred hub propagation has waited (0 when none)."""

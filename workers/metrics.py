@@ -98,6 +98,9 @@ class WorkerMetrics:
         self.publish_seconds = Histogram("gnnstream_publish_seconds", "Time to publish and flush one batch",
                                          buckets=_LATENCY, registry=r)
         self.published = Counter("gnnstream_embeddings_published", "Embedding updates published", registry=r)
+        self.suppressed = Counter("gnnstream_updates_suppressed",
+                                  "Embedding updates not published because they moved by no more than "
+                                  "--min-change (relative L2) since the node's last published version", registry=r)
         self.dirty = Gauge("gnnstream_dirty_nodes", "Nodes recomputed per layer in the last batch", ["layer"],
                            registry=r)
         self.lag = Gauge("gnnstream_consumer_lag", "Events behind the high watermark", ["partition"], registry=r)

@@ -7,6 +7,7 @@ a command-line flag wins over the variable, the variable over the default.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from dataclasses import dataclass, fields
 from typing import Any
@@ -44,6 +45,7 @@ class WorkerSettings:
     broker_wait_s: float = 0.0
     on_offset_reset: str = "fail"
     drain_timeout_s: float = 20.0
+    min_change: float = 0.0
 
     def __post_init__(self) -> None:
         for name, allowed in _CHOICES.items():
@@ -59,6 +61,9 @@ class WorkerSettings:
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0 (got {getattr(self, name)!r}); set "
                                  f"--{name.replace('_', '-')} or {_env_name(name)}")
+        if not 0 <= self.min_change < math.inf:  # NaN fails too
+            raise ValueError(f"min_change must be a finite number >= 0 (got {self.min_change!r}); set "
+                             f"--min-change or {_env_name('min_change')}")
 
 
 _HELP = {
@@ -91,6 +96,11 @@ _HELP = {
                        "before exiting; keep it below the orchestrator's stop grace period (a recompute pass "
                        "already started completes; what is left stays recorded and the next start does it; "
                        "a second signal skips the drain; 0 = do not drain)",
+    "min_change": "output volume control: publish a node's update only when its embedding moved by more than "
+                  "this relative L2 change since the version last published for it (||new - last|| > "
+                  "min_change * ||last||); deletes, mode changes and each node's first update after a start are "
+                  "always published, the store and verify stay exact (0 = publish every update; see "
+                  "docs/design.md)",
 }
 
 

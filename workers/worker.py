@@ -56,12 +56,13 @@ from __future__ import annotations
 
 import itertools
 import logging
+import operator
 import signal
 import socket
 import threading
 import time
-from collections import deque
-from dataclasses import dataclass
+from collections import Counter, deque
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import numpy as np
@@ -98,6 +99,7 @@ _STOP_DELIVERY_S = 4.0  # on stop, the longest wait for the publisher to deliver
 _STOP_CLOSE_S = 1.0  # on stop, then the longest wait for each client to close (they close side by side)
 _RETRY_PAUSE_S = 1.0  # between failed deliveries of the publisher thread
 _PUBLISH_LIMIT = 50_000  # messages per encoded batch (a batch holds whole outbox records)
+_op = operator.attrgetter("op")
 
 
 class OffsetResetError(StreamError):
@@ -119,14 +121,16 @@ class Outgoing:
     ``keys`` are the outbox records they come from (deleted once the flush
     confirmed delivery); ``messages`` are ``(key, value, headers)``
     (``value`` None for a tombstone); ``event_ts`` the event time of each
-    published node, for the freshness histogram. Immutable once handed to
-    the publisher thread.
+    published node, for the freshness histogram; ``suppressed`` the updates
+    of those records left out by ``min_change`` (confirmed with the rest,
+    never sent). Immutable once handed to the publisher thread.
     """
 
     keys: list[bytes]
     messages: list[tuple[bytes, bytes | None, Any]]
     event_ts: np.ndarray
     oldest_record_s: float | None = None  # Kafka time of the oldest record of the batch that made it
+    suppressed: int = 0
 
     def __len__(self) -> int:
         return len(self.messages)
@@ -141,20 +145,43 @@ class OutboxPublisher:
     call (deleted nodes become tombstones); :meth:`deliver` sends and
     flushes; :meth:`confirm` deletes the records.
 
+    Output volume control (``min_change`` > 0): the publisher keeps, per
+    node, the row it last handed over for sending (a dense array indexed by
+    the node's interned id, ``ids x dim x 4`` bytes, and its mode code). An
+    update is published when the node has no such row in this process, its
+    mode changed, it is withdrawn (tombstone; the node is then forgotten) or
+    ``||new - last||_2 > min_change * ||last||_2`` (a non-finite row is never
+    held back: the encoder refuses it as without the option); the others
+    are left out of the batch, counted in :attr:`Outgoing.suppressed`, and
+    their outbox records are deleted with the batch's once it was delivered. The kept rows are only ones handed to
+    the publisher thread, which delivers batches in order and retries a
+    failed one before any later one, so what a consumer ends up holding is
+    always within ``min_change`` of the stored embedding. The comparison is
+    one vectorised pass per outbox record. With ``min_change`` 0 nothing is
+    kept and the output is the same as without the option.
+
     Args:
         resolve: ``(iids, computed_at) -> OutboxColumns``, the stored state of
-            the nodes an outbox record names (:meth:`Engine.outbox_columns`).
+            the nodes an outbox record names (:meth:`Engine.outbox_columns`;
+            with ``min_change`` it must fill ``iids`` and ``mode_codes``).
+        min_change: relative L2 change below which (inclusive) an update is not
+            published (0 = publish every update).
     """
 
     def __init__(self, store: GraphStore, producer: ProducerClient, topic: str, model_tag: str,
-                 resolve: Callable[[np.ndarray, float], OutboxColumns], fmt: str = "json"):
+                 resolve: Callable[[np.ndarray, float], OutboxColumns], fmt: str = "json",
+                 min_change: float = 0.0):
+        if not 0 <= min_change < np.inf:
+            raise ValueError(f"min_change must be a finite number >= 0 (got {min_change!r})")
         self.store = store
         self.producer = producer
         self.topic = topic
         self.model_tag = model_tag
         self.resolve = resolve
         self.fmt = fmt
+        self.min_change = float(min_change)
         self._taken: bytes | None = None  # the last outbox key prepare() took and confirm() has not deleted
+        self._forget_sent()
 
     def pending(self) -> int:
         return sum(1 for _ in self.store.column("outbox").keys())
@@ -172,6 +199,9 @@ class OutboxPublisher:
             cols = self.resolve(iids, computed_at)
             out.keys.append(key)
             self._taken = key
+            if len(cols) and self.min_change > 0:
+                cols, skipped = self._changed(cols)
+                out.suppressed += skipped
             if len(cols):
                 self._encode(cols, out.messages)
                 times.append(cols.event_ts)
@@ -180,6 +210,51 @@ class OutboxPublisher:
         if times:
             out.event_ts = np.concatenate(times)
         return out
+
+    def _changed(self, cols: OutboxColumns) -> tuple[OutboxColumns, int]:
+        """``cols`` less the updates ``min_change`` leaves out, and how many those are; remembers the rest."""
+        iids, codes = cols.iids, cols.mode_codes
+        if iids is None or codes is None:
+            raise ValueError("min_change needs outbox columns with iids and mode_codes (Engine.outbox_columns)")
+        rows, deleted = cols.rows, cols.deleted
+        self._reserve(int(iids.max()) + 1, rows.shape[1])
+        last_mode = self._sent_mode[iids]
+        last = self._sent_rows[iids]
+        diff = rows - last
+        moved = np.einsum("ij,ij->i", diff, diff, dtype=np.float64)  # squared L2 distances
+        scale = np.einsum("ij,ij->i", last, last, dtype=np.float64)
+        within = moved <= (self.min_change ** 2) * scale  # NaN compares False: a non-finite row goes out
+        send = deleted | (last_mode < 0) | (last_mode != codes) | ~within
+        live = send & ~deleted
+        self._sent_rows[iids[live]] = rows[live]
+        self._sent_mode[iids[live]] = codes[live]
+        self._sent_mode[iids[deleted]] = -1  # withdrawn: the next update of the node goes out whatever it is
+        skipped = len(send) - int(np.count_nonzero(send))
+        if not skipped:
+            return cols, 0
+        keep = np.flatnonzero(send)
+        taken = np.asarray(cols.names, dtype=object)[keep].tolist()
+        modes = np.asarray(cols.modes, dtype=object)[keep].tolist()
+        return replace(cols, names=taken, versions=cols.versions[keep], event_ts=cols.event_ts[keep], modes=modes,
+                       rows=rows[keep], deleted=deleted[keep], iids=iids[keep], mode_codes=codes[keep]), skipped
+
+    def _reserve(self, size: int, dim: int) -> None:
+        """Make room in the sent-rows map for ids below ``size`` (grown by half at least)."""
+        have = len(self._sent_mode)
+        if size <= have and self._sent_rows.shape[1] == dim:
+            return
+        size = max(size, have + have // 2, 1024)
+        rows = np.zeros((size, dim), dtype=np.float32)
+        mode = np.full(size, -1, dtype=np.int16)
+        if self._sent_rows.shape[1] == dim:
+            rows[:have] = self._sent_rows
+            mode[:have] = self._sent_mode
+        self._sent_rows, self._sent_mode = rows, mode
+
+    def _forget_sent(self) -> None:
+        """Forget every row kept for ``min_change``: each node's next update is published."""
+        self._sent_rows = np.zeros((0, 0), dtype=np.float32)  # by iid: the row last handed over for sending
+        self._sent_mode = np.zeros(0, dtype=np.int16)  # by iid: its mode code, -1 = none
 
     def _encode(self, cols: OutboxColumns, messages: list) -> None:
         live = ~cols.deleted
@@ -207,8 +282,14 @@ class OutboxPublisher:
             self.store.write(("outbox", key, None) for key in out.keys)
 
     def retake(self) -> None:
-        """Forget what :meth:`prepare` took and was not confirmed: the next prepare reads it again."""
+        """Forget what :meth:`prepare` took and was not confirmed: the next prepare reads it again.
+
+        The rows kept for ``min_change`` are forgotten too (they may name
+        batches that were never delivered), so every node is published again
+        at its next update.
+        """
         self._taken = None
+        self._forget_sent()
 
 
 class _Sender:
@@ -450,7 +531,7 @@ class Worker:
         producer = open_producer(s.kafka_client, s.bootstrap)
         dlq_producer = open_producer(s.kafka_client, s.bootstrap)
         publisher = OutboxPublisher(store, producer, s.output_topic, engine.model_tag, engine.outbox_columns,
-                                    s.output_format)
+                                    s.output_format, min_change=s.min_change)
         dlq = DeadLetterWriter(dlq_producer, s.dlq_topic)
         sender: _Sender | None = None
         try:
@@ -677,8 +758,8 @@ class Worker:
         result = self.store.apply(good, offsets)
         self._expected.update(offsets)
         self.metrics.apply_seconds.observe(time.perf_counter() - t0)
-        for ev in good:
-            self.metrics.events.labels(ev.op).inc()
+        for op, count in Counter(map(_op, good)).items():
+            self.metrics.events.labels(op).inc(count)
         self.health.applied += len(good)
         self.health.batches += 1
         self.metrics.batches.inc()
@@ -800,6 +881,8 @@ class Worker:
         now = time.time()
         self.metrics.publish_seconds.observe(seconds)
         self.metrics.published.inc(len(out))
+        if out.suppressed:  # left out by --min-change: confirmed with the batch, never sent
+            self.metrics.suppressed.inc(out.suppressed)
         self.health.published += len(out)
         self.metrics.freshness.observe_many(np.maximum(0.0, now - out.event_ts))
         if out.oldest_record_s is not None:
