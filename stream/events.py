@@ -44,6 +44,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, ClassVar, Union
 
+import orjson
+
 __all__ = [
     "EdgeUpsert",
     "EdgeDelete",
@@ -269,6 +271,8 @@ def decode_event_json(data: bytes | bytearray | memoryview | str | None, *,
         size = memoryview(data).nbytes
         if size > max_bytes:
             raise InvalidEvent("oversize", f"event is {size} bytes, the limit is {max_bytes}")
+        if type(data) is bytes and (event := _decode_common(data, _QUOTED_BYTES, b"\\")) is not None:
+            return event
         try:
             text = bytes(data).decode("utf-8")
         except UnicodeDecodeError as exc:
@@ -282,6 +286,9 @@ def decode_event_json(data: bytes | bytearray | memoryview | str | None, *,
         raise InvalidEvent("not_json", f"expected bytes or str (got {type(data).__name__})")
     if not text.strip():
         raise InvalidEvent("empty", "message is empty")
+    event = _decode_common(text, _QUOTED_TEXT, "\\")
+    if event is not None:
+        return event
     try:
         obj = json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_unique_fields)
     except InvalidEvent:
@@ -289,6 +296,69 @@ def decode_event_json(data: bytes | bytearray | memoryview | str | None, *,
     except (ValueError, RecursionError, MemoryError) as exc:
         raise InvalidEvent("not_json", str(exc)[:_MAX_DETAIL]) from None
     return decode_event(obj)
+
+
+_NUMBER = (int, float)
+_SHORT_ID = MAX_ID_BYTES // 4  # a str of at most this many characters is at most MAX_ID_BYTES in UTF-8
+
+
+def _decode_common(text: Any, quoted: dict[str, Any], backslash: Any) -> Event | None:
+    """The usual valid event, decoded by orjson with type checks in C: None where any doubt is left.
+
+    None sends the text through the strict path (:func:`decode_event`
+    behind ``json.loads`` with hooks), which decides and names the reason:
+    anything orjson refuses (invalid UTF-8 included), any backslash (an
+    escaped field name could repeat another), a field name written twice,
+    ids that are not short strings, numbers that are not plain finite ints
+    and floats. ``text`` is ``bytes`` or ``str``; ``quoted`` and
+    ``backslash`` are the field names in quotes and the backslash, as the same type.
+    """
+    if backslash in text:
+        return None
+    try:
+        obj = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return None
+    if type(obj) is not dict:
+        return None
+    op = obj.get("op")
+    fields = _FIELDS.get(op) if type(op) is str else None
+    if fields is None or not (fields[0] <= obj.keys() <= fields[0] | fields[1]):
+        return None
+    for key in obj:  # orjson keeps the last of a repeated field
+        if text.count(quoted[key]) > 1:
+            return None
+    ts = obj["ts"]
+    if type(ts) not in _NUMBER or not 0 <= ts < math.inf:
+        return None
+    if op == "edge_upsert" or op == "edge_delete":
+        src, dst = obj["src"], obj["dst"]
+        if type(src) is not str or type(dst) is not str or not 0 < len(src) <= _SHORT_ID \
+                or not 0 < len(dst) <= _SHORT_ID:
+            return None
+        if op == "edge_delete":
+            return EdgeDelete(src, dst, float(ts))
+        weight = obj.get("weight", 1.0)
+        if type(weight) not in _NUMBER or not -math.inf < weight < math.inf:
+            return None
+        return EdgeUpsert(src, dst, float(ts), float(weight))
+    node = obj["id"]
+    if type(node) is not str or not 0 < len(node) <= _SHORT_ID:
+        return None
+    if op == "node_delete":
+        return NodeDelete(node, float(ts))
+    features = obj["features"]
+    if type(features) is not list or not features or not set(map(type, features)) <= _NUMBER_TYPES:
+        return None
+    values = tuple(map(float, features))
+    if not all(map(math.isfinite, values)):
+        return None
+    return NodeUpsert(node, float(ts), values)
+
+
+_NUMBER_TYPES = frozenset(_NUMBER)
+_QUOTED_TEXT = {name: f'"{name}"' for required, optional in _FIELDS.values() for name in required | optional}
+_QUOTED_BYTES = {name: quoted.encode() for name, quoted in _QUOTED_TEXT.items()}
 
 
 def encode_event(event: Event) -> bytes:
