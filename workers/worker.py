@@ -116,24 +116,36 @@ class OffsetResetError(StreamError):
 
 @dataclass(eq=False)
 class Outgoing:
-    """The encoded messages of some outbox records, ready to send.
+    """The updates of some outbox records, ready to encode and send.
 
     ``keys`` are the outbox records they come from (deleted once the flush
-    confirmed delivery); ``messages`` are ``(key, value, headers)``
-    (``value`` None for a tombstone); ``event_ts`` the event time of each
-    published node, for the freshness histogram; ``suppressed`` the updates
-    of those records left out by ``min_change`` (confirmed with the rest,
-    never sent). Immutable once handed to the publisher thread.
+    confirmed delivery); ``columns`` the nodes' stored state, read when the
+    batch was prepared; :attr:`messages` their encoding, ``(key, value,
+    headers)`` (``value`` None for a tombstone), made at first use: on the
+    publisher thread, beside the worker's next batch. ``event_ts`` is the
+    event time of each published node, for the freshness histogram;
+    ``suppressed`` the updates of those records left out by ``min_change``
+    (confirmed with the rest, never sent). Not changed once handed to the
+    publisher thread, but for the encoding, which only that thread makes.
     """
 
     keys: list[bytes]
-    messages: list[tuple[bytes, bytes | None, Any]]
+    columns: list[OutboxColumns]
     event_ts: np.ndarray
+    encode: Callable[[list[OutboxColumns]], list[tuple[bytes, bytes | None, Any]]]
     oldest_record_s: float | None = None  # Kafka time of the oldest record of the batch that made it
     suppressed: int = 0
+    count: int = 0  # messages (the nodes of ``columns``)
+    _messages: list[tuple[bytes, bytes | None, Any]] | None = None
+
+    @property
+    def messages(self) -> list[tuple[bytes, bytes | None, Any]]:
+        if self._messages is None:
+            self._messages = self.encode(self.columns)
+        return self._messages
 
     def __len__(self) -> int:
-        return len(self.messages)
+        return self.count
 
 
 class OutboxPublisher:
@@ -187,10 +199,10 @@ class OutboxPublisher:
         return sum(1 for _ in self.store.column("outbox").keys())
 
     def prepare(self, limit: int = 50_000) -> Outgoing:
-        """Encode the outbox records after the last one taken, up to about ``limit`` messages."""
+        """The outbox records after the last one taken, up to about ``limit`` messages (encoded at first use)."""
         from workers.tables import decode_outbox
         taken = self._taken
-        out = Outgoing([], [], np.zeros(0, dtype=np.float64))
+        out = Outgoing([], [], np.zeros(0, dtype=np.float64), self.encode)
         times = []
         for key, raw in self.store.column("outbox").items():
             if taken is not None and key <= taken:
@@ -203,9 +215,10 @@ class OutboxPublisher:
                 cols, skipped = self._changed(cols)
                 out.suppressed += skipped
             if len(cols):
-                self._encode(cols, out.messages)
+                out.columns.append(cols)
+                out.count += len(cols)
                 times.append(cols.event_ts)
-            if len(out.messages) >= limit:
+            if out.count >= limit:
                 break
         if times:
             out.event_ts = np.concatenate(times)
@@ -255,6 +268,14 @@ class OutboxPublisher:
         """Forget every row kept for ``min_change``: each node's next update is published."""
         self._sent_rows = np.zeros((0, 0), dtype=np.float32)  # by iid: the row last handed over for sending
         self._sent_mode = np.zeros(0, dtype=np.int16)  # by iid: its mode code, -1 = none
+
+    def encode(self, columns: list[OutboxColumns]) -> list[tuple[bytes, bytes | None, Any]]:
+        """The messages of ``columns``, in order: one :func:`encode_updates` call each, tombstones for
+        withdrawn nodes."""
+        messages: list[tuple[bytes, bytes | None, Any]] = []
+        for cols in columns:
+            self._encode(cols, messages)
+        return messages
 
     def _encode(self, cols: OutboxColumns, messages: list) -> None:
         live = ~cols.deleted
@@ -308,6 +329,7 @@ class _Sender:
         self._done: list[Outgoing] = []  # delivered, not yet confirmed
         self._closing = False
         self._closed = threading.Event()  # set by close(): a pause between retries ends at once
+        self.failure: BaseException | None = None  # a batch could not be encoded: the worker raises it
         self.thread = threading.Thread(target=self._run, name="publisher", daemon=True)
         self.thread.start()
 
@@ -329,7 +351,7 @@ class _Sender:
     def wait(self, timeout_s: float) -> None:
         """Wait until a batch was delivered or nothing is in flight (at most ``timeout_s``)."""
         with self._cond:
-            if self._queue and not self._done:
+            if self._queue and not self._done and self.failure is None:
                 self._cond.wait(timeout_s)
 
     def close(self, timeout_s: float) -> None:
@@ -353,6 +375,13 @@ class _Sender:
                     return
                 out = self._queue[0]
             t0 = time.perf_counter()
+            try:
+                out.messages  # encoded here, beside the worker's next batch; no retry cures a failure
+            except Exception as exc:
+                with self._cond:
+                    self.failure = exc
+                    self._cond.notify_all()
+                return
             try:
                 self.publisher.deliver(out, _FLUSH_TIMEOUT_S)
             except Exception as exc:  # broker down: send the same batch again after a pause
@@ -839,11 +868,15 @@ class Worker:
         if sender is None:  # not started (stopped while waiting for Kafka)
             return
         while True:
+            if sender.failure is not None:
+                raise sender.failure
             self._confirm(publisher)
             while sender.in_flight() >= _MAX_IN_FLIGHT:
                 if self._stop.is_set():
                     return
                 sender.wait(0.5)
+                if sender.failure is not None:
+                    raise sender.failure
                 self._confirm(publisher)
             out = publisher.prepare(_PUBLISH_LIMIT)
             if not out.keys:

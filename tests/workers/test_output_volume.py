@@ -208,7 +208,7 @@ def test_threshold_decides_per_node_from_the_last_published_row(tmp_path: Path) 
         state.set(5, "full", [4.0, np.nan, 0.0, 0.0])
         outbox.add(5)
         with pytest.raises(ValueError, match="finite"):
-            publisher.prepare()
+            publisher.deliver(publisher.prepare())
 
 
 def test_duplicates_in_one_prepare_and_restarts_publish_again(tmp_path: Path) -> None:
@@ -281,9 +281,13 @@ def test_suppressed_counter_counts_delivered_batches(tmp_path: Path) -> None:
     worker = Worker(WorkerSettings(state=str(tmp_path / "s"), metrics_port=0, min_change=0.1))
     text = worker.metrics.render().decode()
     assert "gnnstream_updates_suppressed_total 0.0" in text
-    worker._delivered(Outgoing([b"a"], [(b"n1", b"v", None)], np.zeros(1), suppressed=3), 0.01)
-    worker._delivered(Outgoing([b"b"], [], np.zeros(0), suppressed=4), 0.01)  # a batch of skipped updates only
-    worker._delivered(Outgoing([b"c"], [(b"n2", b"v", None)], np.zeros(1)), 0.01)
+    def encoded(key: bytes, messages: list, suppressed: int = 0) -> Outgoing:
+        return Outgoing([key], [], np.zeros(len(messages)), lambda _: messages, suppressed=suppressed,
+                        count=len(messages))
+
+    worker._delivered(encoded(b"a", [(b"n1", b"v", None)], suppressed=3), 0.01)
+    worker._delivered(encoded(b"b", [], suppressed=4), 0.01)  # a batch of skipped updates only
+    worker._delivered(encoded(b"c", [(b"n2", b"v", None)]), 0.01)
     text = worker.metrics.render().decode()
     assert "gnnstream_updates_suppressed_total 7.0" in text
     assert "gnnstream_embeddings_published_total 2.0" in text

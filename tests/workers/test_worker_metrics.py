@@ -162,7 +162,8 @@ class _FlakyPublisher:
 
 
 def _outgoing(n: int, tag: bytes) -> Outgoing:
-    return Outgoing([tag], [(b"k%d" % i, b"v", None) for i in range(n)], np.full(n, time.time() - 100.0))
+    messages = [(b"k%d" % i, b"v", None) for i in range(n)]
+    return Outgoing([tag], [], np.full(n, time.time() - 100.0), lambda _: messages, count=n)
 
 
 def _delivered(sender: Any, count: int) -> list:
@@ -204,6 +205,27 @@ def test_publisher_thread_retries_in_order_and_clears_its_error(tmp_path: Path) 
     assert 'gnnstream_embedding_freshness_seconds_bucket{le="60.0"} 0.0' in text
     assert 'gnnstream_embedding_freshness_seconds_bucket{le="300.0"} 8.0' in text
     assert "gnnstream_publish_seconds_count 2.0" in text
+
+
+def test_a_batch_that_cannot_be_encoded_stops_the_worker_instead_of_retrying(tmp_path: Path) -> None:
+    from workers.worker import _Sender
+    worker = Worker(WorkerSettings(state=str(tmp_path / "s"), metrics_port=0))
+    publisher = _FlakyPublisher(failures=0)
+    sender = worker._sender = _Sender(worker, publisher)  # type: ignore[arg-type]
+
+    def refuse(_: Any) -> list:
+        raise ValueError("Expected finite embeddings and timestamps (got non-finite values for nodes ['n1'])")
+
+    sender.submit(Outgoing([b"a"], [], np.zeros(1), refuse, count=1))
+    try:
+        sender.thread.join(10.0)  # the thread ends at the failure: no retry cures it
+        assert not sender.thread.is_alive()
+        with pytest.raises(ValueError, match="non-finite"):
+            worker._publish(publisher)  # type: ignore[arg-type]
+    finally:
+        sender.close(1.0)
+    assert publisher.attempts == []  # nothing was sent
+    assert sender.in_flight() == 1 and worker.health.published == 0
 
 
 def test_batch_histogram_renders_like_a_prometheus_histogram() -> None:
