@@ -15,8 +15,11 @@ $(STAMP): pyproject.toml graph_state/_eventloop.c
 
 venv: $(STAMP)
 
+# The suite mostly waits (broker group joins, worker restarts): more processes than CI's two cores.
+TEST_PROCESSES ?= 4
+
 test: $(STAMP)
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n $(TEST_PROCESSES) tests
 
 demo: $(STAMP)
 	$(PY) -m workers.demo

@@ -98,6 +98,23 @@ def _metadata_ok(port: int, timeout_s: float = 1.0) -> bool:
     return correlation_id == 42 and n_brokers >= 1
 
 
+def _all_threads_stopped(pid: int) -> bool:
+    """True when every thread of ``pid`` is stopped (state T), or where /proc cannot tell (not Linux)."""
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return True
+    for task in tasks:
+        try:
+            stat = (task / "stat").read_text()
+        except OSError:  # that thread has just ended
+            continue
+        # the state is the first field after the command name, which is in parentheses and may hold spaces
+        if stat.rpartition(")")[2].split()[0] not in ("T", "t"):
+            return False
+    return True
+
+
 def _load_prctl() -> object | None:
     if not sys.platform.startswith("linux"):
         return None
@@ -181,11 +198,14 @@ class EmbeddedBroker:
         if self.log_path is None:
             self._own_log_dir = Path(tempfile.mkdtemp(prefix="gnnstream-broker-"))
             self.log_path = self._own_log_dir / "tansu.log"
-        # A picked port can be taken by someone else before Tansu binds it: retry.
+        # A picked port can be taken by someone else (another test process) before Tansu binds it: retry.
         attempts = 1 if self._requested_port else 3
         for attempt in range(1, attempts + 1):
             port = self._requested_port or free_port()
             if not _port_is_free(port):
+                if attempt < attempts:
+                    logger.warning("port %d was taken right after it was picked; picking another", port)
+                    continue
                 raise BrokerPortInUse(
                     f"port {port} on {_HOST} is already in use; choose another port "
                     "(or none, to pick a free one) or stop the process that holds it")
@@ -269,10 +289,29 @@ class EmbeddedBroker:
             self._own_log_dir = self.log_path = None
         return proc.returncode
 
-    def pause(self) -> None:
-        """Freeze the broker (SIGSTOP): connections stay open, nothing answers."""
+    def pause(self, timeout_s: float = 5.0) -> None:
+        """Freeze the broker (SIGSTOP): connections stay open, nothing answers.
+
+        Returns once every thread of the broker has stopped (on Linux): the
+        signal only wakes one of them, and on a busy machine the others can
+        go on answering requests for a while after it was sent.
+
+        Raises:
+            BrokerError: the broker is not running, or not all of its threads
+                stopped within ``timeout_s``.
+        """
         self._signal(signal.SIGSTOP)
         self._paused = True
+        assert self._proc is not None
+        deadline = time.monotonic() + timeout_s
+        while not _all_threads_stopped(self._proc.pid):
+            if self._proc.poll() is not None:
+                raise BrokerError(f"broker pid {self._proc.pid} exited with code {self._proc.returncode} "
+                                  f"while being paused; see {self.log_path}")
+            if time.monotonic() >= deadline:
+                raise BrokerError(f"broker pid {self._proc.pid} was sent SIGSTOP but not all of its threads "
+                                  f"stopped within {timeout_s}s")
+            time.sleep(0.001)
 
     def resume(self) -> None:
         """Unfreeze a broker stopped by :meth:`pause` (SIGCONT)."""

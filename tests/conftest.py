@@ -1,9 +1,23 @@
-"""Shared fixtures: one embedded Kafka broker for the whole test session.
+"""Shared fixtures: one embedded Kafka broker per test process.
 
 Tests that need Kafka take the ``broker`` fixture and create their own
 uuid-named topics (``unique_name``), so they never see each other's data.
 Tests that stop or stall a broker start a private one instead of touching
 the shared one.
+
+``make test`` runs the suite in several processes (pytest-xdist, ``-n`` and
+``--dist loadgroup``). Each process is a test session of its own: it starts
+its own broker on a free port (picked by the system, another one if Tansu
+cannot bind it), and its ``tmp_path`` directories lie under its own
+``popen-gwN`` base directory. Tests that must not run at the same time as
+each other carry the same ``xdist_group`` mark, and a group's tests run one
+after another in one process:
+
+* ``crash-loops``: the SIGKILL loops. They restart processes over and over
+  (each kill placed by the victim's progress, not by time); side by side on
+  the few cores of CI they would crowd out the rest.
+* ``promtool``: the tests that need promtool, which a fresh machine installs
+  with apt-get (one install, not one per process).
 """
 
 from __future__ import annotations
@@ -24,9 +38,13 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 @pytest.fixture(scope="session")
-def broker() -> Iterator[EmbeddedBroker]:
-    """One Tansu broker on a free loopback port, stopped at the end of the session."""
-    embedded = EmbeddedBroker()
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]:
+    """One Tansu broker per test process on a free loopback port, stopped at the end of the session.
+
+    Its log stays in the process's temporary directory (``broker0/tansu.log``
+    under pytest's base directory) for a look after a failure.
+    """
+    embedded = EmbeddedBroker(log_path=tmp_path_factory.mktemp("broker") / "tansu.log")
     try:
         embedded.start()
     except BrokerBinaryNotFound as exc:  # never skip silently: Kafka tests must run

@@ -164,6 +164,7 @@ def _promtool(promtool: str, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([promtool, *args], capture_output=True, text=True, timeout=120, cwd=ROOT)
 
 
+@pytest.mark.xdist_group("promtool")  # one process installs promtool on a fresh machine
 def test_promtool_check_config(promtool: str) -> None:
     result = _promtool(promtool, "check", "config", str(PROMETHEUS.relative_to(ROOT)))
     out = result.stdout + result.stderr
@@ -172,6 +173,7 @@ def test_promtool_check_config(promtool: str) -> None:
     assert "SUCCESS: 5 rules found" in out, out  # the rule file is found and parsed as well
 
 
+@pytest.mark.xdist_group("promtool")
 def test_promtool_alert_rules_unit_tests(promtool: str) -> None:
     result = _promtool(promtool, "check", "rules", str(RULES.relative_to(ROOT)))
     assert result.returncode == 0, result.stdout + result.stderr

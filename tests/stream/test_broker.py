@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from stream.broker import EmbeddedBroker, _metadata_ok, _port_is_free, free_port
+from stream.broker import EmbeddedBroker, _all_threads_stopped, _metadata_ok, _port_is_free, free_port
 from stream.exceptions import BrokerBinaryNotFound, BrokerError, BrokerPortInUse
 
 pytestmark = pytest.mark.broker
@@ -42,9 +42,11 @@ def test_start_pause_resume_stop(tmp_path: Path) -> None:
         assert _metadata_ok(port)
         broker.pause()
         assert "paused" in repr(broker)
+        assert _all_threads_stopped(pid)  # pause() returns once SIGSTOP took hold of every thread
         assert not _metadata_ok(port, timeout_s=0.3)  # connected, but nobody answers
         broker.resume()
         assert _metadata_ok(port)
+        assert not _all_threads_stopped(pid)
     assert not broker.running and broker.pid is None
     assert not _alive(pid)
     assert _port_is_free(port)

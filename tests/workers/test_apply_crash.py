@@ -25,7 +25,8 @@ from tests.workers.reference import (DATA_DIR, assert_embeddings_close, fast_tem
                                      reference_embeddings)
 from workers.cli import main
 
-pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
+pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+              pytest.mark.xdist_group("crash-loops")]  # kills spread over its run time: not beside another loop
 
 OTC = DATA_DIR / "soc-sign-bitcoinotc.csv.gz"
 RATINGS = 2_400  # -> about 4,100 events with the derived node_upsert events
