@@ -185,7 +185,7 @@ def test_scorer_decode_skips_bad_and_other_model_updates(caplog) -> None:
     assert cols.models == ["m:1", "m:2"] and untagged.other_model == 0
 
 
-@pytest.mark.parametrize("kafka_client", ["kafka-python"])  # decoding is the scorer's, not the client's
+@pytest.mark.parametrize("kafka_client", KAFKA_CLIENTS)
 def test_scorer_skips_poison_message_and_commits(kafka_client: str, broker, unique_name) -> None:
     emb_topic, score_topic = unique_name("emb"), unique_name("scores")
     ensure_topics(broker.bootstrap, {emb_topic: 1, score_topic: 1})
