@@ -25,10 +25,14 @@ from typing import Any, Sequence
 
 from stream.clients import ConsumerClient, ProducerClient
 
-__all__ = ["KAFKA_CLIENTS", "open_consumer", "open_producer"]
+__all__ = ["KAFKA_CLIENTS", "DEFAULT_KAFKA_CLIENT", "open_consumer", "open_producer"]
 
 KAFKA_CLIENTS = ("kafka-python", "confluent")
 """The backend names, in the order ``--kafka-client`` lists them."""
+
+DEFAULT_KAFKA_CLIENT = "confluent"
+"""The client every command uses unless told otherwise: librdkafka does its network I/O on threads of its
+own, outside the interpreter's lock (docs/benchmarks.md has the measurements)."""
 
 _CLASSES = {
     "kafka-python": ("stream.kafka", "EventConsumer", "Producer"),

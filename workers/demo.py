@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from stream.broker import EmbeddedBroker
-from stream.backends import KAFKA_CLIENTS, open_consumer
+from stream.backends import DEFAULT_KAFKA_CLIENT, KAFKA_CLIENTS, open_consumer
 from workers.datasets import BITCOIN_OTC, read_snap
 from workers.heap import tune_collector
 from workers.offline import verify
@@ -47,7 +47,7 @@ logger = logging.getLogger(__name__)
 DATA = BITCOIN_OTC
 
 
-def _read_topic(bootstrap: str, topic: str, group: str, kafka_client: str = "kafka-python") -> list:
+def _read_topic(bootstrap: str, topic: str, group: str, kafka_client: str = DEFAULT_KAFKA_CLIENT) -> list:
     consumer = open_consumer(kafka_client, bootstrap, topic, group)
     out, idle = [], 0
     try:
@@ -124,7 +124,7 @@ def _replay(go: Any, results: Any, bootstrap: str, data: str, **options: Any) ->
 
 
 def run_demo(data: Path, out: Path, *, rate: float, limit: int = 0, epochs: int = 300,
-             retrain: bool = False, kafka_client: str = "kafka-python") -> dict[str, Any]:
+             retrain: bool = False, kafka_client: str = DEFAULT_KAFKA_CLIENT) -> dict[str, Any]:
     if not data.exists():
         raise SystemExit(f"demo data not found at {data}; the repository ships it in data/ (restore it with git checkout -- data)")
     out.mkdir(parents=True, exist_ok=True)
@@ -264,9 +264,9 @@ def main(argv: list[str] | None = None) -> int:
     # the demo runs the replay, the worker and the scorer in one process: librdkafka does its I/O on threads
     # of its own, outside the interpreter's lock, and keeps the three at 2,000 events/s on two cores
     parser.add_argument("--kafka-client", choices=KAFKA_CLIENTS,
-                        default=os.environ.get("GNNSTREAM_KAFKA_CLIENT", "confluent"),
+                        default=os.environ.get("GNNSTREAM_KAFKA_CLIENT", DEFAULT_KAFKA_CLIENT),
                         help="Kafka client of the worker, the scorer and the replay (env GNNSTREAM_KAFKA_CLIENT; "
-                             "default confluent)")
+                             f"default {DEFAULT_KAFKA_CLIENT})")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     tune_collector()

@@ -16,7 +16,7 @@ import uuid
 from typing import Any, Iterator
 
 from stream.events import encode_event, event_key
-from stream.backends import open_consumer, open_producer
+from stream.backends import DEFAULT_KAFKA_CLIENT, open_consumer, open_producer
 from stream.kafka import ensure_topics
 from stream.exceptions import InvalidUpdate
 from stream.updates import decode_update
@@ -50,7 +50,7 @@ def iter_file_messages(path: str, fmt: str = "jsonl") -> Iterator[tuple[bytes | 
 
 def produce_file(bootstrap: str, path: str, *, topic: str = "graph-events", fmt: str = "jsonl",
                  rate: float = 0.0, partitions: int = 4, limit: int = 0,
-                 kafka_client: str = "kafka-python") -> dict[str, Any]:
+                 kafka_client: str = DEFAULT_KAFKA_CLIENT) -> dict[str, Any]:
     """Send every event of ``path`` with the named client (:data:`stream.backends.KAFKA_CLIENTS`); returns counts
     and the achieved rate."""
     ensure_topics(bootstrap, {topic: partitions})
@@ -76,7 +76,7 @@ def produce_file(bootstrap: str, path: str, *, topic: str = "graph-events", fmt:
 
 def tail_embeddings(bootstrap: str, *, topic: str = "node-embeddings", from_beginning: bool = False,
                     max_messages: int = 0, idle_s: float = 0.0, out: Any = None,
-                    kafka_client: str = "kafka-python") -> int:
+                    kafka_client: str = DEFAULT_KAFKA_CLIENT) -> int:
     """Print updates as ``id v<version> <mode> dim=<d> [first values] event_ts=…``; returns the count.
 
     A deleted node prints ``<key> deleted``; a message that is not an update prints

@@ -32,7 +32,7 @@ from typing import Any, Sequence
 import numpy as np
 import orjson
 
-from stream.backends import open_consumer, open_producer
+from stream.backends import DEFAULT_KAFKA_CLIENT, open_consumer, open_producer
 from stream.clients import Record
 from stream.exceptions import InvalidUpdate
 from stream.kafka import ensure_topics
@@ -132,7 +132,7 @@ class FraudScorer:
 
     def __init__(self, bootstrap: str, head: FraudHead | str, *, in_topic: str = "node-embeddings",
                  out_topic: str = "fraud-scores", group: str = "gnnstream-fraud-scorer", partitions: int = 4,
-                 kafka_client: str = "kafka-python"):
+                 kafka_client: str = DEFAULT_KAFKA_CLIENT):
         self.bootstrap = bootstrap
         self.head = head if isinstance(head, FraudHead) else load_head(head)
         self.in_topic, self.out_topic, self.group = in_topic, out_topic, group

@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass, fields
 from typing import Any
 
-from stream.backends import KAFKA_CLIENTS
+from stream.backends import DEFAULT_KAFKA_CLIENT, KAFKA_CLIENTS
 
 __all__ = ["WorkerSettings", "add_worker_arguments", "settings_from_args", "ENV_PREFIX"]
 
@@ -24,7 +24,7 @@ class WorkerSettings:
     """Configuration of one streaming worker."""
 
     bootstrap: str = "localhost:9092"
-    kafka_client: str = "kafka-python"
+    kafka_client: str = DEFAULT_KAFKA_CLIENT
     state: str = "./state"
     model: str | None = None
     events_topic: str = "graph-events"
