@@ -1,7 +1,26 @@
-"""End-to-end streaming benchmark on the Bitcoin OTC event stream.
+"""End-to-end streaming benchmark: Kafka in, Kafka out, against the engine alone.
 
-Starts an embedded broker (Tansu), produces the whole SNAP Bitcoin OTC stream
-(``workers.datasets.snap_events``, ~53k events) and measures:
+Two modes.
+
+``--graph synthetic`` (the delivery benchmark): the engine bench's seeded
+power-law graph (2^17 nodes, 1.2 M directed edges, SAGE 128-d, fanouts
+25,10), loaded and backfilled once; every run below starts from a copy of
+that state. ``--warmup-events`` (20,000) then ``--stream-events`` (50,000)
+update events (90 % edge upserts, 5 % deletes, 5 % feature updates) are
+  * applied by the engine alone (``store.apply`` + ``engine.recompute``, no
+    Kafka, no decoding) in batches of ``--batch-size`` and of
+    ``--max-batch-size``; the faster is the reference;
+  * produced to a fresh broker as a backlog and consumed by a worker, once
+    for each Kafka client x output format;
+rates are over the events after the warm-up (a state just opened reads its
+caches in first), and every worker's final embeddings are compared with
+the engine's. Then the default configuration runs at ``--rate-fraction``
+(0.8) of its own rate for ``--fresh-seconds`` (60) after a warm backlog:
+publish - produce per batch (p50, p99, max) and the lag every second.
+
+``--graph otc`` (default) starts an embedded broker (Tansu), produces the
+whole SNAP Bitcoin OTC stream (``workers.datasets.snap_events``, ~53k
+events) and measures:
 
 (i)   raw consume rate: ``EventConsumer.poll_batch`` reading the whole topic,
       no processing (time from the first non-empty poll to the last record);
@@ -29,6 +48,7 @@ Prints ONE JSON object on stdout; progress goes to stderr.
 
     .venv/bin/python bench/e2e.py                    # full stream (~53k events)
     .venv/bin/python bench/e2e.py --events 5000 --fresh-events 3000   # quick
+    .venv/bin/python bench/e2e.py --graph synthetic  # the delivery matrix (~15 min)
 """
 
 from __future__ import annotations
@@ -38,6 +58,7 @@ import bisect
 import dataclasses
 import logging
 import os
+import shutil
 import sys
 import tempfile
 import threading
@@ -46,9 +67,16 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from common import code_fingerprint, emit, log, machine_load, peak_rss_mib, percentile  # noqa: E402  (puts the repo root on sys.path)
+import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import (  # noqa: E402
+    FEATURE_DIM as SYNTH_DIM, FULL_EDGES, FULL_NODES, code_fingerprint, emit, log, machine_load, make_graph,
+    model_dir, open_loaded_store, peak_rss_mib, percentile,
+)
 from model import init_model_dir  # noqa: E402
+from stream.backends import KAFKA_CLIENTS, open_producer  # noqa: E402
 from stream.broker import EmbeddedBroker  # noqa: E402
 from stream.events import NodeUpsert, encode_event, event_key  # noqa: E402
 from stream.kafka import EventConsumer, Producer, ensure_topics  # noqa: E402
@@ -70,7 +98,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--csv", default=str(DEFAULT_CSV), help="SNAP signed-network CSV (default Bitcoin OTC)")
     p.add_argument("--events", type=int, default=0, help="only the first N events (default: all)")
     p.add_argument("--fresh-events", type=int, default=15_000, help="events produced for the freshness phase")
-    p.add_argument("--rate-fraction", type=float, default=0.5, help="freshness produce rate / sustained rate")
+    p.add_argument("--rate-fraction", type=float, default=None,
+                   help="freshness produce rate / sustained rate (default 0.5; synthetic mode 0.8)")
     p.add_argument("--partitions", type=int, default=4, help="partitions of the throughput topic")
     p.add_argument("--batch-size", type=int, default=1000, help="worker --batch-size")
     p.add_argument("--batch-wait-ms", type=int, default=200, help="worker --batch-wait-ms")
@@ -80,8 +109,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out-dim", type=int, default=64)
     p.add_argument("--fanouts", type=_fanouts, default=[25, 10])
     p.add_argument("--idle-s", type=float, default=3.0, help="worker max_idle_s after the stream")
-    p.add_argument("--kafka-client", default="kafka-python", help="worker --kafka-client")
-    p.add_argument("--output-format", default="json", choices=["json", "binary"], help="worker --output-format")
+    p.add_argument("--kafka-client", default=WorkerSettings.kafka_client, choices=list(KAFKA_CLIENTS),
+                   help="worker --kafka-client (Bitcoin OTC mode)")
+    p.add_argument("--output-format", default=WorkerSettings.output_format, choices=["json", "binary"],
+                   help="worker --output-format (Bitcoin OTC mode)")
+    g = p.add_argument_group("synthetic mode (--graph synthetic)")
+    g.add_argument("--graph", default="otc", choices=["otc", "synthetic"],
+                   help="otc: the Bitcoin OTC replay above; synthetic: the engine bench's power-law graph, engine "
+                        "alone against every client x format, then freshness at --rate-fraction of the default's rate")
+    g.add_argument("--nodes", type=int, default=FULL_NODES, help="synthetic graph nodes")
+    g.add_argument("--edges", type=int, default=FULL_EDGES, help="synthetic graph distinct directed edges")
+    g.add_argument("--stream-events", type=int, default=50_000, help="update events measured in the throughput runs")
+    g.add_argument("--warmup-events", type=int, default=20_000,
+                   help="events before those, not measured: a state just opened reads its caches in first")
+    g.add_argument("--clients", default=",".join(KAFKA_CLIENTS), help="comma-separated Kafka clients to run")
+    g.add_argument("--formats", default="json,binary", help="comma-separated output formats to run")
+    g.add_argument("--fresh-seconds", type=float, default=60.0, help="measured length of the freshness run (0: no freshness run)")
+    g.add_argument("--fresh-warmup-s", type=float, default=5.0,
+                   help="seconds of the paced stream before the freshness measurement starts")
+    g.add_argument("--store-cache", default=None,
+                   help="directory keeping a loaded copy of the synthetic graph store between runs")
+    g.add_argument("--workdir", default=None, help="directory for the temporary states (default: system temp)")
     return p.parse_args(argv)
 
 
@@ -124,11 +172,13 @@ def raw_consume(bootstrap: str, topic: str, total: int, batch: int) -> dict[str,
 class Timed:
     """Wraps a worker's ``_process``/``_publish`` to timestamp the stream's first and last steps."""
 
-    def __init__(self, worker: Worker, total: int):
+    def __init__(self, worker: Worker, total: int, warmup: int = 0):
         self.worker, self.total = worker, total
         self.first_process: float | None = None
         self.done_at: float | None = None
         self.batches = 0
+        # the end of the first batch after which ``warmup`` events were applied: (time, applied, published)
+        self.warm: tuple[float, int, int] | None = None
         process, publish = worker._process, worker._publish
 
         def timed_process(*args: Any) -> None:
@@ -136,6 +186,8 @@ class Timed:
                 self.first_process = time.perf_counter()
             self.batches += 1
             process(*args)
+            if self.warm is None and warmup and worker.health.applied >= warmup:
+                self.warm = (time.perf_counter(), worker.health.applied, worker.health.published)
 
         def timed_publish(publisher: Any) -> None:
             publish(publisher)
@@ -205,16 +257,13 @@ def histogram_quantiles(worker: Worker, name: str, baseline: dict[str, Any] | No
 
 
 # ---------------------------------------------------------------------- phases
-def sustained(bootstrap: str, topic: str, total: int, model: str, state: str, args: argparse.Namespace) -> dict[str, Any]:
-    tag = uuid.uuid4().hex[:8]
-    settings = WorkerSettings(bootstrap=bootstrap, state=state, model=model, events_topic=topic,
-                              output_topic=f"bench-emb-{tag}", dlq_topic=f"bench-dlq-{tag}",
-                              group=f"bench-worker-{tag}", partitions=args.partitions, batch_size=args.batch_size,
-                              batch_wait_ms=args.batch_wait_ms, metrics_port=0,
-                              kafka_client=args.kafka_client, output_format=args.output_format,
-                              max_batch_size=args.max_batch_size)
+def sustained(bootstrap: str, topic: str, total: int, model: str, state: str, args: argparse.Namespace,
+              client: str, fmt: str, warmup: int = 0) -> dict[str, Any]:
+    """The worker on a backlog of ``total`` events; with ``warmup``, also the rate after the first
+    ``warmup`` events (from the end of the batch that passed them)."""
+    settings = _settings(bootstrap, topic, model, state, uuid.uuid4().hex[:8], client, fmt, args)
     worker, thread, result = start_worker(settings, args.idle_s)
-    timed = Timed(worker, total)
+    timed = Timed(worker, total, warmup)
     thread.start()
     last_log = time.monotonic()
     while thread.is_alive():
@@ -228,10 +277,19 @@ def sustained(bootstrap: str, topic: str, total: int, model: str, state: str, ar
         raise SystemExit(f"worker stopped before finishing: {result.get('summary')}")
     seconds = timed.done_at - timed.first_process
     summary = result["summary"]
-    return {"events": summary["applied"], "published": summary["published"], "batches": timed.batches,
-            "seconds": round(seconds, 3), "events_per_s": round(summary["applied"] / seconds, 1),
-            # from a backlog produced before the worker started: dominated by queueing, not a freshness figure
-        "pipeline_latency_backlog": histogram_quantiles(worker, "gnnstream_pipeline_latency_seconds")}
+    out = {"events": summary["applied"], "published": summary["published"], "batches": timed.batches,
+           "seconds": round(seconds, 3), "events_per_s": round(summary["applied"] / seconds, 1),
+           # from a backlog produced before the worker started: dominated by queueing, not a freshness figure
+           "pipeline_latency_backlog": histogram_quantiles(worker, "gnnstream_pipeline_latency_seconds")}
+    if warmup:
+        if timed.warm is None:
+            raise SystemExit(f"the worker never passed {warmup} applied events")
+        t, applied, published = timed.warm
+        window = timed.done_at - t
+        out["after_warmup"] = {"events": summary["applied"] - applied, "published": summary["published"] - published,
+                               "seconds": round(window, 3),
+                               "events_per_s": round((summary["applied"] - applied) / window, 1)}
+    return out
 
 
 def freshness(bootstrap: str, events: list, rate: float, model: str, state: str,
@@ -349,11 +407,329 @@ def freshness(bootstrap: str, events: list, rate: float, model: str, state: str,
     }
 
 
+# ---------------------------------------------------------------------- synthetic mode
+def clone_state(src: Path, dst: Path) -> None:
+    """A copy of the closed state ``src``: RocksDB table files (immutable) hard-linked, the rest copied."""
+    def copy(a: str, b: str) -> str:
+        if a.endswith(".sst"):
+            try:
+                os.link(a, b)
+                return b
+            except OSError:
+                pass
+        return shutil.copy2(a, b)
+
+    shutil.copytree(src, dst, copy_function=copy)
+
+
+def final_rows(state: Path, model: str) -> dict[str, np.ndarray]:
+    """Every node's stored final embedding in ``state``, by name."""
+    from workers.offline import open_engine, open_store
+    from workers.tables import read_final_rows
+    with open_store(state, create=False, model_dir=model) as store:
+        engine = open_engine(store, model)
+        iids = np.fromiter(store.node_iids(), dtype=np.int64)
+        rows, present = read_final_rows(store, iids, engine.model.config.out_dim)
+        return {store.name(i): rows[k] for k, i in enumerate(iids.tolist()) if present[k]}
+
+
+def max_abs_diff(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> float:
+    """Largest absolute difference between two name -> row maps (inf when the node sets differ)."""
+    if a.keys() != b.keys():
+        return float("inf")
+    names = sorted(a)
+    return float(np.abs(np.stack([a[n] for n in names]) - np.stack([b[n] for n in names])).max()) if names else 0.0
+
+
+def engine_alone(state: Path, model: str, events: list, batch: int, warmup: int) -> dict[str, Any]:
+    """``store.apply`` + ``engine.recompute`` over ``events`` in batches of ``batch``: no Kafka, no decoding.
+
+    Reported for the whole run (from the state as opened, caches cold) and
+    for the batches after the first ``warmup`` events (``updates_per_s``).
+    """
+    from workers.heap import freeze_warm_heap
+    from workers.offline import open_engine, open_store
+    times: list[float] = []
+    published: list[int] = []
+    with open_store(state, create=False, model_dir=model) as store:
+        engine = open_engine(store, model)
+        freeze_warm_heap()  # as the worker does once started
+        for start in range(0, len(events), batch):
+            chunk = events[start:start + batch]
+            t = time.perf_counter()
+            result = store.apply(chunk)
+            stats = engine.recompute(event_ts=result.max_ts)
+            times.append(time.perf_counter() - t)
+            published.append(stats.published)
+        drained = engine.drain().published  # deferred hub work: not timed, as a worker does it when idle
+    skip = -(-warmup // batch)  # batches holding the warm-up events
+    measured, seconds = len(events) - min(skip * batch, len(events)), sum(times[skip:])
+    if not measured:
+        raise SystemExit(f"no batch of {batch} events after the warm-up: give more --stream-events")
+    return {"batch": batch, "batches": len(times), "events": len(events), "seconds": round(sum(times), 3),
+            "updates_per_s_with_warmup": round(len(events) / sum(times), 1),
+            "after_warmup": {"events": measured, "seconds": round(seconds, 3),
+                             "published": sum(published[skip:])},
+            "updates_per_s": round(measured / seconds, 1) if seconds else None,
+            "published_per_event": round(sum(published[skip:]) / max(measured, 1), 3),
+            "published_in_drain": drained}
+
+
+def _paced_producer(bootstrap: str, topic: str, warm: list, events: list, rate: float, sent: Any, go: Any) -> None:
+    """Child process of the freshness run: ``warm`` at once, then after ``go`` ``events`` at ``rate``.
+
+    Each event's ``ts`` is its send time. ``sent`` counts the paced events handed to the client and flushed.
+    """
+    producer = open_producer("confluent", bootstrap)
+    try:
+        def send(ev: Any) -> None:
+            stamped = dataclasses.replace(ev, ts=time.time())
+            producer.send(topic, event_key(stamped), encode_event(stamped))
+
+        for ev in warm:
+            send(ev)
+        producer.flush(60)
+        go.wait()
+        t0 = time.perf_counter()
+        for i, ev in enumerate(events, 1):
+            ahead = i / rate - (time.perf_counter() - t0)
+            if ahead > 0.002:
+                time.sleep(ahead)
+            send(ev)
+            if i % 50 == 0:
+                producer.flush(30)
+                sent.value = i
+        producer.flush(30)
+        sent.value = len(events)
+    finally:
+        producer.close()
+
+
+def paced_freshness(bootstrap: str, warm: list, events: list, rate: float, model: str, state: str, client: str,
+                    fmt: str,
+                    args: argparse.Namespace) -> dict[str, Any]:
+    """``warm`` as a backlog, then ``events`` at ``rate`` on a fresh topic: freshness and lag.
+
+    The producer is a child process (it does not share this process's
+    interpreter with the worker). The paced events start once the worker
+    has applied and published the backlog (its caches are then warm), and
+    the first ``--fresh-warmup-s`` seconds of them are not counted.
+    Reported: publish - produce per delivered batch
+    (``Worker.latency_timeline``: publish time minus the Kafka time of the
+    batch's oldest record), the worker's freshness histogram (publish minus
+    event time, per published embedding) and the lag (events produced minus
+    events applied) sampled every second, with its least-squares slope.
+    """
+    import multiprocessing as mp
+    tag = uuid.uuid4().hex[:8]
+    topic = f"bench-fresh-ev-{tag}"
+    ensure_topics(bootstrap, {topic: args.partitions})
+    settings = _settings(bootstrap, topic, model, state, tag, client, fmt, args)
+    worker, thread, result = start_worker(settings, None)
+    ctx = mp.get_context("spawn")
+    sent, go = ctx.Value("q", 0), ctx.Event()
+    child = ctx.Process(target=_paced_producer, args=(bootstrap, topic, warm, events, rate, sent, go), daemon=True)
+    thread.start()
+    child.start()
+    log(f"freshness: a backlog of {len(warm)} events first")
+    deadline = time.monotonic() + 600
+
+    def caught_up() -> bool:
+        engine, sender = worker.engine, worker._sender
+        return (worker.health.applied >= len(warm) and worker.health.published > 0 and engine is not None
+                and not engine.pending() and sender is not None and sender.in_flight() == 0)
+
+    while not caught_up() and time.monotonic() < deadline:
+        if "error" in result:
+            raise result["error"]
+        time.sleep(0.1)
+    if not caught_up():
+        raise SystemExit(f"freshness warm-up: the backlog was not done within 600 s (alive {child.is_alive()}; "
+                         f"worker {worker.health_info()})")
+    applied0 = worker.health.applied
+    log(f"freshness: producing {len(events)} events at {rate:.0f} ev/s ({len(events) / rate:.0f} s, "
+        f"the first {args.fresh_warmup_s:g} s not counted)")
+    go.set()
+    t0 = time.monotonic()
+    lag: list[dict[str, float]] = []
+    deadline = t0 + 2 * len(events) / rate + 120
+    base_fresh = None
+    while time.monotonic() < deadline:
+        time.sleep(1.0)
+        if base_fresh is None and time.monotonic() - t0 >= args.fresh_warmup_s:
+            worker.latency_timeline.clear()
+            base_fresh = histogram_state(worker, "gnnstream_embedding_freshness_seconds")
+        produced, applied = sent.value, worker.health.applied - applied0
+        lag.append({"t_s": round(time.monotonic() - t0, 2), "produced": produced, "applied": applied,
+                    "lag": max(0, produced - applied)})
+        if "error" in result:
+            raise result["error"]
+        if int(lag[-1]["t_s"]) % 10 == 0:
+            log(f"freshness: {lag[-1]}")
+        engine = worker.engine
+        if not child.is_alive() and applied >= len(events) and engine is not None and not engine.pending():
+            break
+    produce_s = lag[-1]["t_s"]
+    child.join(30)
+    time.sleep(1.0)  # the last batch's delivery
+    worker.stop()
+    thread.join(60)
+    if "error" in result:
+        raise result["error"]
+    latencies = [latency for _, latency in worker.latency_timeline]
+    # while the producer ran, after the warm-up
+    window = [x for x in lag if x["t_s"] >= args.fresh_warmup_s and x["produced"] < len(events)]
+    slope = float(np.polyfit([x["t_s"] for x in window], [x["lag"] for x in window], 1)[0]) if len(window) > 2 else 0.0
+    duration = window[-1]["t_s"] - window[0]["t_s"] if len(window) > 1 else produce_s
+    growth = slope * duration
+    p99 = percentile(latencies, 99)
+    return {
+        "client": client, "output_format": fmt, "partitions": args.partitions,
+        "target_rate": round(rate, 1), "backlog_events": len(warm), "events": len(events),
+        "warmup_s": args.fresh_warmup_s,
+        "measured_s": round(duration, 2),
+        "achieved_rate": round((window[-1]["produced"] - window[0]["produced"]) / max(duration, 1e-9), 1)
+        if len(window) > 1 else None,
+        "publish_minus_produce_per_batch": {
+            "batches": len(latencies), "p50_s": round(percentile(latencies, 50), 4), "p99_s": round(p99, 4),
+            "max_s": round(max(latencies), 4) if latencies else None},
+        "embedding_freshness": histogram_quantiles(worker, "gnnstream_embedding_freshness_seconds", base_fresh),
+        "lag": {"slope_events_per_s": round(slope, 3), "growth_over_run_events": round(growth, 1),
+                "max_events": max((x["lag"] for x in window), default=0),
+                "samples": [[x["t_s"], x["lag"]] for x in lag]},
+        "pass_p99_le_1s": bool(latencies) and p99 <= 1.0,
+        # "does not grow": over the whole run the fitted lag rises by less than one second of events
+        "pass_lag_flat": growth < rate,
+    }
+
+
+def _settings(bootstrap: str, topic: str, model: str, state: str, tag: str, client: str, fmt: str,
+              args: argparse.Namespace, partitions: int | None = None) -> WorkerSettings:
+    return WorkerSettings(bootstrap=bootstrap, state=state, model=model, events_topic=topic,
+                          output_topic=f"bench-emb-{tag}", dlq_topic=f"bench-dlq-{tag}", group=f"bench-worker-{tag}",
+                          partitions=partitions or args.partitions, batch_size=args.batch_size,
+                          batch_wait_ms=args.batch_wait_ms, metrics_port=0, kafka_client=client, output_format=fmt,
+                          max_batch_size=args.max_batch_size)
+
+
+def synthetic(args: argparse.Namespace) -> dict[str, Any]:
+    """The synthetic mode: one base state, then engine alone and every client x format on copies of it."""
+    from workers.offline import backfill
+    import bench.engine as engine_bench
+    clients = [c for c in args.clients.split(",") if c]
+    formats = [f for f in args.formats.split(",") if f]
+    default = (WorkerSettings.kafka_client, WorkerSettings.output_format)
+    if default[0] not in clients or default[1] not in formats:
+        raise SystemExit(f"--clients/--formats must include the default configuration {default}")
+    fraction = 0.8 if args.rate_fraction is None else args.rate_fraction
+    work = Path(tempfile.mkdtemp(prefix="gnnstream-e2e-", dir=args.workdir))
+    result: dict[str, Any] = {"bench": "e2e", "mode": "synthetic", "code": code_fingerprint(),
+                              "machine_load_at_start": machine_load()}
+    try:
+        graph = make_graph(args.nodes, args.edges, dim=SYNTH_DIM, seed=0)
+        result["graph"] = graph.stats()
+        model = str(work / "model")
+        model_dir(model, dim=SYNTH_DIM, fanouts=args.fanouts, seed=0)
+        base = work / "base"
+        store, load = open_loaded_store(base, graph, dim=SYNTH_DIM, cache_dir=args.store_cache)
+        store.close()
+        log("backfill of the base state")
+        result["setup"] = {"load": load, "backfill": backfill(str(base), model)}
+        rng = np.random.default_rng(1)
+        warm = args.warmup_events
+        events, counts = engine_bench.stream_events(graph, warm + args.stream_events, rng, 0.90, 0.05,
+                                                    1_800_000_000, args.batch_size)
+        result["config"] = {
+            "model": {"arch": "sage", "dim": SYNTH_DIM, "fanouts": args.fanouts}, "event_counts": counts,
+            "worker": {"batch_size": args.batch_size, "max_batch_size": args.max_batch_size,
+                       "batch_wait_ms": args.batch_wait_ms, "partitions": args.partitions},
+            "warmup_events": warm, "measured_events": args.stream_events,
+            "default_configuration": {"kafka_client": default[0], "output_format": default[1]}}
+
+        # engine alone, at the worker's first and at its largest batch size: the faster one is the reference
+        alone = []
+        for batch in sorted({args.batch_size, args.max_batch_size}):
+            state = work / f"engine-{batch}"
+            clone_state(base, state)
+            log(f"engine alone, batches of {batch}")
+            alone.append(engine_alone(state, model, events, batch, warm))
+            log(f"engine alone: {alone[-1]}")
+        reference_rows = final_rows(work / f"engine-{args.batch_size}", model)
+        best_alone = max(a["updates_per_s"] for a in alone)
+        best_alone_cold = max(a["updates_per_s_with_warmup"] for a in alone)
+        for batch in sorted({args.batch_size, args.max_batch_size}):
+            shutil.rmtree(work / f"engine-{batch}", ignore_errors=True)
+        result["engine_alone"] = {"runs": alone, "updates_per_s": best_alone,
+                                  "updates_per_s_with_warmup": best_alone_cold}
+
+        messages = [(event_key(ev), encode_event(ev)) for ev in events]
+        matrix = []
+        for client in clients:
+            for fmt in formats:
+                state = work / f"state-{client}-{fmt}"
+                clone_state(base, state)
+                with EmbeddedBroker() as broker:  # a fresh broker each: it keeps every message in memory
+                    topic = f"bench-ev-{uuid.uuid4().hex[:8]}"
+                    ensure_topics(broker.bootstrap, {topic: args.partitions})
+                    produce(broker.bootstrap, topic, messages)
+                    log(f"worker: {client}, {fmt}")
+                    run = sustained(broker.bootstrap, topic, len(messages), model, str(state), args, client, fmt,
+                                    warm)
+                diff = max_abs_diff(final_rows(state, model), reference_rows)
+                shutil.rmtree(state, ignore_errors=True)
+                measured = run["after_warmup"]
+                row = {"kafka_client": client, "output_format": fmt, "default": (client, fmt) == default,
+                       "events_per_s": measured["events_per_s"],
+                       "published_per_s": round(measured["published"] / measured["seconds"], 1),
+                       "published_per_event": round(measured["published"] / measured["events"], 3),
+                       "ratio_to_engine_alone": round(measured["events_per_s"] / best_alone, 3),
+                       "ratio_with_warmup": round(run["events_per_s"] / best_alone_cold, 3),
+                       "max_abs_diff_to_engine_alone": diff, "run": run}
+                log(f"worker: {row}")
+                matrix.append(row)
+        result["matrix"] = matrix
+        default_row = next(r for r in matrix if r["default"])
+        best_row = max(matrix, key=lambda r: r["events_per_s"])
+
+        result["targets"] = {
+            "default_ratio": default_row["ratio_to_engine_alone"], "default_ratio_required": 0.5,
+            "default_ratio_pass": default_row["ratio_to_engine_alone"] >= 0.5,
+            "best": f"{best_row['kafka_client']}, {best_row['output_format']}",
+            "best_ratio": best_row["ratio_to_engine_alone"], "best_ratio_required": 0.8,
+            "best_ratio_pass": best_row["ratio_to_engine_alone"] >= 0.8,
+            "exact_pass": all(r["max_abs_diff_to_engine_alone"] <= 1e-4 for r in matrix),
+        }
+        if args.fresh_seconds <= 0:
+            return result
+        rate = fraction * default_row["events_per_s"]
+        fresh_events, _ = engine_bench.stream_events(graph, warm + int(rate * (args.fresh_seconds
+                                                                              + args.fresh_warmup_s)),
+                                                     np.random.default_rng(2), 0.90, 0.05, 1_800_000_000,
+                                                     args.batch_size)
+        state = work / "state-fresh"
+        clone_state(base, state)
+        with EmbeddedBroker() as broker:
+            fresh = paced_freshness(broker.bootstrap, fresh_events[:warm], fresh_events[warm:], rate, model,
+                                    str(state), *default, args)
+        fresh["rate_fraction"] = fraction
+        result["freshness"] = fresh
+        result["targets"].update(freshness_p99_pass=fresh["pass_p99_le_1s"], lag_flat_pass=fresh["pass_lag_flat"])
+    finally:
+        result["peak_rss_mib"] = round(peak_rss_mib(), 1)
+        result["machine_load_at_end"] = machine_load()
+        result["cpu_count"] = os.cpu_count()
+        shutil.rmtree(work, ignore_errors=True)
+    return result
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     os.environ.setdefault("GNNSTREAM_NO_PROGRESS", "1")
     tune_collector()  # as the gnnstream command does
+    if args.graph == "synthetic":
+        emit(synthetic(args))
+        return 0
     csv = Path(args.csv)
     if not csv.is_file():
         raise SystemExit(f"data file missing: {csv}")
@@ -372,9 +748,10 @@ def main(argv: list[str] | None = None) -> int:
         log(f"produced: {produced}")
         raw = raw_consume(broker.bootstrap, topic, len(messages), args.batch_size)
         log(f"raw consume: {raw}")
-        worker = sustained(broker.bootstrap, topic, len(messages), model, str(Path(tmp) / "state-throughput"), args)
+        worker = sustained(broker.bootstrap, topic, len(messages), model, str(Path(tmp) / "state-throughput"), args,
+                           args.kafka_client, args.output_format)
         log(f"worker: {worker}")
-        rate = args.rate_fraction * worker["events_per_s"]
+        rate = (0.5 if args.rate_fraction is None else args.rate_fraction) * worker["events_per_s"]
         fresh_events = events[: args.fresh_events] if args.fresh_events else events
         fresh = freshness(broker.bootstrap, fresh_events, rate, model, str(Path(tmp) / "state-fresh"), args)
         log(f"freshness: {fresh}")
