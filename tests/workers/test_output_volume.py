@@ -315,14 +315,6 @@ def otc_events() -> list:
     return evs
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
-    from model import init_model_dir
-    d = tmp_path_factory.mktemp("model") / "sage"
-    init_model_dir(str(d), arch="sage", in_dim=8, hidden=16, out_dim=8, layers=2, fanouts=[10, 5], seed=0)
-    return str(d)
-
-
 def exact_state(state: str) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
     """The stored final embeddings (``gnnstream embeddings``) and ``gnnstream verify``'s summary."""
     import io

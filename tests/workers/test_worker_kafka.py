@@ -74,14 +74,6 @@ def events() -> list:
     return evs
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
-    from model import init_model_dir
-    d = tmp_path_factory.mktemp("model") / "sage"
-    init_model_dir(str(d), arch="sage", in_dim=8, hidden=16, out_dim=8, layers=2, fanouts=[10, 5], seed=0)
-    return str(d)
-
-
 def expected_graph(evs: list) -> tuple[dict[tuple[str, str], tuple[float, float]], dict[str, tuple[float, ...]]]:
     """Final edges ``{(src, dst): (weight, ts)}`` and features of an upsert-only stream."""
     edges: dict[tuple[str, str], tuple[float, float]] = {}
