@@ -134,7 +134,9 @@ def test_sigkill_at_random_moments_leaves_a_batch_boundary(tmp_path, reference):
                 acked = int(line.split()[1])
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate(timeout=60)
+        # the rest through the same text streams: lines readline() buffered are in them, not in the pipe
+        out, err = proc.stdout.read(), proc.stderr.read()
+        proc.wait(timeout=60)
         # the child may finish between poll() and kill(): then it exited cleanly
         alive = proc.returncode == -signal.SIGKILL
         if alive:
