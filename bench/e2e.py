@@ -295,14 +295,11 @@ def sustained(bootstrap: str, topic: str, total: int, model: str, state: str, ar
 def freshness(bootstrap: str, events: list, rate: float, model: str, state: str,
               args: argparse.Namespace) -> dict[str, Any]:
     tag = uuid.uuid4().hex[:8]
-    topic, output = f"bench-fresh-ev-{tag}", f"bench-fresh-emb-{tag}"
-    ensure_topics(bootstrap, {topic: 1, output: args.partitions, f"bench-fresh-dlq-{tag}": 1})
-    settings = WorkerSettings(bootstrap=bootstrap, state=state, model=model, events_topic=topic,
-                              output_topic=output, dlq_topic=f"bench-fresh-dlq-{tag}",
-                              group=f"bench-fresh-{tag}", partitions=1, batch_size=args.batch_size,
-                              batch_wait_ms=args.batch_wait_ms, metrics_port=0,
-                              kafka_client=args.kafka_client, output_format=args.output_format,
-                              max_batch_size=args.max_batch_size)
+    topic = f"bench-fresh-ev-{tag}"
+    settings = _settings(bootstrap, topic, model, state, tag, args.kafka_client, args.output_format, args,
+                         partitions=1)
+    output = settings.output_topic
+    ensure_topics(bootstrap, {topic: 1, output: args.partitions, settings.dlq_topic: 1})
     worker, thread, result = start_worker(settings, 600)
     thread.start()
 

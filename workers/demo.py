@@ -261,8 +261,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--limit", type=int, default=0, help="replay only the first N events")
     parser.add_argument("--epochs", type=int, default=300, help="training epochs (default 300)")
     parser.add_argument("--retrain", action="store_true", help="train again even if out/model exists")
-    # the demo runs the replay, the worker and the scorer in one process: librdkafka does its I/O on threads
-    # of its own, outside the interpreter's lock, and keeps the three at 2,000 events/s on two cores
+    # the worker and the scorer share the demo's process (the replay has one of its own): librdkafka does its
+    # I/O on threads of its own, outside the interpreter's lock
     parser.add_argument("--kafka-client", choices=KAFKA_CLIENTS,
                         default=os.environ.get("GNNSTREAM_KAFKA_CLIENT", DEFAULT_KAFKA_CLIENT),
                         help="Kafka client of the worker, the scorer and the replay (env GNNSTREAM_KAFKA_CLIENT; "

@@ -151,11 +151,13 @@ class Outgoing:
 class OutboxPublisher:
     """Sends outbox entries to Kafka and deletes them once the flush succeeded.
 
-    :meth:`prepare` reads the outbox records not taken yet, resolves each
+    :meth:`prepare` reads the outbox records not taken yet and resolves each
     node to its state stored now (one :meth:`Engine.outbox_columns` call per
-    record) and encodes them in one :func:`stream.updates.encode_updates`
-    call (deleted nodes become tombstones); :meth:`deliver` sends and
-    flushes; :meth:`confirm` deletes the records.
+    record); :meth:`encode` turns those columns into messages (one
+    :func:`stream.updates.encode_updates` call per record, deleted nodes
+    become tombstones; the publisher thread calls it through
+    :attr:`Outgoing.messages`); :meth:`deliver` sends and flushes;
+    :meth:`confirm` deletes the records.
 
     Output volume control (``min_change`` > 0): the publisher keeps, per
     node, the row it last handed over for sending (a dense array indexed by
@@ -165,10 +167,11 @@ class OutboxPublisher:
     ``||new - last||_2 > min_change * ||last||_2`` (a non-finite row is never
     held back: the encoder refuses it as without the option); the others
     are left out of the batch, counted in :attr:`Outgoing.suppressed`, and
-    their outbox records are deleted with the batch's once it was delivered. The kept rows are only ones handed to
-    the publisher thread, which delivers batches in order and retries a
-    failed one before any later one, so what a consumer ends up holding is
-    always within ``min_change`` of the stored embedding. The comparison is
+    their outbox records are deleted with the batch's once it was
+    delivered. The kept rows are only ones handed to the publisher thread,
+    which delivers batches in order and retries a failed one before any
+    later one, so what a consumer ends up holding is always within
+    ``min_change`` of the stored embedding. The comparison is
     one vectorised pass per outbox record. With ``min_change`` 0 nothing is
     kept and the output is the same as without the option.
 
