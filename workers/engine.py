@@ -41,9 +41,10 @@ import torch
 from graph_state import keys
 from graph_state.idsets import setdiff_ids, unique_ids
 from graph_state.store import DIRTY_COUNT, DIRTY_DEGREE, DIRTY_INPUT, DIRTY_SAMPLE, GraphStore
+from stream.delivery import UpdateColumns
 from workers.tables import EmbeddingTables, MetaTable, decode_legacy_final, encode_outbox
 
-__all__ = ["Engine", "RecomputeStats", "EngineError", "OutboxColumns"]
+__all__ = ["Engine", "RecomputeStats", "EngineError"]
 
 logger = logging.getLogger(__name__)
 
@@ -121,32 +122,6 @@ class _CachedRows:
 
     def projected(self, iids: np.ndarray, project: Project) -> tuple[np.ndarray, np.ndarray, int]:
         return self.tables.projected(self.layer, iids, project)
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class OutboxColumns:
-    """The stored state of the nodes of an outbox record, one entry per node in each column.
-
-    ``rows`` is ``(n, dim)`` float32 (zeros where ``deleted``); ``deleted``
-    marks withdrawn nodes, published as tombstones. ``iids`` and
-    ``mode_codes`` (the nodes' interned ids and the small integers standing
-    for ``modes``, stable within a process) let the publisher compare with
-    what it sent before without looking names up; a resolver may leave them
-    out when no ``min_change`` is set.
-    """
-
-    names: list[str]
-    versions: np.ndarray
-    event_ts: np.ndarray
-    computed_at: float
-    modes: list[str]
-    rows: np.ndarray
-    deleted: np.ndarray
-    iids: np.ndarray | None = None
-    mode_codes: np.ndarray | None = None
-
-    def __len__(self) -> int:
-        return len(self.names)
 
 
 class EngineError(RuntimeError):
@@ -711,7 +686,7 @@ class Engine:
             self._outbox(puts, encode_outbox(ids, time.time()))
             stats.published += len(ids)
 
-    def outbox_columns(self, iids: np.ndarray, computed_at: float) -> OutboxColumns:
+    def outbox_columns(self, iids: np.ndarray, computed_at: float) -> UpdateColumns:
         """What to publish for the nodes of an outbox record, as columns: their stored state now.
 
         One metadata lookup and one :meth:`EmbeddingTables.get` for all of
@@ -728,7 +703,7 @@ class Engine:
             iids, version, event_ts, mode, rows, deleted = (
                 iids[keep], version[keep], event_ts[keep], mode[keep], rows[keep], deleted[keep])
         names = self.meta.names
-        return OutboxColumns(list(map(self.store.name, iids.tolist())), version.astype(np.int64),
+        return UpdateColumns(list(map(self.store.name, iids.tolist())), version.astype(np.int64),
                              event_ts.astype(np.float64), float(computed_at),
                              [names[c] for c in mode.tolist()], rows, deleted, iids, mode)
 

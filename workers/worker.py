@@ -14,10 +14,11 @@ One loop iteration is a micro-batch, in numbered steps:
    worker resumes from these offsets, so nothing is lost or applied twice);
 4. recompute the dirty embeddings; they and their outbox entries are written
    in one WriteBatch;
-5. encode the new outbox records (each node's state as stored now, read in
+5. resolve the new outbox records (each node's state as stored now, read in
    this thread right after the recompute) and hand them to the publisher
-   thread, which sends and flushes them in order while this thread goes on
-   with the next batch; the outbox records of a batch are deleted (by this
+   thread, which has the delivery process (:mod:`stream.delivery`) encode,
+   send and flush them in order while this thread goes on with the next
+   batch; the outbox records of a batch are deleted (by this
    thread) only after the publisher reported its flush succeeded
    (at-least-once: consumers keep the highest version per node). At most
    ``_MAX_IN_FLIGHT`` batches wait for delivery; then this thread waits too;
@@ -54,7 +55,6 @@ even when the broker is gone.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import operator
 import signal
@@ -72,16 +72,16 @@ from graph_state.store import GraphStore
 from stream.backends import open_consumer, open_producer
 from stream.clients import ConsumerClient, PartitionKey, ProducerClient, Record
 from stream.deadletter import DeadLetter, DeadLetterWriter
+from stream.delivery import Delivery, DeliveryProcess, UpdateColumns
 from stream.events import InvalidEvent, NodeUpsert, decode_event_json
 from stream.exceptions import StreamError, TopicSetupError
 from stream.kafka import ensure_topics
-from stream.updates import encode_updates, tombstone
 from workers.heap import freeze_warm_heap
 from workers.metrics import MetricsServer, WorkerMetrics
 from workers.settings import WorkerSettings
 
 if TYPE_CHECKING:  # torch-backed modules are imported by Worker.run, after /healthz is up
-    from workers.engine import Engine, OutboxColumns
+    from workers.engine import Engine
 
 __all__ = ["Worker", "OutboxPublisher", "Outgoing", "OffsetResetError"]
 
@@ -116,33 +116,23 @@ class OffsetResetError(StreamError):
 
 @dataclass(eq=False)
 class Outgoing:
-    """The updates of some outbox records, ready to encode and send.
+    """The updates of some outbox records, ready to send.
 
     ``keys`` are the outbox records they come from (deleted once the flush
     confirmed delivery); ``columns`` the nodes' stored state, read when the
-    batch was prepared; :attr:`messages` their encoding, ``(key, value,
-    headers)`` (``value`` None for a tombstone), made at first use: on the
-    publisher thread, beside the worker's next batch. ``event_ts`` is the
-    event time of each published node, for the freshness histogram;
-    ``suppressed`` the updates of those records left out by ``min_change``
-    (confirmed with the rest, never sent). Not changed once handed to the
-    publisher thread, but for the encoding, which only that thread makes.
+    batch was prepared, encoded and sent by the delivery process.
+    ``event_ts`` is the event time of each published node, for the
+    freshness histogram; ``suppressed`` the updates of those records left
+    out by ``min_change`` (confirmed with the rest, never sent). Not changed
+    once handed to the publisher thread.
     """
 
     keys: list[bytes]
-    columns: list[OutboxColumns]
+    columns: list[UpdateColumns]
     event_ts: np.ndarray
-    encode: Callable[[list[OutboxColumns]], list[tuple[bytes, bytes | None, Any]]]
     oldest_record_s: float | None = None  # Kafka time of the oldest record of the batch that made it
     suppressed: int = 0
     count: int = 0  # messages (the nodes of ``columns``)
-    _messages: list[tuple[bytes, bytes | None, Any]] | None = None
-
-    @property
-    def messages(self) -> list[tuple[bytes, bytes | None, Any]]:
-        if self._messages is None:
-            self._messages = self.encode(self.columns)
-        return self._messages
 
     def __len__(self) -> int:
         return self.count
@@ -153,11 +143,10 @@ class OutboxPublisher:
 
     :meth:`prepare` reads the outbox records not taken yet and resolves each
     node to its state stored now (one :meth:`Engine.outbox_columns` call per
-    record); :meth:`encode` turns those columns into messages (one
-    :func:`stream.updates.encode_updates` call per record, deleted nodes
-    become tombstones; the publisher thread calls it through
-    :attr:`Outgoing.messages`); :meth:`deliver` sends and flushes;
-    :meth:`confirm` deletes the records.
+    record); :meth:`deliver` has ``delivery`` encode, send and flush them
+    (:class:`stream.delivery.DeliveryProcess` in the worker: another
+    process, beside the worker's next batch); :meth:`confirm` deletes the
+    records.
 
     Output volume control (``min_change`` > 0): the publisher keeps, per
     node, the row it last handed over for sending (a dense array indexed by
@@ -176,24 +165,22 @@ class OutboxPublisher:
     kept and the output is the same as without the option.
 
     Args:
-        resolve: ``(iids, computed_at) -> OutboxColumns``, the stored state of
+        delivery: encodes and sends columns (:class:`stream.delivery.Delivery`
+            or :class:`~stream.delivery.DeliveryProcess`).
+        resolve: ``(iids, computed_at) -> UpdateColumns``, the stored state of
             the nodes an outbox record names (:meth:`Engine.outbox_columns`;
             with ``min_change`` it must fill ``iids`` and ``mode_codes``).
         min_change: relative L2 change below which (inclusive) an update is not
             published (0 = publish every update).
     """
 
-    def __init__(self, store: GraphStore, producer: ProducerClient, topic: str, model_tag: str,
-                 resolve: Callable[[np.ndarray, float], OutboxColumns], fmt: str = "json",
-                 min_change: float = 0.0):
+    def __init__(self, store: GraphStore, delivery: Delivery | DeliveryProcess,
+                 resolve: Callable[[np.ndarray, float], UpdateColumns], min_change: float = 0.0):
         if not 0 <= min_change < np.inf:
             raise ValueError(f"min_change must be a finite number >= 0 (got {min_change!r})")
         self.store = store
-        self.producer = producer
-        self.topic = topic
-        self.model_tag = model_tag
+        self.delivery = delivery
         self.resolve = resolve
-        self.fmt = fmt
         self.min_change = float(min_change)
         self._taken: bytes | None = None  # the last outbox key prepare() took and confirm() has not deleted
         self._forget_sent()
@@ -202,10 +189,10 @@ class OutboxPublisher:
         return sum(1 for _ in self.store.column("outbox").keys())
 
     def prepare(self, limit: int = 50_000) -> Outgoing:
-        """The outbox records after the last one taken, up to about ``limit`` messages (encoded at first use)."""
+        """The outbox records after the last one taken, up to about ``limit`` messages."""
         from workers.tables import decode_outbox
         taken = self._taken
-        out = Outgoing([], [], np.zeros(0, dtype=np.float64), self.encode)
+        out = Outgoing([], [], np.zeros(0, dtype=np.float64))
         times = []
         for key, raw in self.store.column("outbox").items():
             if taken is not None and key <= taken:
@@ -227,7 +214,7 @@ class OutboxPublisher:
             out.event_ts = np.concatenate(times)
         return out
 
-    def _changed(self, cols: OutboxColumns) -> tuple[OutboxColumns, int]:
+    def _changed(self, cols: UpdateColumns) -> tuple[UpdateColumns, int]:
         """``cols`` less the updates ``min_change`` leaves out, and how many those are; remembers the rest."""
         iids, codes = cols.iids, cols.mode_codes
         if iids is None or codes is None:
@@ -272,33 +259,10 @@ class OutboxPublisher:
         self._sent_rows = np.zeros((0, 0), dtype=np.float32)  # by iid: the row last handed over for sending
         self._sent_mode = np.zeros(0, dtype=np.int16)  # by iid: its mode code, -1 = none
 
-    def encode(self, columns: list[OutboxColumns]) -> list[tuple[bytes, bytes | None, Any]]:
-        """The messages of ``columns``, in order: one :func:`encode_updates` call each, tombstones for
-        withdrawn nodes."""
-        messages: list[tuple[bytes, bytes | None, Any]] = []
-        for cols in columns:
-            self._encode(cols, messages)
-        return messages
-
-    def _encode(self, cols: OutboxColumns, messages: list) -> None:
-        live = ~cols.deleted
-        names, modes = cols.names, cols.modes
-        if not live.all():
-            gone = np.flatnonzero(cols.deleted)
-            for i, version in zip(gone.tolist(), cols.versions[gone].tolist()):
-                messages.append(tombstone(names[i], version))
-            keep = np.flatnonzero(live).tolist()
-            names, modes = [names[i] for i in keep], [modes[i] for i in keep]
-        values = encode_updates(names, self.model_tag, cols.versions[live], cols.event_ts[live],
-                                cols.computed_at, modes, cols.rows[live], self.fmt)
-        messages.extend(zip([n.encode() for n in names], values, itertools.repeat(None)))
-
     def deliver(self, out: Outgoing, flush_timeout_s: float = 30.0) -> None:
-        """Send and flush ``out`` (raises on delivery failure: then all of it counts as unsent)."""
-        send, topic = self.producer.send, self.topic
-        for key, value, headers in out.messages:
-            send(topic, key, value, headers)
-        self.producer.flush(flush_timeout_s)
+        """Encode, send and flush ``out`` (raises on delivery failure: then all of it counts as unsent;
+        ValueError when it cannot be encoded)."""
+        self.delivery.deliver(out.columns, flush_timeout_s)
 
     def confirm(self, out: Outgoing) -> None:
         """Delete the outbox records of a delivered ``out``."""
@@ -379,14 +343,12 @@ class _Sender:
                 out = self._queue[0]
             t0 = time.perf_counter()
             try:
-                out.messages  # encoded here, beside the worker's next batch; no retry cures a failure
-            except Exception as exc:
+                self.publisher.deliver(out, _FLUSH_TIMEOUT_S)
+            except ValueError as exc:  # the batch cannot be encoded: no retry cures that
                 with self._cond:
                     self.failure = exc
                     self._cond.notify_all()
                 return
-            try:
-                self.publisher.deliver(out, _FLUSH_TIMEOUT_S)
             except Exception as exc:  # broker down: send the same batch again after a pause
                 worker._recoverable("publish", exc, pause=False)
                 self._closed.wait(_RETRY_PAUSE_S)
@@ -559,11 +521,10 @@ class Worker:
             self._set_status("recovering", f"recomputing {engine.pending()} dirty marks the last run left")
             self._recompute(engine, None, None)  # what a crash left dirty
         freeze_warm_heap()
-        # two producers: the publisher thread flushes its own, the dead letters are flushed by this thread
-        producer = open_producer(s.kafka_client, s.bootstrap)
+        # the updates go out through a process of their own; the dead letters through this thread's producer
+        delivery = DeliveryProcess(s.kafka_client, s.bootstrap, s.output_topic, engine.model_tag, s.output_format)
         dlq_producer = open_producer(s.kafka_client, s.bootstrap)
-        publisher = OutboxPublisher(store, producer, s.output_topic, engine.model_tag, engine.outbox_columns,
-                                    s.output_format, min_change=s.min_change)
+        publisher = OutboxPublisher(store, delivery, engine.outbox_columns, min_change=s.min_change)
         dlq = DeadLetterWriter(dlq_producer, s.dlq_topic)
         sender: _Sender | None = None
         try:
@@ -595,7 +556,7 @@ class Worker:
                 sender.close(_STOP_CLOSE_S)
             self._sender = None
             closers = [_in_background(lambda c=c: c.close(_STOP_CLOSE_S), "producer-close")
-                       for c in (producer, dlq_producer)]
+                       for c in (delivery, dlq_producer)]
             for closer in closers:
                 closer.join(_STOP_CLOSE_S + 0.5)
 

@@ -35,7 +35,7 @@ from graph_state import keys
 from graph_state.store import GraphStore
 from stream.events import EdgeDelete, NodeDelete
 from stream.updates import VERSION_HEADER, decode_update
-from workers.engine import OutboxColumns
+from stream.delivery import Delivery, UpdateColumns
 from workers.settings import WorkerSettings, add_worker_arguments, settings_from_args
 from workers.tables import encode_outbox
 from workers.worker import OutboxPublisher, Outgoing, Worker
@@ -96,14 +96,14 @@ class Scripted:
         vec = np.zeros(self.dim, dtype=np.float32) if row is None else np.asarray(row, dtype=np.float32)
         self.state[iid] = (version, mode, vec)
 
-    def __call__(self, iids: np.ndarray, computed_at: float) -> OutboxColumns:
+    def __call__(self, iids: np.ndarray, computed_at: float) -> UpdateColumns:
         iids = np.asarray(iids, dtype=np.int64)
         versions = np.array([self.state[i][0] for i in iids.tolist()], dtype=np.int64)
         modes = [self.state[i][1] for i in iids.tolist()]
         rows = np.stack([self.state[i][2] for i in iids.tolist()]).astype(np.float32)
         deleted = np.array([m == "deleted" for m in modes])
         self.resolved += len(iids)
-        return OutboxColumns([f"n{i}" for i in iids.tolist()], versions, np.full(len(iids), 100.0), computed_at,
+        return UpdateColumns([f"n{i}" for i in iids.tolist()], versions, np.full(len(iids), 100.0), computed_at,
                              modes, rows, deleted, iids, np.array([MODES.index(m) for m in modes], dtype=np.int16))
 
 
@@ -118,18 +118,28 @@ class Outbox:
         self.seq += 1
 
 
+def publisher_of(store: GraphStore, producer: RecordingProducer, resolve: Any, fmt: str = "json",
+                 model: str = "m:1", **kw: Any) -> OutboxPublisher:
+    """A publisher delivering in this process to ``producer``."""
+    return OutboxPublisher(store, Delivery(producer, "emb", model, fmt), resolve, **kw)  # type: ignore[arg-type]
+
+
 def cycle(publisher: OutboxPublisher, held: Held | None = None) -> Outgoing:
-    """One prepare, deliver and confirm, as the worker's loop and publisher thread do."""
+    """One prepare, deliver and confirm, as the worker's loop and publisher thread do; ``held`` takes
+    what the producer was sent."""
     out = publisher.prepare()
+    producer = publisher.delivery.producer  # type: ignore[union-attr]
+    before = len(producer.sent)
     publisher.deliver(out)
     publisher.confirm(out)
+    assert len(producer.sent) - before == len(out)
     if held is not None:
-        held.take(out.messages)
+        held.take((key, value, headers) for _, key, value, headers in producer.sent[before:])
     return out
 
 
 def sent_nodes(out: Outgoing) -> list[str]:
-    return sorted(k.decode() for k, _, _ in out.messages)
+    return sorted(name for cols in out.columns for name in cols.names)
 
 
 def relative_gap(held: np.ndarray, exact: np.ndarray) -> float:
@@ -163,7 +173,7 @@ def test_min_change_setting_flag_env_and_validation(monkeypatch: pytest.MonkeyPa
 def test_threshold_decides_per_node_from_the_last_published_row(tmp_path: Path) -> None:
     with GraphStore(str(tmp_path / "s")) as store:
         state, outbox, producer, held = Scripted(), Outbox(store), RecordingProducer(), Held()
-        publisher = OutboxPublisher(store, producer, "emb", "m:1", state, "json", min_change=0.25)
+        publisher = publisher_of(store, producer, state, min_change=0.25)
         base = [4.0, 0.0, 0.0, 0.0]
         for iid in range(6):
             state.set(iid, "full", base)
@@ -214,7 +224,7 @@ def test_threshold_decides_per_node_from_the_last_published_row(tmp_path: Path) 
 def test_duplicates_in_one_prepare_and_restarts_publish_again(tmp_path: Path) -> None:
     with GraphStore(str(tmp_path / "s")) as store:
         state, outbox, producer = Scripted(), Outbox(store), RecordingProducer()
-        publisher = OutboxPublisher(store, producer, "emb", "m:1", state, "json", min_change=0.5)
+        publisher = publisher_of(store, producer, state, min_change=0.5)
         state.set(7, "full", [1.0, 1.0, 0.0, 0.0])
         outbox.add(7)
         outbox.add(7)  # two records naming the node: both resolve to its state now
@@ -230,7 +240,7 @@ def test_duplicates_in_one_prepare_and_restarts_publish_again(tmp_path: Path) ->
         state.set(7, "full", [1.0, 1.2, 0.0, 0.0])
         outbox.add(7)
         lost = publisher.prepare()
-        assert lost.suppressed == 1 and not lost.messages
+        assert lost.suppressed == 1 and len(lost) == 0
         publisher.retake()
         again = cycle(publisher)
         assert sent_nodes(again) == ["n7"] and again.suppressed == 0
@@ -238,56 +248,55 @@ def test_duplicates_in_one_prepare_and_restarts_publish_again(tmp_path: Path) ->
         # a new process starts with nothing kept: the first update of each node goes out
         state.set(7, "full", [1.0, 1.21, 0.0, 0.0])
         outbox.add(7)
-        fresh = OutboxPublisher(store, producer, "emb", "m:1", state, "json", min_change=0.5)
+        fresh = publisher_of(store, producer, state, min_change=0.5)
         assert sent_nodes(cycle(fresh)) == ["n7"]
 
 
 @pytest.mark.parametrize("fmt", ["json", "binary"])
 def test_min_change_zero_publishes_every_update_byte_identical(tmp_path: Path, fmt: str) -> None:
-    outs: dict[str, list[Outgoing]] = {}
+    sent: dict[str, list] = {}
     for name, extra in (("default", {}), ("zero", {"min_change": 0.0})):
         with GraphStore(str(tmp_path / name)) as store:
-            state, outbox = Scripted(), Outbox(store)
-            publisher = OutboxPublisher(store, RecordingProducer(), "emb", "m:1", state, fmt, **extra)
+            state, outbox, producer = Scripted(), Outbox(store), RecordingProducer()
+            publisher = publisher_of(store, producer, state, fmt, **extra)
+            sent[name] = producer.sent
             rng = np.random.default_rng(3)
-            got = outs[name] = []
             for step in range(5):
                 ids = sorted(set(rng.integers(0, 20, size=8).tolist()))
                 for iid in ids:
                     mode = "deleted" if rng.random() < 0.1 else "full"
                     state.set(iid, mode, None if mode == "deleted" else 1 + 1e-4 * rng.random(4))
                 outbox.add(*ids)
-                got.append(cycle(publisher))
-                assert len(got[-1]) == len(ids) and got[-1].suppressed == 0  # every update goes out
-    assert [o.messages for o in outs["default"]] == [o.messages for o in outs["zero"]]
+                out = cycle(publisher)
+                assert len(out) == len(ids) and out.suppressed == 0  # every update goes out
+    assert sent["default"] == sent["zero"] and len(sent["zero"]) > 5
 
 
 def test_a_resolver_without_iids_works_only_without_min_change(tmp_path: Path) -> None:
-    def resolve(iids: np.ndarray, computed_at: float) -> OutboxColumns:
+    def resolve(iids: np.ndarray, computed_at: float) -> UpdateColumns:
         n = len(iids)
-        return OutboxColumns([f"n{i}" for i in iids.tolist()], iids + 1, np.zeros(n), computed_at, ["full"] * n,
+        return UpdateColumns([f"n{i}" for i in iids.tolist()], iids + 1, np.zeros(n), computed_at, ["full"] * n,
                              np.ones((n, 3), dtype=np.float32), np.zeros(n, dtype=bool))
 
     with GraphStore(str(tmp_path / "s")) as store:
         Outbox(store).add(1, 2)
-        assert len(OutboxPublisher(store, RecordingProducer(), "emb", "m:1", resolve).prepare()) == 2
+        assert len(publisher_of(store, RecordingProducer(), resolve).prepare()) == 2
         with pytest.raises(ValueError, match="iids and mode_codes"):
-            OutboxPublisher(store, RecordingProducer(), "emb", "m:1", resolve, min_change=0.1).prepare()
+            publisher_of(store, RecordingProducer(), resolve, min_change=0.1).prepare()
     with pytest.raises(ValueError, match="min_change"):
-        OutboxPublisher(None, None, "emb", "m:1", resolve, min_change=-1.0)  # type: ignore[arg-type]
+        OutboxPublisher(None, None, resolve, min_change=-1.0)  # type: ignore[arg-type]
 
 
 def test_suppressed_counter_counts_delivered_batches(tmp_path: Path) -> None:
     worker = Worker(WorkerSettings(state=str(tmp_path / "s"), metrics_port=0, min_change=0.1))
     text = worker.metrics.render().decode()
     assert "gnnstream_updates_suppressed_total 0.0" in text
-    def encoded(key: bytes, messages: list, suppressed: int = 0) -> Outgoing:
-        return Outgoing([key], [], np.zeros(len(messages)), lambda _: messages, suppressed=suppressed,
-                        count=len(messages))
+    def taken(key: bytes, sent: int, suppressed: int = 0) -> Outgoing:
+        return Outgoing([key], [], np.zeros(sent), suppressed=suppressed, count=sent)
 
-    worker._delivered(encoded(b"a", [(b"n1", b"v", None)], suppressed=3), 0.01)
-    worker._delivered(encoded(b"b", [], suppressed=4), 0.01)  # a batch of skipped updates only
-    worker._delivered(encoded(b"c", [(b"n2", b"v", None)]), 0.01)
+    worker._delivered(taken(b"a", 1, suppressed=3), 0.01)
+    worker._delivered(taken(b"b", 0, suppressed=4), 0.01)  # a batch of skipped updates only
+    worker._delivered(taken(b"c", 1), 0.01)
     text = worker.metrics.render().decode()
     assert "gnnstream_updates_suppressed_total 7.0" in text
     assert "gnnstream_embeddings_published_total 2.0" in text
@@ -355,13 +364,13 @@ def test_engine_stream_consumer_stays_within_min_change(otc_events: list, model_
         engine = open_engine(store, model_dir)
         engine.backfill(publish=True)
 
-        def counting(iids: np.ndarray, computed_at: float) -> OutboxColumns:
+        def counting(iids: np.ndarray, computed_at: float) -> UpdateColumns:
             nonlocal resolved
             cols = engine.outbox_columns(iids, computed_at)
             resolved += len(cols)
             return cols
 
-        publisher = OutboxPublisher(store, producer, "emb", engine.model_tag, counting, "json", min_change=min_change)
+        publisher = publisher_of(store, producer, counting, model=engine.model_tag, min_change=min_change)
         for n, batch in enumerate(batches):
             store.apply(batch)
             engine.recompute(event_ts=max(ev.ts for ev in batch), publish=True)
@@ -369,14 +378,13 @@ def test_engine_stream_consumer_stays_within_min_change(otc_events: list, model_
                 # a stop with a batch prepared and never delivered, then a new process: what it held is
                 # read again from the outbox by a publisher that has kept nothing
                 publisher.prepare()
-                publisher = OutboxPublisher(store, producer, "emb", engine.model_tag, counting, "json",
-                                            min_change=min_change)
+                publisher = publisher_of(store, producer, counting, model=engine.model_tag, min_change=min_change)
                 resolved = sent + suppressed  # what the lost batch resolved is resolved again
                 continue
             out = cycle(publisher, held)
             sent += len(out)
             suppressed += out.suppressed
-            deletes_sent += sum(v is None for _, v, _ in out.messages)
+            deletes_sent += sum(int(cols.deleted.sum()) for cols in out.columns)
         engine.drain()
         out = cycle(publisher, held)
         sent, suppressed = sent + len(out), suppressed + out.suppressed
@@ -411,7 +419,7 @@ def test_worker_with_min_change_end_to_end(broker: Any, otc_events: list, model_
     resolved = [0]
     original = Engine.outbox_columns
 
-    def counting(self: Engine, iids: np.ndarray, computed_at: float) -> OutboxColumns:
+    def counting(self: Engine, iids: np.ndarray, computed_at: float) -> UpdateColumns:
         cols = original(self, iids, computed_at)
         resolved[0] += len(cols)
         return cols

@@ -149,21 +149,23 @@ def test_settings_reject_unknown_choices() -> None:
 
 # ---------------------------------------------------------------------- errors clear
 class _FlakyPublisher:
-    """``deliver`` fails ``failures`` times, then succeeds; records every attempt."""
+    """``deliver`` fails ``failures`` times, then succeeds (or always refuses the batch, as an encoder refuses
+    non-finite rows); records every attempt."""
 
-    def __init__(self, failures: int):
-        self.failures = failures
+    def __init__(self, failures: int, refuse: bool = False):
+        self.failures, self.refuse = failures, refuse
         self.attempts: list[Any] = []
 
     def deliver(self, out: Any, flush_timeout_s: float = 30.0) -> None:
         self.attempts.append(out)
+        if self.refuse:
+            raise ValueError("Expected finite embeddings and timestamps (got non-finite values for nodes ['n1'])")
         if len(self.attempts) <= self.failures:
             raise DeliveryError("0 of 3 records failed and 3 got no answer within 30s", pending=3)
 
 
 def _outgoing(n: int, tag: bytes) -> Outgoing:
-    messages = [(b"k%d" % i, b"v", None) for i in range(n)]
-    return Outgoing([tag], [], np.full(n, time.time() - 100.0), lambda _: messages, count=n)
+    return Outgoing([tag], [], np.full(n, time.time() - 100.0), count=n)
 
 
 def _delivered(sender: Any, count: int) -> list:
@@ -210,13 +212,9 @@ def test_publisher_thread_retries_in_order_and_clears_its_error(tmp_path: Path) 
 def test_a_batch_that_cannot_be_encoded_stops_the_worker_instead_of_retrying(tmp_path: Path) -> None:
     from workers.worker import _Sender
     worker = Worker(WorkerSettings(state=str(tmp_path / "s"), metrics_port=0))
-    publisher = _FlakyPublisher(failures=0)
+    publisher = _FlakyPublisher(failures=0, refuse=True)
     sender = worker._sender = _Sender(worker, publisher)  # type: ignore[arg-type]
-
-    def refuse(_: Any) -> list:
-        raise ValueError("Expected finite embeddings and timestamps (got non-finite values for nodes ['n1'])")
-
-    sender.submit(Outgoing([b"a"], [], np.zeros(1), refuse, count=1))
+    sender.submit(Outgoing([b"a"], [], np.zeros(1), count=1))
     try:
         sender.thread.join(10.0)  # the thread ends at the failure: no retry cures it
         assert not sender.thread.is_alive()
@@ -224,7 +222,7 @@ def test_a_batch_that_cannot_be_encoded_stops_the_worker_instead_of_retrying(tmp
             worker._publish(publisher)  # type: ignore[arg-type]
     finally:
         sender.close(1.0)
-    assert publisher.attempts == []  # nothing was sent
+    assert len(publisher.attempts) == 1  # tried once, never again
     assert sender.in_flight() == 1 and worker.health.published == 0
 
 
@@ -339,34 +337,34 @@ def test_outbox_publisher_encodes_columns_and_deletes_only_confirmed_records(tmp
     from graph_state import keys
     from graph_state.store import GraphStore
     from stream.updates import EmbeddingUpdate, VERSION_HEADER, encode_update
-    from workers.engine import OutboxColumns
+    from stream.delivery import UpdateColumns, encode_columns
     from workers.tables import encode_outbox
     from workers.worker import OutboxPublisher
 
-    def resolve(iids: np.ndarray, computed_at: float) -> OutboxColumns:
+    def resolve(iids: np.ndarray, computed_at: float) -> UpdateColumns:
         n = len(iids)
         rows = np.arange(n * 3, dtype=np.float32).reshape(n, 3) / 7
         deleted = iids % 3 == 2
         rows[deleted] = 0
-        return OutboxColumns([f"n{i}" for i in iids.tolist()], iids * 10, iids + 0.5, computed_at,
+        return UpdateColumns([f"n{i}" for i in iids.tolist()], iids * 10, iids + 0.5, computed_at,
                              ["deleted" if d else "full" for d in deleted.tolist()], rows, deleted)
 
     with GraphStore(str(tmp_path / "s")) as store:
         store.write([("outbox", keys.U64.pack(0), encode_outbox(np.array([1, 2, 3]), 100.0)),
                      ("outbox", keys.U64.pack(1), encode_outbox(np.array([4, 5]), 200.0))])
-        publisher = OutboxPublisher(store, None, "emb", "m:1", resolve, "json")  # type: ignore[arg-type]
+        publisher = OutboxPublisher(store, None, resolve)  # type: ignore[arg-type]
         first = publisher.prepare(limit=1)  # whole records: the first one alone reaches the limit
         assert first.keys == [keys.U64.pack(0)] and len(first) == 3
         rows = resolve(np.array([1, 2, 3]), 100.0).rows
         expected = {f"n{iid}".encode(): encode_update(EmbeddingUpdate(f"n{iid}", "m:1", iid * 10, rows[i], iid + 0.5,
                                                                       100.0, "full"))
                     for i, iid in ((0, 1), (2, 3))}
-        got = {k: (v, h) for k, v, h in first.messages}
+        got = {k: (v, h) for k, v, h in encode_columns(first.columns, "m:1", "json")}
         assert got[b"n2"] == (None, [(VERSION_HEADER, b"20")])  # a tombstone with the node's version
         assert {k: v for k, (v, _) in got.items() if v is not None} == expected
         np.testing.assert_array_equal(np.sort(first.event_ts), [1.5, 2.5, 3.5])
         second = publisher.prepare()  # what the first took is not taken twice
-        assert second.keys == [keys.U64.pack(1)] and sorted(k for k, _, _ in second.messages) == [b"n4", b"n5"]
+        assert second.keys == [keys.U64.pack(1)] and second.columns[0].names == ["n4", "n5"]
         assert not publisher.prepare().keys
         publisher.confirm(second)  # delivered out of order: only its record goes
         assert [k for k in store.column("outbox").keys()] == [keys.U64.pack(0)]

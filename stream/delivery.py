@@ -1,0 +1,306 @@
+"""Delivering embedding updates: encode a batch of node states, send it, flush.
+
+:class:`UpdateColumns` is what the worker hands over: the stored state of
+some nodes, one entry per node in each column. :class:`Delivery` encodes
+columns (:func:`encode_columns`: one :func:`stream.updates.encode_updates`
+call a column set, tombstones for withdrawn nodes), sends the messages and
+flushes, in this process. :class:`DeliveryProcess` runs the same
+:class:`Delivery` in a child process (``python -m stream.delivery``) that
+owns the producer, so that encoding and the client's per-message work run
+beside the worker's engine rather than between its batches: the worker's
+interpreter holds one lock for all its threads, and encoding JSON takes
+longer than computing the embeddings.
+
+Both raise :class:`~stream.exceptions.DeliveryError` when a batch was not
+acknowledged (send it again: the outbox keeps it) and :class:`ValueError`
+when it cannot be encoded at all (no retry cures that). A child that died is
+replaced at the next :meth:`DeliveryProcess.deliver`, which raises
+:class:`~stream.exceptions.DeliveryError` for the batch it lost. The child
+runs in a session of its own and ignores SIGINT and SIGTERM (a Ctrl-C or a
+signal to the worker's process group must not cut a flush short: the worker
+decides when it stops and tells it), and it exits when its parent's end of
+the socket closes, so a killed worker never leaves it behind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import logging
+import os
+import pickle
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any, Literal, Sequence
+
+import numpy as np
+
+from stream.clients import ProducerClient
+from stream.exceptions import DeliveryError
+from stream.updates import encode_updates, tombstone
+
+__all__ = ["UpdateColumns", "Delivery", "DeliveryProcess", "encode_columns"]
+
+logger = logging.getLogger(__name__)
+
+Message = tuple[bytes, "bytes | None", Any]
+_CHUNK = 4096  # messages encoded, then sent, at a time: the client sends a chunk while the next is encoded
+_START_TIMEOUT_S = 60.0  # the child answers its first message within this (imports included)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class UpdateColumns:
+    """The stored state of some nodes, one entry per node in each column.
+
+    ``rows`` is ``(n, dim)`` float32 (zeros where ``deleted``); ``deleted``
+    marks withdrawn nodes, published as tombstones. ``iids`` and
+    ``mode_codes`` (the nodes' interned ids and the small integers standing
+    for ``modes``, stable within a process) let the worker compare with
+    what it sent before without looking names up; they are not sent.
+    """
+
+    names: list[str]
+    versions: np.ndarray
+    event_ts: np.ndarray
+    computed_at: float
+    modes: list[str]
+    rows: np.ndarray
+    deleted: np.ndarray
+    iids: np.ndarray | None = None
+    mode_codes: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def __reduce__(self) -> tuple:  # what crosses to the child: the columns it encodes, not the worker's ids
+        return (UpdateColumns, (self.names, self.versions, self.event_ts, self.computed_at, self.modes, self.rows,
+                                self.deleted))
+
+
+def encode_columns(columns: Sequence[UpdateColumns], model: str, fmt: Literal["json", "binary"]) -> list[Message]:
+    """The messages ``(key, value, headers)`` of ``columns``, in order (``value`` None for a tombstone).
+
+    Raises:
+        ValueError: a row or time that cannot be encoded (non-finite values, fields too long).
+    """
+    messages: list[Message] = []
+    for cols in columns:
+        live = ~cols.deleted
+        names, modes = cols.names, cols.modes
+        if not live.all():
+            gone = np.flatnonzero(cols.deleted)
+            for i, version in zip(gone.tolist(), cols.versions[gone].tolist()):
+                messages.append(tombstone(names[i], version))
+            keep = np.flatnonzero(live).tolist()
+            names, modes = [names[i] for i in keep], [modes[i] for i in keep]
+        values = encode_updates(names, model, cols.versions[live], cols.event_ts[live], cols.computed_at, modes,
+                                cols.rows[live], fmt)
+        messages.extend(zip([n.encode() for n in names], values, itertools.repeat(None)))
+    return messages
+
+
+def _chunks(columns: Sequence[UpdateColumns], size: int) -> list[UpdateColumns]:
+    """``columns`` cut into pieces of at most ``size`` nodes, in order."""
+    out = []
+    for cols in columns:
+        for start in range(0, len(cols), size):
+            part = slice(start, start + size)
+            out.append(UpdateColumns(cols.names[part], cols.versions[part], cols.event_ts[part], cols.computed_at,
+                                     cols.modes[part], cols.rows[part], cols.deleted[part]))
+    return out
+
+
+class Delivery:
+    """Encodes update columns and sends them with ``producer`` to ``topic``, in this process.
+
+    Args:
+        producer: the Kafka producer (owned: :meth:`close` closes it).
+        topic: the output topic.
+        model: ``name:version`` written into every update.
+        fmt: ``"json"`` or ``"binary"`` (see :mod:`stream.updates`).
+    """
+
+    def __init__(self, producer: ProducerClient, topic: str, model: str, fmt: Literal["json", "binary"] = "json"):
+        self.producer, self.topic, self.model, self.fmt = producer, topic, model, fmt
+
+    def deliver(self, columns: Sequence[UpdateColumns], timeout_s: float = 30.0) -> int:
+        """Encode, send and flush ``columns``; the number of messages.
+
+        Raises:
+            ValueError: the columns cannot be encoded (nothing of them was sent).
+            DeliveryError: the flush failed: all of them count as unsent.
+        """
+        send, topic = self.producer.send, self.topic
+        parts = _chunks(columns, _CHUNK)
+        for cols in parts:  # checked before anything is sent: a refused batch sends nothing
+            if not (np.isfinite(cols.rows).all() and np.isfinite(cols.event_ts).all()):
+                encode_columns([cols], self.model, self.fmt)  # raises, naming the nodes
+        count = 0
+        for cols in parts:
+            for key, value, headers in encode_columns([cols], self.model, self.fmt):
+                send(topic, key, value, headers)
+            count += len(cols)
+        self.producer.flush(timeout_s)
+        return count
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        self.producer.close(timeout_s)
+
+
+class DeliveryProcess:
+    """A :class:`Delivery` in a child process, with the same :meth:`deliver` and :meth:`close`.
+
+    The child is started here and again after it died. Calls come from one
+    thread at a time.
+
+    Args:
+        client: Kafka client of the child's producer (see :mod:`stream.backends`).
+        bootstrap: ``host:port[,host:port...]``.
+        topic, model, fmt: as for :class:`Delivery`.
+    """
+
+    def __init__(self, client: str, bootstrap: str, topic: str, model: str,
+                 fmt: Literal["json", "binary"] = "json"):
+        self._args = ["--client", client, "--bootstrap", bootstrap, "--topic", topic, "--model", model,
+                      "--format", fmt]
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._conn: Connection | None = None
+        self._busy = False  # a call waits for the child's answer
+        self._start()
+
+    def _start(self) -> None:
+        ours, theirs = socket.socketpair()
+        root = str(Path(__file__).resolve().parent.parent)
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+        try:
+            self._proc = subprocess.Popen([sys.executable, "-m", "stream.delivery", "--fd", str(theirs.fileno()),
+                                           *self._args], pass_fds=(theirs.fileno(),), env=env,
+                                          stdin=subprocess.DEVNULL, start_new_session=True)
+        finally:
+            theirs.close()
+        self._conn = Connection(ours.detach())
+
+    @property
+    def pid(self) -> int | None:
+        """The child's process id (None while none runs)."""
+        return self._proc.pid if self._proc is not None else None
+
+    def _lost(self, doing: str) -> DeliveryError:
+        """Forget a child that stopped answering (killing it if it still runs); the error to raise."""
+        proc, conn = self._proc, self._conn
+        self._proc = self._conn = None
+        if conn is not None:
+            conn.close()
+        code = None
+        if proc is not None:
+            if proc.poll() is None:
+                proc.kill()
+            code = proc.wait()
+        return DeliveryError(f"the delivery process exited (code {code}) while {doing}; a new one is started and "
+                             f"the batch is sent again")
+
+    def _call(self, request: tuple, doing: str, timeout_s: float | None) -> tuple:
+        if self._conn is None:
+            self._start()
+        conn, proc = self._conn, self._proc
+        assert conn is not None and proc is not None
+        self._busy = True
+        try:
+            conn.send_bytes(pickle.dumps(request, protocol=pickle.HIGHEST_PROTOCOL))
+            deadline = None if timeout_s is None else time.monotonic() + timeout_s
+            while not conn.poll(0.5):
+                if proc.poll() is not None or (deadline is not None and time.monotonic() > deadline):
+                    raise EOFError
+            return pickle.loads(conn.recv_bytes())
+        except (EOFError, OSError):
+            raise self._lost(doing) from None
+        finally:
+            self._busy = False
+
+    def deliver(self, columns: Sequence[UpdateColumns], timeout_s: float = 30.0) -> int:
+        """As :meth:`Delivery.deliver`, in the child (which bounds its flush by ``timeout_s``)."""
+        reply = self._call(("deliver", list(columns), timeout_s), "delivering", None)
+        if reply[0] == "ok":
+            return reply[1]
+        if reply[0] == "refused":
+            raise ValueError(reply[1])
+        raise DeliveryError(reply[1], failed=reply[2], pending=reply[3])
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Stop the child, letting its producer close within ``timeout_s``; kill it after that.
+
+        From another thread while a :meth:`deliver` waits for the child, the
+        child is killed at once (that call then raises
+        :class:`~stream.exceptions.DeliveryError`).
+        """
+        proc = self._proc
+        if self._busy and proc is not None:
+            proc.kill()
+            return
+        if self._conn is None:
+            return
+        try:
+            self._call(("close", timeout_s), "closing", timeout_s + 2.0)
+        except DeliveryError:
+            return
+        proc, self._proc = self._proc, None
+        self._conn.close()
+        self._conn = None
+        if proc is not None:
+            try:
+                proc.wait(2.0)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def _serve(conn: Connection, delivery: Delivery) -> None:
+    """Answer the parent's requests until it says close or goes away."""
+    while True:
+        try:
+            request = pickle.loads(conn.recv_bytes())
+        except (EOFError, OSError):  # the parent is gone: nothing is waiting for an answer
+            delivery.close(1.0)
+            return
+        if request[0] == "close":
+            delivery.close(request[1])
+            conn.send_bytes(pickle.dumps(("closed",)))
+            return
+        _, columns, timeout_s = request
+        try:
+            reply: tuple = ("ok", delivery.deliver(columns, timeout_s))
+        except ValueError as exc:
+            reply = ("refused", str(exc))
+        except DeliveryError as exc:
+            reply = ("failed", str(exc), exc.failed, exc.pending)
+        except Exception as exc:  # a client error of another kind: the parent retries the batch
+            reply = ("failed", f"{type(exc).__name__}: {exc}", 0, 0)
+        conn.send_bytes(pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="the worker's delivery process (started by the worker)")
+    parser.add_argument("--fd", type=int, required=True, help="the socket to the worker")
+    parser.add_argument("--client", required=True)
+    parser.add_argument("--bootstrap", required=True)
+    parser.add_argument("--topic", required=True)
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--format", choices=("json", "binary"), default="json")
+    args = parser.parse_args(argv)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the worker stops it: a Ctrl-C reaches it through the worker
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s delivery: %(message)s")
+    from stream.backends import open_producer
+    conn = Connection(args.fd)
+    _serve(conn, Delivery(open_producer(args.client, args.bootstrap), args.topic, args.model, args.format))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
