@@ -39,7 +39,7 @@ from stream.kafka import ensure_topics
 from stream.updates import BINARY_MAGIC, decode_update
 from workers.train import FraudHead, load_head
 
-__all__ = ["FraudScorer", "encode_score", "encode_scores", "decode_updates", "UpdateColumns"]
+__all__ = ["FraudScorer", "encode_score", "encode_scores", "decode_updates", "DecodedUpdates"]
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ def encode_scores(nodes: Sequence[str], scores: np.ndarray, versions: Sequence[i
                                                        .tolist(), versions, models, event_ts)]
 
 
-class UpdateColumns:
+class DecodedUpdates:
     """Embedding updates as columns: ``ids``, ``versions``, ``models``, ``event_ts`` (lists) and ``rows``
     (an ``(n, dim)`` float32 matrix)."""
 
@@ -74,7 +74,7 @@ class UpdateColumns:
         return len(self.ids)
 
 
-def decode_updates(values: Sequence[bytes]) -> UpdateColumns:
+def decode_updates(values: Sequence[bytes]) -> DecodedUpdates:
     """Decode many update messages (JSON or binary, not tombstones) at once.
 
     JSON messages are read with one ``orjson.loads`` each and their
@@ -105,17 +105,17 @@ def decode_updates(values: Sequence[bytes]) -> UpdateColumns:
         valid = False
     if not valid:
         return _decode_each(values)
-    return UpdateColumns(ids, versions, models, list(map(float, times)), rows)
+    return DecodedUpdates(ids, versions, models, list(map(float, times)), rows)
 
 
-def _decode_each(values: Sequence[bytes]) -> UpdateColumns:
+def _decode_each(values: Sequence[bytes]) -> DecodedUpdates:
     updates = [decode_update(v) for v in values]
     dims = {len(u.embedding) for u in updates}
     if len(dims) > 1:
         raise InvalidUpdate("bad_field", f"updates of one poll have embeddings of {len(dims)} sizes {sorted(dims)}")
     rows = (np.stack([np.asarray(u.embedding, dtype=np.float32) for u in updates]) if updates
             else np.zeros((0, 0), dtype=np.float32))
-    return UpdateColumns([u.id for u in updates], [u.version for u in updates], [u.model for u in updates],
+    return DecodedUpdates([u.id for u in updates], [u.version for u in updates], [u.model for u in updates],
                          [u.event_ts for u in updates], rows)
 
 
@@ -185,7 +185,7 @@ class FraudScorer:
         return {"scored": self.scored, "deleted": self.deleted, "invalid": self.invalid,
                 "other_model": self.other_model}
 
-    def _decode(self, records: Sequence[Record]) -> UpdateColumns:
+    def _decode(self, records: Sequence[Record]) -> DecodedUpdates:
         """The scorable updates of ``records`` (no tombstones): one :func:`decode_updates` call for the whole
         poll, message by message when that fails; bad and other-model updates are counted and left out."""
         dim = len(self.head.weights)
@@ -208,7 +208,7 @@ class FraudScorer:
                 kept.append(u)
             rows = (np.stack([np.asarray(u.embedding, dtype=np.float32) for u in kept]) if kept
                     else np.zeros((0, dim), dtype=np.float32))
-            return UpdateColumns([u.id for u in kept], [u.version for u in kept], [u.model for u in kept],
+            return DecodedUpdates([u.id for u in kept], [u.version for u in kept], [u.model for u in kept],
                                  [u.event_ts for u in kept], rows)
         model = self.head.model
         keep = ([True] * len(cols) if model is None or set(cols.models) == {model}
@@ -225,7 +225,7 @@ class FraudScorer:
         if all(keep):
             return cols
         idx = [i for i, ok in enumerate(keep) if ok]
-        return UpdateColumns([cols.ids[i] for i in idx], [cols.versions[i] for i in idx],
+        return DecodedUpdates([cols.ids[i] for i in idx], [cols.versions[i] for i in idx],
                              [cols.models[i] for i in idx], [cols.event_ts[i] for i in idx],
                              cols.rows[idx] if idx else np.zeros((0, dim), dtype=np.float32))
 
