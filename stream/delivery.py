@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import logging
+import math
 import os
 import pickle
 import signal
@@ -51,7 +52,6 @@ logger = logging.getLogger(__name__)
 
 Message = tuple[bytes, "bytes | None", Any]
 _CHUNK = 4096  # messages encoded, then sent, at a time: the client sends a chunk while the next is encoded
-_START_TIMEOUT_S = 60.0  # the child answers its first message within this (imports included)
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -133,16 +133,17 @@ class Delivery:
         """Encode, send and flush ``columns``; the number of messages.
 
         Raises:
-            ValueError: the columns cannot be encoded (nothing of them was sent).
+            ValueError: the columns cannot be encoded (non-finite values are
+                found before anything is sent).
             DeliveryError: the flush failed: all of them count as unsent.
         """
         send, topic = self.producer.send, self.topic
-        parts = _chunks(columns, _CHUNK)
-        for cols in parts:  # checked before anything is sent: a refused batch sends nothing
-            if not (np.isfinite(cols.rows).all() and np.isfinite(cols.event_ts).all()):
+        for cols in columns:
+            if not (np.isfinite(cols.rows).all() and np.isfinite(cols.event_ts).all()
+                    and math.isfinite(cols.computed_at)):
                 encode_columns([cols], self.model, self.fmt)  # raises, naming the nodes
         count = 0
-        for cols in parts:
+        for cols in _chunks(columns, _CHUNK):
             for key, value, headers in encode_columns([cols], self.model, self.fmt):
                 send(topic, key, value, headers)
             count += len(cols)
