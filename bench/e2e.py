@@ -65,7 +65,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -503,8 +503,8 @@ def _paced_producer(bootstrap: str, topic: str, warm: list, events: list, rate: 
 
 
 def paced_freshness(bootstrap: str, warm: list, events: list, rate: float, model: str, state: str, client: str,
-                    fmt: str,
-                    args: argparse.Namespace) -> dict[str, Any]:
+                    fmt: str, args: argparse.Namespace, query_port: int = 0,
+                    alongside: Callable[[], dict[str, Any]] | None = None) -> dict[str, Any]:
     """``warm`` as a backlog, then ``events`` at ``rate`` on a fresh topic: freshness and lag.
 
     The producer is a child process (it does not share this process's
@@ -516,12 +516,18 @@ def paced_freshness(bootstrap: str, warm: list, events: list, rate: float, model
     batch's oldest record), the worker's freshness histogram (publish minus
     event time, per published embedding) and the lag (events produced minus
     events applied) sampled every second, with its least-squares slope.
+
+    With ``query_port`` the worker serves its query API there, and
+    ``alongside()`` runs in a thread from the end of the warm-up; what it
+    returns is reported as ``alongside``, and the freshness and lag figures
+    cover its run only (``alongside_window``).
     """
     import multiprocessing as mp
     tag = uuid.uuid4().hex[:8]
     topic = f"bench-fresh-ev-{tag}"
     ensure_topics(bootstrap, {topic: args.partitions})
-    settings = _settings(bootstrap, topic, model, state, tag, client, fmt, args)
+    settings = dataclasses.replace(_settings(bootstrap, topic, model, state, tag, client, fmt, args),
+                                   query_port=query_port)
     worker, thread, result = start_worker(settings, None)
     ctx = mp.get_context("spawn")
     sent, go = ctx.Value("q", 0), ctx.Event()
@@ -551,11 +557,21 @@ def paced_freshness(bootstrap: str, warm: list, events: list, rate: float, model
     lag: list[dict[str, float]] = []
     deadline = t0 + 2 * len(events) / rate + 120
     base_fresh = None
+    side: dict[str, Any] = {}
+    side_thread: threading.Thread | None = None
     while time.monotonic() < deadline:
         time.sleep(1.0)
         if base_fresh is None and time.monotonic() - t0 >= args.fresh_warmup_s:
             worker.latency_timeline.clear()
             base_fresh = histogram_state(worker, "gnnstream_embedding_freshness_seconds")
+            if alongside is not None:
+                side["start_s"] = time.monotonic() - t0
+                side_thread = threading.Thread(target=lambda: side.update(result=alongside(),
+                                                                          end_s=time.monotonic() - t0))
+                side_thread.start()
+        if side_thread is not None and not side_thread.is_alive() and "latency" not in side:
+            side["latency"] = [latency for _, latency in worker.latency_timeline]
+            side["fresh"] = histogram_quantiles(worker, "gnnstream_embedding_freshness_seconds", base_fresh)
         produced, applied = sent.value, worker.health.applied - applied0
         lag.append({"t_s": round(time.monotonic() - t0, 2), "produced": produced, "applied": applied,
                     "lag": max(0, produced - applied)})
@@ -597,7 +613,24 @@ def paced_freshness(bootstrap: str, warm: list, events: list, rate: float, model
         "pass_p99_le_1s": bool(latencies) and p99 <= 1.0,
         # "does not grow": over the whole run the fitted lag rises by less than one second of events
         "pass_lag_flat": growth < rate,
+        **(_alongside_report(side, lag) if alongside is not None else {}),
     }
+
+
+def _alongside_report(side: dict[str, Any], lag: list[dict[str, float]]) -> dict[str, Any]:
+    """What ``alongside`` returned, and the stream's freshness and lag while it ran."""
+    if "latency" not in side:
+        raise SystemExit("the load beside the stream did not finish before the stream ended: give more "
+                         "--fresh-seconds")
+    latencies = side["latency"]
+    window = [x for x in lag if side["start_s"] <= x["t_s"] <= side["end_s"]]
+    return {"alongside": side["result"], "alongside_window": {
+        "from_s": round(side["start_s"], 2), "to_s": round(side["end_s"], 2),
+        "publish_minus_produce_per_batch": {
+            "batches": len(latencies), "p50_s": round(percentile(latencies, 50), 4),
+            "p99_s": round(percentile(latencies, 99), 4), "max_s": round(max(latencies), 4) if latencies else None},
+        "embedding_freshness": side["fresh"],
+        "lag_max_events": max((x["lag"] for x in window), default=0)}}
 
 
 def _settings(bootstrap: str, topic: str, model: str, state: str, tag: str, client: str, fmt: str,

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
-from rocksdict import BlockBasedOptions, Cache, DBCompressionType, Options, Rdict, WriteBatch, WriteOptions
+from rocksdict import AccessType, BlockBasedOptions, Cache, DBCompressionType, Options, Rdict, WriteBatch, WriteOptions
 
 from graph_state import keys
 from graph_state.idsets import unique_ids
@@ -616,6 +616,10 @@ class GraphStore:
         cache_nodes: bound on the number of nodes held in the in-memory caches.
         lock_timeout: seconds to keep retrying when another process holds the
             database lock.
+        follow: a directory of this reader's own: open the store read-only
+            beside the process that writes it (a RocksDB secondary instance,
+            which needs no lock), seeing its writes as of the last
+            :meth:`catch_up`. Nothing is ever written to ``path``.
     """
 
     def __init__(
@@ -626,9 +630,12 @@ class GraphStore:
         feature_dim: int | None = None,
         cache_nodes: int = 2_000_000,
         lock_timeout: float = 10.0,
+        follow: str | os.PathLike[str] | None = None,
     ):
         self.path = os.fspath(path)
-        self._db = self._open(self.path, lock_timeout)
+        self.following = follow is not None
+        self._db = self._open_follower(self.path, os.fspath(follow)) if follow is not None else \
+            self._open(self.path, lock_timeout)
         self._cf = {name: self._db.get_column_family(name) for name in keys.COLUMN_FAMILIES}
         self._families = {name: Family(view, self.path) for name, view in self._cf.items()}  # checked scans
         self._handles = {name: self._db.get_column_family_handle(name) for name in keys.COLUMN_FAMILIES}
@@ -692,6 +699,46 @@ class GraphStore:
                 time.sleep(0.1)
 
     @staticmethod
+    def _open_follower(path: str, own_dir: str) -> Rdict:
+        """Open ``path`` as a RocksDB secondary instance keeping its own files in ``own_dir``.
+
+        Raises:
+            StateCorrupted: as :meth:`_open`.
+            FileNotFoundError: there is no state at ``path``.
+        """
+        if not os.path.isfile(os.path.join(path, "CURRENT")):
+            raise FileNotFoundError(f"no graph store at {path!r} (start the worker on it first)")
+        _check_manifest(path)
+        os.makedirs(own_dir, exist_ok=True)
+        opts = Options(raw_mode=True)
+        opts.set_max_open_files(-1)  # a secondary must keep table files open: the writer deletes compacted ones
+        opts.set_max_file_opening_threads(1)  # else every catch-up starts threads to open files: 10-15 ms each
+        cache = Cache(_BLOCK_CACHE_BYTES)
+        cfs = {name: GraphStore._family_options(cache, name) for name in keys.COLUMN_FAMILIES}
+        try:
+            return Rdict(path, options=opts, column_families=cfs, access_type=AccessType.secondary(own_dir))
+        except Exception as exc:  # rocksdict raises plain Exception
+            if is_corruption(exc):
+                raise state_corrupted(path, exc) from exc
+            raise
+
+    def catch_up(self) -> None:
+        """A follower (``follow=``): see every write the writer made so far, whole batches only."""
+        if not self.following:
+            raise StoreConfigError(f"store {self.path!r} was not opened as a follower")
+        try:
+            self._db.try_catch_up_with_primary()
+        except Exception as exc:  # rocksdict raises plain Exception
+            if is_corruption(exc):
+                raise state_corrupted(self.path, exc) from exc
+            raise
+        interned = self._iid, self._name  # an interned id never changes: only those survive
+        self._invalidate_caches()
+        self._iid, self._name = interned
+        stored = self._meta_get("fanouts")
+        self.fanouts = tuple(stored) if stored else ()
+
+    @staticmethod
     def _family_options(cache: Cache, name: str) -> Options:
         """Bloom filters (most edge and id lookups are for keys that do not exist) and a shared block cache.
 
@@ -723,7 +770,8 @@ class GraphStore:
         self._handles.clear()
         self._db = None
         gc.collect()
-        _record_manifest(self.path)
+        if not self.following:
+            _record_manifest(self.path)
 
     def __enter__(self) -> "GraphStore":
         return self
@@ -757,7 +805,7 @@ class GraphStore:
                 )
             return stored
         chosen = default if value is None else value
-        if chosen is not None:
+        if chosen is not None and not self.following:
             if isinstance(chosen, bool) or not isinstance(chosen, int) or chosen < 0:
                 raise ValueError(f"Expected a non-negative integer {name} (got {chosen!r})")
             self._meta_put(name, chosen)
@@ -1480,6 +1528,22 @@ class GraphStore:
                 break
             out.append(u)
         return out
+
+    def ranked_neighbours(self, iid: int) -> Iterator[tuple[bytes, int]]:
+        """``N(v)`` of node ``iid`` in sampling order, read lazily: ``(order key, u iid)`` pairs, the order key
+        being ``r(v, u)`` as 8 big-endian bytes followed by ``u``'s id in UTF-8 (empty for an absent node)."""
+        if self._node(iid) is None:
+            return
+        for key, u in self._iter_nbrs(iid):
+            yield key[8:], u
+
+    def check_events(self, events: Sequence[Any]) -> None:
+        """Refuse what :meth:`apply` would refuse (feature lengths, finiteness), before anything changes.
+
+        Raises:
+            ValueError: naming the first bad event and its index.
+        """
+        self._validate(events)
 
     def node_arrays(self, iids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(degree, flags, last_ts)`` of many nodes as arrays; degree is -1 where a node is absent."""

@@ -13,6 +13,7 @@ import argparse
 import errno
 import json
 import logging
+import signal
 import sys
 from typing import Any, Sequence
 
@@ -147,6 +148,18 @@ def _run(args: argparse.Namespace) -> int:
     worker = Worker(settings_from_args(args))
     worker.install_signal_handlers()
     _print(worker.run(max_idle_s=args.exit_when_idle))
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from workers.serve import bind, serve
+    if not args.query_port:
+        raise ValueError("serve needs a port: pass --query-port PORT or set GNNSTREAM_QUERY_PORT")
+    sock = bind(args.query_host, args.query_port)
+    print(f"query API on http://{args.query_host}:{sock.getsockname()[1]} (state {args.state}); Ctrl-C stops it",
+          file=sys.stderr)
+    signal.signal(signal.SIGTERM, lambda *_: None)  # the server stops on it and returns: exit 0
+    serve(args.state, args.model, sock, refresh_s=args.refresh)
     return 0
 
 
@@ -328,6 +341,15 @@ def _streaming_commands(sub: Any) -> None:
     p.add_argument("--exit-when-idle", type=float, default=None, metavar="SECONDS",
                    help="stop after this many seconds without events (default: run until SIGTERM/SIGINT)")
     p.set_defaults(func=_run)
+
+    p = sub.add_parser("serve", help="serve the query API from a state, beside its worker (read-only)",
+                       description="Serve GET /v1/embeddings/ID, POST /v1/infer (exact what-if inference) and "
+                                   "GET /v1/nodes/ID/sample from a state directory, without writing it: next to a "
+                                   "running worker (which `run --query-port` does for you) or on a stopped state.")
+    add_worker_arguments(p, only=("state", "model", "query_port", "query_host"))
+    p.add_argument("--refresh", type=float, default=0.5, metavar="SECONDS",
+                   help="how often to catch up with the worker's writes (default 0.5)")
+    p.set_defaults(func=_serve)
 
     p = sub.add_parser("produce", help="produce events from a JSONL file or a SNAP CSV to Kafka")
     add_worker_arguments(p, only=("bootstrap", "kafka_client", "events_topic", "partitions"))

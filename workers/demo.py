@@ -5,6 +5,9 @@
 2. start the embedded Kafka broker, the worker and the fraud scorer;
 3. once the worker consumes, replay the whole Bitcoin OTC stream into ``graph-events`` at a
    steady rate (2,000 events/s);
+   The last rating is held back: once the rest is applied, the worker's
+   query API scores it as a what-if (``POST /v1/infer``): the rated user's
+   fraud score now, and if the rating landed;
 4. when everything is applied, published and scored: check every stored
    embedding against a from-scratch computation, compute the scorer's ROC AUC
    on held-out users (first rated in the last 30 %, never labelled in
@@ -24,14 +27,17 @@ import shutil
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from stream.broker import EmbeddedBroker
+from stream.broker import EmbeddedBroker, free_port
 from stream.backends import DEFAULT_KAFKA_CLIENT, KAFKA_CLIENTS, open_consumer
-from workers.datasets import BITCOIN_OTC, read_snap
+from stream.events import EdgeUpsert, encode_event
+from workers.datasets import BITCOIN_OTC, read_snap, snap_events
 from workers.heap import tune_collector
 from workers.offline import verify
 from workers.replay import produce_file
@@ -113,6 +119,48 @@ def _plots(out: Path, timeline: list[tuple[float, float]], fpr: np.ndarray | Non
     return written
 
 
+def _held_back(data: Path, limit: int) -> tuple[int, list[Any]]:
+    """How many events to replay, and the held-back last rating's events (its edge and feature updates)."""
+    events = list(snap_events(read_snap(data)))
+    events = events[:limit] if limit else events
+    last = max(i for i, ev in enumerate(events) if isinstance(ev, EdgeUpsert))
+    return last, events[last:]
+
+
+def _post(port: int, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=json.dumps(body).encode(),
+                                     headers={"content-type": "application/json"})
+    with urllib.request.urlopen(request, timeout=10) as resp:
+        return json.loads(resp.read())
+
+
+def _what_if(port: int, applied: int, payment: list[Any]) -> dict[str, Any]:
+    """The held-back rating scored by the query API once its view holds the ``applied`` events replayed."""
+    deadline = time.monotonic() + 30.0
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/health", timeout=5) as resp:
+                status = json.loads(resp.read())
+            if sum(status["offsets"].values()) >= applied and status["dirty"] == 0:
+                break
+        except OSError:
+            pass
+        time.sleep(0.1)
+    edge = payment[0]
+    events = [json.loads(encode_event(ev)) for ev in payment]
+    out: dict[str, Any] = {"rating": f"{edge.src} rates {edge.dst} {edge.weight:+g}", "events": len(events)}
+    try:
+        now = _post(port, "/v1/infer", {"events": [], "ids": [edge.dst]})
+        out["score_now"] = round(now["scores"][edge.dst], 4)
+    except urllib.error.HTTPError as exc:  # a user rated for the first time has no score yet
+        out["score_now"] = None if exc.code == 404 else f"HTTP {exc.code}"
+    t = time.perf_counter()
+    after = _post(port, "/v1/infer", {"events": events, "ids": [edge.dst]})
+    out["latency_ms"] = round((time.perf_counter() - t) * 1000, 1)
+    out["score_if_it_lands"] = round(after["scores"][edge.dst], 4)
+    return out
+
+
 def _replay(go: Any, results: Any, bootstrap: str, data: str, **options: Any) -> None:
     """The replay process: waits for ``go``, sends the file, puts its counts (or an error line) on ``results``."""
     os.environ["GNNSTREAM_NO_PROGRESS"] = "1"  # the parent prints the progress
@@ -139,10 +187,12 @@ def run_demo(data: Path, out: Path, *, rate: float, limit: int = 0, epochs: int 
     run_dir = out / "run"
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir()
+    replayed, payment = _held_back(data, limit)
     with EmbeddedBroker(log_path=run_dir / "broker.log") as broker:
         print(f"embedded broker at {broker.bootstrap}", file=sys.stderr)
         settings = WorkerSettings(bootstrap=broker.bootstrap, state=str(run_dir / "state"), model=str(model_dir),
-                                  metrics_port=0, batch_size=1000, batch_wait_ms=100, kafka_client=kafka_client)
+                                  metrics_port=0, batch_size=1000, batch_wait_ms=100, kafka_client=kafka_client,
+                                  query_port=free_port())
         worker = Worker(settings)
         scorer = FraudScorer(broker.bootstrap, model_dir, in_topic=settings.output_topic, kafka_client=kafka_client)
         summary: dict[str, Any] = {}
@@ -158,7 +208,7 @@ def run_demo(data: Path, out: Path, *, rate: float, limit: int = 0, epochs: int 
         ctx = multiprocessing.get_context("spawn")
         go, results = ctx.Event(), ctx.Queue()
         replay = ctx.Process(target=_replay, name="replay", daemon=True, args=(go, results, broker.bootstrap, str(data)),
-                             kwargs=dict(limit=limit, rate=rate, partitions=settings.partitions,
+                             kwargs=dict(limit=replayed, rate=rate, partitions=settings.partitions,
                                          topic=settings.events_topic, kafka_client=kafka_client))
         t0 = time.perf_counter()
         replay.start()
@@ -184,11 +234,14 @@ def run_demo(data: Path, out: Path, *, rate: float, limit: int = 0, epochs: int 
         produced.update(outcome)
         read, since = -1, time.monotonic()
         t_applied, shown = None, 0.0
+        what_if: dict[str, Any] | None = None
         while any(t.is_alive() for t in threads):
             threads[0].join(0.25)
             h = worker.health
             if t_applied is None and h.applied >= produced["produced"]:
                 t_applied = time.perf_counter()
+                # the worker stays up while idle for a few seconds: ask its query API now
+                what_if = _what_if(settings.query_port, produced["produced"], payment)
             if time.monotonic() < shown + 2.0:
                 continue
             shown = time.monotonic()
@@ -247,6 +300,7 @@ def run_demo(data: Path, out: Path, *, rate: float, limit: int = 0, epochs: int 
         "held_out_users": len(held),
         "held_out_distrusted": int(y.sum()),
         "held_out_roc_auc": None if auc is None else round(auc, 4),
+        "what_if_held_back_rating": what_if,
         "plots": plots,
     }
 

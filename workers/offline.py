@@ -75,7 +75,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-_MODEL_DIR = b"model_dir"  # meta: the model directory the state uses (default of --model)
+MODEL_DIR_META = b"model_dir"  # meta: the model directory the state uses (default of --model)
 _BINDING = b"model"  # meta: what the stored embeddings were computed with (written by Engine.backfill)
 # the binding's fields that say which model it is (its "layout" says how the rows are kept, not which model)
 _IDENTITY = ("model", "arch", "weights_sha256", "fanouts", "cold_start")
@@ -332,8 +332,8 @@ def _bind_model_dir(store: GraphStore, model_dir: str | os.PathLike[str]) -> Non
     """Record ``model_dir`` as the state's model directory (the default of ``--model``)."""
     value = str(Path(model_dir).resolve()).encode()
     meta = store.column("meta")
-    if meta.get(_MODEL_DIR) != value:
-        meta.put(_MODEL_DIR, value)
+    if meta.get(MODEL_DIR_META) != value:
+        meta.put(MODEL_DIR_META, value)
 
 
 def open_engine(store: GraphStore, model_dir: str | None, *, switch_model: bool = False,
@@ -353,7 +353,7 @@ def open_engine(store: GraphStore, model_dir: str | None, *, switch_model: bool 
     read_only = isinstance(store, _ReadOnlyStore)
     meta = store.column("meta")
     if model_dir is None:
-        raw = meta.get(_MODEL_DIR)
+        raw = meta.get(MODEL_DIR_META)
         if raw is None:
             raise StateNoEmbeddings(f"state {store.path!r} has no model yet; pass --model DIR")
         model_dir = raw.decode()

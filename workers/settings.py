@@ -38,6 +38,8 @@ class WorkerSettings:
     output_format: str = "json"
     metrics_port: int = 9108
     metrics_host: str = "127.0.0.1"
+    query_port: int = 0
+    query_host: str = "127.0.0.1"
     hub_bound: int = 50_000
     max_staleness_s: float = 5.0
     session_timeout_ms: int = 6000
@@ -83,6 +85,9 @@ _HELP = {
     "output_format": "embedding encoding: json or binary (raw float32, see stream/updates.py)",
     "metrics_port": "port of the Prometheus /metrics and /healthz endpoint (0 = off)",
     "metrics_host": "address the /metrics and /healthz endpoint binds (0.0.0.0 = every interface)",
+    "query_port": "port of the query API (GET /v1/embeddings/ID, POST /v1/infer, GET /v1/nodes/ID/sample), "
+                  "served by a process of its own from the worker's state (0 = off; see README)",
+    "query_host": "address the query API binds (0.0.0.0 = every interface)",
     "hub_bound": "dependents above which a hub's propagation is deferred and coalesced",
     "max_staleness_s": "longest a deferred hub propagation may wait, in seconds",
     "session_timeout_ms": "consumer-group session timeout in ms",

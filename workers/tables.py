@@ -25,7 +25,7 @@ from graph_state import keys
 from graph_state.idsets import unique_ids
 from graph_state.store import GraphStore, grow_columns
 
-__all__ = ["EmbeddingTables", "MetaTable", "EmbeddingMeta", "decode_legacy_final", "read_final_rows", "encode_pages",
+__all__ = ["EmbeddingTables", "MetaTable", "EmbeddingMeta", "FrameReused", "decode_legacy_final", "read_final_rows", "encode_pages",
            "decode_page", "PAGE_ROWS", "encode_outbox", "decode_outbox"]
 
 logger = logging.getLogger(__name__)
@@ -39,6 +39,10 @@ _PAGE_FORMAT = 2  # rows in a frame of the row file, the record names the frame
 _FRAME = struct.Struct(">QQ")  # frame, sum of the rows' 32-bit words
 _GROWTH_DIVISOR = 4  # a row file grows by at least a quarter of its size at a time
 PAGE_ROWS = 128  # records per page of the final-embedding log (64 KB of rows at 128 dims)
+
+
+class FrameReused(RuntimeError):
+    """A reader found a frame holding other rows than its page names: it must catch up and read again."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -366,22 +370,7 @@ class MetaTable:
             return
         self._loaded = True
         for seq, raw in self._pages():
-            rec, modes, has_rows = decode_page(raw)
-            ids = rec["iid"].astype(np.int64)
-            self._size[seq] = len(ids)
-            self._slots += len(ids)
-            if has_rows:
-                self._dim = int(rec["width"])
-                if "frame" in rec:
-                    self._frame_of[seq] = (self._dim, int(rec["frame"]))
-                    self._sum_of[seq] = int(rec["sum"])
-            self._next_page = seq + 1
-            if not len(ids):
-                continue
-            self._grow(int(ids.max()) + 1)
-            codes = np.asarray([self.code(m) for m in modes], dtype=np.int16)
-            self.version[ids], self.event_ts[ids], self.mode[ids] = rec["version"], rec["event_ts"], codes[rec["mode"]]
-            self.page[ids], self.slot[ids], self.has_row[ids] = seq, np.arange(len(ids), dtype=np.int32), has_rows
+            self._take(seq, raw)
         seqs, counts = _counts(self.page[self.page >= 0])
         self._live = dict(zip(seqs.tolist(), counts.tolist()))
         self._dead = [seq for seq in self._size if seq not in self._live]  # deleted with the next write
@@ -390,6 +379,58 @@ class MetaTable:
             used.setdefault(width, []).append(frame)
         for width, frames in used.items():
             self._file(width).start(frames)
+
+    def _take(self, seq: int, raw: bytes) -> np.ndarray:
+        """Index a stored page: its records become the current state of their nodes; returns the pages that
+        held them before (-1: none)."""
+        rec, modes, has_rows = decode_page(raw)
+        ids = rec["iid"].astype(np.int64)
+        self._size[seq] = len(ids)
+        self._slots += len(ids)
+        if has_rows:
+            self._dim = int(rec["width"])
+            if "frame" in rec:
+                self._frame_of[seq] = (self._dim, int(rec["frame"]))
+                self._sum_of[seq] = int(rec["sum"])
+        self._next_page = seq + 1
+        if not len(ids):
+            return ids
+        self._grow(int(ids.max()) + 1)
+        before = self.page[ids]
+        codes = np.asarray([self.code(m) for m in modes], dtype=np.int16)
+        self.version[ids], self.event_ts[ids], self.mode[ids] = rec["version"], rec["event_ts"], codes[rec["mode"]]
+        self.page[ids], self.slot[ids], self.has_row[ids] = seq, np.arange(len(ids), dtype=np.int32), has_rows
+        return before
+
+    def follow(self) -> None:
+        """A reader of a log another process writes: index the pages it added since the last call.
+
+        Pages are numbered in the order they were written and the newest page
+        holding a node is its current state, so the new pages alone bring
+        every node up to date; a page left without current records is
+        forgotten, as the writer deleted it.
+        """
+        if not self._loaded:
+            self._load()
+            return
+        at = len(self.prefix)
+        for key, raw in self.store.column(self.family).items(from_key=self._key(self._next_page)):
+            if not key.startswith(self.prefix):
+                break
+            seq = keys.decode_iid(key[at:])
+            old = self._take(seq, raw)
+            self._live[seq] = self._size[seq]
+            # pages left without a current record: the writer deleted them, forget them here too
+            seqs, counts = _counts(old[old >= 0])
+            for page, n in zip(seqs.tolist(), counts.tolist()):
+                left = self._live.get(page, 0) - n
+                if left > 0:
+                    self._live[page] = left
+                elif page in self._live:
+                    del self._live[page]
+                    self._slots -= self._size.pop(page)
+                    self._frame_of.pop(page, None)
+                    self._sum_of.pop(page, None)
 
     def damaged(self) -> np.ndarray:
         """The iids whose current page's frame no longer holds the rows the page was written with; recompute
@@ -606,9 +647,13 @@ class MetaTable:
             self._drop_page(seq, puts)
 
     # ------------------------------------------------------------------ reading rows
-    def rows(self, iids: np.ndarray, dim: int) -> tuple[np.ndarray, np.ndarray]:
+    def rows(self, iids: np.ndarray, dim: int, *, checked: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """The rows (``dim`` wide) of ``iids`` as held now, encoded but not yet written ones included, and a
-        mask of which exist (zeros where none is held)."""
+        mask of which exist (zeros where none is held).
+
+        ``checked``: compare each frame read with the sum its page records, and raise
+        :class:`FrameReused` where they differ (a reader behind the writer, which reused the frame since).
+        """
         self._load()
         iids = np.asarray(iids, dtype=np.int64)
         out = np.zeros((len(iids), dim), dtype=np.float32)
@@ -631,7 +676,10 @@ class MetaTable:
                     continue
                 self._check_width(seq, framed[0], dim)
                 at = order[lo:hi]
-                out[at] = self._file(framed[0]).read(framed[1], self._size[seq], files)[self.slot[iids[at]]]
+                block = self._file(framed[0]).read(framed[1], self._size[seq], files)
+                if checked and int(row_sums(block)[0]) != self._sum_of[seq]:
+                    raise FrameReused(f"frame {framed[1]} of page {seq} was written again since this reader's view")
+                out[at] = block[self.slot[iids[at]]]
                 present[at] = True
         raws = self.store.column(self.family).get([self._key(seq) for _, _, seq in inline]) if inline else []
         for (lo, hi, seq), raw in zip(inline, raws):

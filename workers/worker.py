@@ -439,6 +439,7 @@ class Worker:
         self._sender: _Sender | None = None
         self._idle = False  # the last poll brought nothing: _publish waits for delivery (nothing to overlap)
         self._batch_target = settings.batch_size  # records asked of the next poll (dynamic micro-batching)
+        self._query: Any = None  # the query API process (workers.serve.QueryProcess), told of every commit
 
     # ------------------------------------------------------------------ lifecycle
     def stop(self, *_: Any) -> None:
@@ -520,6 +521,18 @@ class Worker:
         if engine.pending():
             self._set_status("recovering", f"recomputing {engine.pending()} dirty marks the last run left")
             self._recompute(engine, None, None)  # what a crash left dirty
+        if s.query_port:
+            from workers.serve import QueryProcess
+            self._query = QueryProcess(s.state, str(engine.model.path), s.query_host, s.query_port)
+        try:
+            self._stream(store, engine, max_idle_s)
+        finally:
+            if self._query is not None:
+                self._query.close()
+                self._query = None
+
+    def _stream(self, store: GraphStore, engine: Engine, max_idle_s: float | None) -> None:
+        s = self.settings
         freeze_warm_heap()
         # the updates go out through a process of their own; the dead letters through this thread's producer
         delivery = DeliveryProcess(s.kafka_client, s.bootstrap, s.output_topic, engine.model_tag, s.output_format)
@@ -780,6 +793,8 @@ class Worker:
         self.metrics.deferred_total.inc(len(new))
         self.metrics.staleness.set(engine.deferred_age())
         self._oldest_record_s = oldest_record_s
+        if self._query is not None:
+            self._query.notify()
 
     @staticmethod
     def _deferred_marks(store: GraphStore) -> np.ndarray:

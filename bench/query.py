@@ -1,0 +1,249 @@
+"""Query API benchmark: lookups and what-if requests while the worker streams.
+
+The synthetic delivery graph of ``bench/e2e.py --graph synthetic`` (2^17
+nodes, 1.2 M edges, SAGE 128-d, fanouts 25,10), loaded and backfilled
+once (``--store-cache`` keeps the loaded store between runs). Then:
+
+1. the worker's sustained rate, default configuration, from a backlog of
+   ``--warmup-events`` + ``--stream-events`` on a copy of the state;
+2. the worker streams at ``--rate-fraction`` (0.5) of that rate on another
+   copy, with ``--query-port`` set (its query process beside it); after the
+   stream's warm-up, a load generator in a process of its own sends
+     * ``GET /v1/embeddings/{id}`` at ``--lookup-rps`` (2,000) for
+       ``--seconds`` (20), ids drawn uniformly;
+     * ``POST /v1/infer`` with one new edge between two random nodes, both
+       asked for, at ``--infer-rps`` (200) for ``--seconds``;
+   open loop: request ``i`` is due at ``i / rps``, and its latency runs from
+   when it was due to when its answer was read, so a slow server is charged
+   for the requests that waited behind it. At most ``--connections`` are
+   open; the run is bounded by the number of requests, not by time.
+
+Reported: per kind p50, p99 and max latency, achieved requests/s, answers
+that were not 200, and the stream's publish - produce per batch and lag
+while the load ran. Prints ONE JSON object on stdout; progress on stderr.
+
+    .venv/bin/python bench/query.py --store-cache /tmp/e2e-cache
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import multiprocessing as mp
+import os
+import re
+import shutil
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import bench.e2e as e2e  # noqa: E402
+from bench.common import (  # noqa: E402
+    FEATURE_DIM, FULL_EDGES, FULL_NODES, code_fingerprint, emit, log, machine_load, make_graph, model_dir,
+    open_loaded_store, peak_rss_mib, percentile,
+)
+from stream.broker import EmbeddedBroker, free_port  # noqa: E402
+from stream.events import encode_event, event_key  # noqa: E402
+from stream.kafka import ensure_topics  # noqa: E402
+from workers.heap import tune_collector  # noqa: E402
+from workers.settings import WorkerSettings  # noqa: E402
+
+_LENGTH = re.compile(rb"content-length:\s*(\d+)", re.IGNORECASE)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--nodes", type=int, default=FULL_NODES, help="synthetic graph nodes")
+    p.add_argument("--edges", type=int, default=FULL_EDGES, help="synthetic graph directed edges")
+    p.add_argument("--store-cache", default=None, help="directory keeping the loaded store between runs")
+    p.add_argument("--workdir", default=None, help="where the states go (default: the system temp dir)")
+    p.add_argument("--warmup-events", type=int, default=20_000, help="events before the measured ones")
+    p.add_argument("--stream-events", type=int, default=30_000, help="measured events of the sustained run")
+    p.add_argument("--rate", type=float, default=0.0,
+                   help="stream at this many events/s instead of measuring the sustained rate first")
+    p.add_argument("--rate-fraction", type=float, default=0.5, help="stream rate / sustained rate")
+    p.add_argument("--lookup-rps", type=float, default=2000.0, help="lookup requests per second")
+    p.add_argument("--infer-rps", type=float, default=200.0, help="what-if requests per second")
+    p.add_argument("--seconds", type=float, default=20.0, help="length of each kind's load")
+    p.add_argument("--connections", type=int, default=32, help="most connections open at once")
+    p.add_argument("--fresh-warmup-s", type=float, default=10.0, help="seconds of stream before the load starts")
+    p.add_argument("--partitions", type=int, default=4)
+    p.add_argument("--batch-size", type=int, default=1000)
+    p.add_argument("--batch-wait-ms", type=int, default=200)
+    p.add_argument("--max-batch-size", type=int, default=10_000)
+    p.add_argument("--idle-s", type=float, default=3.0)
+    return p.parse_args(argv)
+
+
+# ---------------------------------------------------------------------- the load generator
+async def _open_loop(port: int, requests: list[bytes], rps: float, connections: int) -> dict[str, Any]:
+    """Send ``requests`` at ``rps`` over at most ``connections`` keep-alive connections."""
+    queue: asyncio.Queue = asyncio.Queue()
+    latencies: list[float] = []
+    statuses: dict[int, int] = {}
+
+    async def connection() -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            while True:
+                item = await queue.get()
+                if item is None:
+                    return
+                due, request = item
+                writer.write(request)
+                head = await reader.readuntil(b"\r\n\r\n")
+                await reader.readexactly(int(_LENGTH.search(head).group(1)))
+                latencies.append(time.perf_counter() - due)
+                status = int(head[9:12])
+                statuses[status] = statuses.get(status, 0) + 1
+        finally:
+            writer.close()
+
+    workers = [asyncio.create_task(connection()) for _ in range(connections)]
+    t0 = time.perf_counter() + 0.05
+    i = 0
+    while i < len(requests):  # every request due by now, then sleep until the next one (sleeps are coarse)
+        now = time.perf_counter()
+        while i < len(requests) and t0 + i / rps <= now:
+            queue.put_nowait((t0 + i / rps, requests[i]))
+            i += 1
+        if i < len(requests):
+            await asyncio.sleep(max(0.0, t0 + i / rps - time.perf_counter()))
+    for _ in workers:
+        queue.put_nowait(None)
+    await asyncio.gather(*workers)
+    seconds = time.perf_counter() - t0
+    ms = [x * 1000 for x in latencies]
+    return {"requests": len(requests), "target_rps": rps, "achieved_rps": round(len(latencies) / seconds, 1),
+            "p50_ms": round(percentile(ms, 50), 3), "p99_ms": round(percentile(ms, 99), 3),
+            "max_ms": round(max(ms), 3), "statuses": {str(k): v for k, v in sorted(statuses.items())}}
+
+
+def _load(port: int, kinds: list[tuple[str, list[bytes], float]], connections: int, out: Any) -> None:
+    """Child process: each kind's requests in turn, open loop (at the query server's priority where allowed: a
+    client starved of the CPU would time its own waits)."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, -10)
+    except OSError:
+        pass
+    result = {}
+    for name, requests, rps in kinds:
+        result[name] = asyncio.run(_open_loop(port, requests, rps, connections))
+    out.put(result)
+
+
+def requests_for(names: list[str], args: argparse.Namespace, rng: np.random.Generator) -> list[tuple[str, list[bytes], float]]:
+    """The lookup and what-if requests, as raw HTTP/1.1 bytes."""
+    n_lookup, n_infer = int(args.lookup_rps * args.seconds), int(args.infer_rps * args.seconds)
+    lookups = [f"GET /v1/embeddings/{names[i]} HTTP/1.1\r\nhost: bench\r\n\r\n".encode()
+               for i in rng.integers(0, len(names), n_lookup)]
+    infers = []
+    for a, b in rng.integers(0, len(names), (n_infer, 2)):
+        body = (b'{"events":[{"op":"edge_upsert","src":"%s","dst":"%s","ts":1900000000}],"ids":["%s","%s"]}'
+                % (names[a].encode(), names[b].encode(), names[a].encode(), names[b].encode()))
+        infers.append(b"POST /v1/infer HTTP/1.1\r\nhost: bench\r\ncontent-type: application/json\r\n"
+                      b"content-length: %d\r\n\r\n%s" % (len(body), body))
+    return [("lookup", lookups, args.lookup_rps), ("what_if_one_edge", infers, args.infer_rps)]
+
+
+# ---------------------------------------------------------------------- the run
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    os.environ.setdefault("GNNSTREAM_NO_PROGRESS", "1")
+    tune_collector()
+    from workers.offline import backfill
+    import bench.engine as engine_bench
+    args.fanouts = [25, 10]
+    args.fresh_seconds = args.seconds * 2 + 15  # both kinds of load, then some stream after them
+    work = Path(tempfile.mkdtemp(prefix="gnnstream-query-", dir=args.workdir))
+    result: dict[str, Any] = {"bench": "query", "code": code_fingerprint(), "machine_load_at_start": machine_load()}
+    default = (WorkerSettings.kafka_client, WorkerSettings.output_format)
+    try:
+        graph = make_graph(args.nodes, args.edges, dim=FEATURE_DIM, seed=0)
+        result["graph"] = graph.stats()
+        model = str(work / "model")
+        model_dir(model, dim=FEATURE_DIM, fanouts=args.fanouts, seed=0)
+        base = work / "base"
+        store, load = open_loaded_store(base, graph, dim=FEATURE_DIM, cache_dir=args.store_cache)
+        store.close()
+        log("backfill of the base state")
+        result["setup"] = {"load": load, "backfill": backfill(str(base), model)}
+        warm = args.warmup_events
+        rate = args.rate
+        if not rate:
+            events, _ = engine_bench.stream_events(graph, warm + args.stream_events, np.random.default_rng(1), 0.90,
+                                                   0.05, 1_800_000_000, args.batch_size)
+            state = work / "state-sustained"
+            e2e.clone_state(base, state)
+            with EmbeddedBroker() as broker:
+                topic = f"bench-ev-{uuid.uuid4().hex[:8]}"
+                ensure_topics(broker.bootstrap, {topic: args.partitions})
+                e2e.produce(broker.bootstrap, topic, [(event_key(ev), encode_event(ev)) for ev in events])
+                log(f"sustained rate: {default}")
+                run = e2e.sustained(broker.bootstrap, topic, len(events), model, str(state), args, *default, warm)
+            shutil.rmtree(state, ignore_errors=True)
+            result["sustained"] = run
+            rate = args.rate_fraction * run["after_warmup"]["events_per_s"]
+        result["config"] = {"stream_rate": round(rate, 1), "rate_fraction": args.rate_fraction if not args.rate
+                            else None, "lookup_rps": args.lookup_rps, "infer_rps": args.infer_rps,
+                            "seconds_each": args.seconds, "connections": args.connections,
+                            "default_configuration": {"kafka_client": default[0], "output_format": default[1]}}
+        total = warm + int(rate * (args.fresh_seconds + args.fresh_warmup_s))
+        fresh_events, _ = engine_bench.stream_events(graph, total, np.random.default_rng(2), 0.90, 0.05,
+                                                     1_800_000_000, args.batch_size)
+        names = [graph.name(i) for i in range(graph.num_nodes)]
+        kinds = requests_for(names, args, np.random.default_rng(3))
+        port = free_port()
+        ctx = mp.get_context("spawn")
+
+        def load() -> dict[str, Any]:
+            out = ctx.Queue()
+            child = ctx.Process(target=_load, args=(port, kinds, args.connections, out))
+            child.start()
+            got = out.get(timeout=args.seconds * 2 + 600)
+            child.join(30)
+            return got
+
+        state = work / "state-fresh"
+        e2e.clone_state(base, state)
+        log(f"stream at {rate:.0f} events/s with the query API on port {port}; "
+            f"load after {args.fresh_warmup_s:g} s")
+        with EmbeddedBroker() as broker:
+            fresh = e2e.paced_freshness(broker.bootstrap, fresh_events[:warm], fresh_events[warm:], rate, model,
+                                        str(state), *default, args, query_port=port, alongside=load)
+        served = fresh.pop("alongside")
+        window = fresh.pop("alongside_window")
+        fresh["lag"].pop("samples", None)
+        result["stream"] = fresh
+        result["lookup"], result["what_if_one_edge"] = served["lookup"], served["what_if_one_edge"]
+        result["stream_while_serving"] = window
+        lookup, what_if = served["lookup"], served["what_if_one_edge"]
+        result["targets"] = {
+            "lookup_p99_ms": lookup["p99_ms"], "lookup_p99_le_5ms": lookup["p99_ms"] <= 5.0,
+            "lookup_rps_ge_2000": lookup["achieved_rps"] >= 2000 * 0.99,
+            "what_if_p99_ms": what_if["p99_ms"], "what_if_p99_le_20ms": what_if["p99_ms"] <= 20.0,
+            "what_if_rps_ge_200": what_if["achieved_rps"] >= 200 * 0.99,
+            "all_200": set(lookup["statuses"]) == {"200"} and set(what_if["statuses"]) == {"200"},
+            "stream_p99_s": window["publish_minus_produce_per_batch"]["p99_s"],
+            "stream_p99_le_1s": window["publish_minus_produce_per_batch"]["p99_s"] <= 1.0,
+        }
+    finally:
+        result["peak_rss_mib"] = round(peak_rss_mib(), 1)
+        result["machine_load_at_end"] = machine_load()
+        result["cpu_count"] = os.cpu_count()
+        shutil.rmtree(work, ignore_errors=True)
+    emit(result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,273 @@
+"""The query API's answers (workers/query.py), read from a follower of a live state.
+
+What-if answers are checked two ways: against the independent PyG reference
+on the folded graph with the what-if events added, and against what the
+engine stores once the events are really applied (``apply``, ``recompute``,
+``drain``). Lookups are checked against the stored page log and the
+reference. Before the events are applied, the state must be unchanged by
+any number of what-if requests: the stored embeddings hash the same and
+still equal the reference.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from graph_state.store import GraphStore
+from model import init_model_dir, load_model_dir
+from stream.events import EdgeUpsert, NodeUpsert
+from tests.workers.reference import GraphFold, assert_embeddings_close, expected_modes, fast_tempdir, \
+    reference_embeddings
+from tests.workers.test_engine import DIM, FANOUTS, HUB, LEAVES, MODELS, SEED, SETTINGS, _event_group, _nonzero, \
+    _to_event
+from workers.engine import Engine
+from workers.query import MAX_EVENTS, QueryError, QueryState
+from workers.tables import MetaTable
+from workers.train import FraudHead
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("models")
+    out = {}
+    for name, extra in MODELS.items():
+        path = root / name
+        init_model_dir(path, **{**dict(in_dim=DIM, hidden=8, out_dim=6, layers=2, fanouts=FANOUTS, seed=SEED),
+                                **extra})
+        out[name] = path
+    return out
+
+
+@st.composite
+def scenarios(draw: Any) -> dict[str, Any]:
+    """A base stream (a hub past the cached rank prefix, then random steps) and a what-if on top of it."""
+    rnd = draw(st.randoms(use_true_random=False))
+    steps = []
+    for leaf in LEAVES[:draw(st.integers(34, len(LEAVES)))]:
+        steps.append(("edge_upsert", HUB, leaf) if rnd.random() < 0.5 else ("edge_upsert", leaf, HUB))
+        if rnd.random() < 0.3:
+            steps.append(("node_upsert", leaf, _nonzero(rnd)))
+    groups = draw(st.lists(_event_group(), min_size=5, max_size=40))
+    steps += [s for g in groups for s in g]
+    base = [_to_event(step, 1000 + i) for i, step in enumerate(steps)]
+    what_if = [s for g in draw(st.lists(_event_group(), min_size=1, max_size=6)) for s in g]
+    if draw(st.booleans()):  # a payment from a node the graph has never seen
+        what_if.append(("edge_upsert", "new-payer", draw(st.sampled_from(["a", "b", HUB, LEAVES[0]]))))
+    events = [_to_event(step, 5000 + i) for i, step in enumerate(what_if)]
+    # events applied but not recomputed yet: the view is dirty, no stored row may be trusted
+    pending = [_to_event(s, 4000 + i) for i, s in enumerate(s for g in draw(st.lists(_event_group(), max_size=3))
+                                                            for s in g)]
+    return {"base": base, "pending": pending, "what_if": events, "model": draw(st.sampled_from(sorted(MODELS)))}
+
+
+def _fold(events: list) -> GraphFold:
+    fold = GraphFold()
+    for ev in events:
+        fold.apply_event(ev)
+    return fold
+
+
+def _stored(store: GraphStore) -> tuple[dict[str, np.ndarray], str]:
+    """The live stored final embeddings and a hash of the whole page log (metadata and rows)."""
+    digest = hashlib.sha256()
+    rows = {}
+    for iid, meta, row in MetaTable(store).items():
+        digest.update(f"{iid}:{meta.version}:{meta.mode}:".encode())
+        if row is not None:
+            digest.update(row.tobytes())
+        if meta.mode != "deleted" and row is not None:
+            rows[store.name(iid)] = row
+    return rows, digest.hexdigest()
+
+
+@given(scenarios())
+@SETTINGS
+def test_what_if_equals_applying_the_events(model_dirs: dict[str, Path], case: dict[str, Any]) -> None:
+    model_dir = model_dirs[case["model"]]
+    base, what_if, pending = case["base"], case["what_if"], case["pending"]
+    with fast_tempdir() as tmp:
+        with GraphStore(Path(tmp) / "s", seed=SEED) as store:
+            engine = Engine(store, load_model_dir(model_dir), hub_bound=3, max_deferred_age=3600.0)
+            store.apply(base)
+            engine.recompute(drain=True)
+            store.apply(pending)
+            view = QueryState(store.path, model_dir, Path(tmp) / "q")
+            try:
+                view.refresh()
+                assert (view.status()["dirty"] == 0) == (store.dirty_count() == 0)
+                before, digest = _stored(store)
+                fold = _fold(base + pending + what_if)
+                ids = sorted(fold.nodes)
+                if not ids:
+                    return
+                got = view.infer(what_if, ids)
+                # the independent reference on the graph with the events applied
+                want = reference_embeddings(fold.nodes, fold.edges, fold.features, model_dir)
+                assert_embeddings_close(got["embeddings"], want, what="what-if against the reference")
+                modes = expected_modes(fold, model_dir)
+                assert got["modes"] == {v: modes[v] for v in ids}
+                # nothing changed: the page log hashes the same and still holds the base graph's embeddings
+                again, digest_after = _stored(store)
+                assert digest_after == digest
+                base_fold = _fold(base)
+                assert_embeddings_close({v: again[v] for v in base_fold.nodes},
+                                        reference_embeddings(base_fold.nodes, base_fold.edges, base_fold.features,
+                                                             model_dir),
+                                        what="stored embeddings after the what-if")
+                # the same events really applied: the engine stores what the what-if answered
+                store.apply(what_if)
+                engine.recompute(drain=True)
+                applied, _ = _stored(store)
+                assert_embeddings_close({v: got["embeddings"][v] for v in ids}, {v: applied[v] for v in ids},
+                                        what="what-if against apply + recompute")
+                # and the follower's lookups see the applied state once caught up
+                view.refresh()
+                for v in ids:
+                    answer = view.embedding(v)
+                    np.testing.assert_array_equal(answer["embedding"], applied[v])
+                    assert answer["mode"] == modes[v]
+                for gone in sorted((base_fold.nodes | _fold(base + pending).nodes) - fold.nodes):
+                    with pytest.raises(QueryError) as err:
+                        view.embedding(gone)
+                    assert err.value.status == 404
+            finally:
+                view.close()
+
+
+def test_lookup_and_samples_of_every_node(model_dirs: dict[str, Path], tmp_path: Path) -> None:
+    model_dir = model_dirs["sage"]
+    rnd = random.Random(5)
+    events = []
+    for i in range(400):
+        a, b = f"n{rnd.randrange(60)}", f"n{rnd.randrange(60)}"
+        events.append(EdgeUpsert(a, b, float(i)))
+        if i % 3 == 0:
+            events.append(NodeUpsert(a, float(i), _nonzero(rnd)))
+    with GraphStore(tmp_path / "s", seed=SEED) as store:
+        engine = Engine(store, load_model_dir(model_dir))
+        store.apply(events)
+        engine.recompute(drain=True)
+        stored, _ = _stored(store)
+        view = QueryState(store.path, model_dir, tmp_path / "q")
+        try:
+            view.refresh()
+            fold = _fold(events)
+            want = reference_embeddings(fold.nodes, fold.edges, fold.features, model_dir)
+            got = {}
+            for v in sorted(fold.nodes):
+                answer = view.embedding(v)
+                assert answer["id"] == v and answer["model"] == engine.model_tag and answer["version"] >= 1
+                np.testing.assert_array_equal(answer["embedding"], stored[v])
+                got[v] = answer["embedding"]
+                samples = view.samples(v)
+                assert [layer["sample"] for layer in samples["layers"]] == [store.sample(v, k) for k in FANOUTS]
+            assert_embeddings_close(got, want, what="lookups")
+            # a new batch is seen after a refresh, not before
+            store.apply([NodeUpsert("n1", 9999.0, (5.0, -5.0, 5.0, -5.0))])
+            engine.recompute(drain=True)
+            old = view.embedding("n1")
+            view.refresh()
+            new = view.embedding("n1")
+            assert new["version"] > old["version"]
+            np.testing.assert_array_equal(new["embedding"], _stored(store)[0]["n1"])
+            # many batches later (pages superseded, deleted, their frames reused) every lookup still equals the
+            # stored row, and the follower knows exactly the pages the writer kept
+            for round_ in range(40):
+                changed = [f"n{rnd.randrange(60)}" for _ in range(8)]
+                store.apply([NodeUpsert(v, 10_000.0 + round_, _nonzero(rnd)) for v in changed])
+                engine.recompute(drain=True)
+                view.refresh()
+                stored, _ = _stored(store)
+                for v in changed:
+                    np.testing.assert_array_equal(view.embedding(v)["embedding"], stored[v])
+            pages = {int.from_bytes(key, "big") for key in store.column("embpages").keys()}
+            assert set(view.pages._size) == pages
+        finally:
+            view.close()
+
+
+def test_scores_come_with_a_fraud_head(model_dirs: dict[str, Path], tmp_path: Path) -> None:
+    model_dir = model_dirs["sage"]
+    head = FraudHead(tuple(float(i) - 2.5 for i in range(6)), 0.25)
+    with GraphStore(tmp_path / "s", seed=SEED) as store:
+        engine = Engine(store, load_model_dir(model_dir))
+        store.apply([EdgeUpsert("a", "b", 1.0), NodeUpsert("a", 1.0, (1.0, 2.0, 3.0, 4.0))])
+        engine.recompute(drain=True)
+        view = QueryState(store.path, model_dir, tmp_path / "q", head=head)
+        try:
+            view.refresh()
+            got = view.infer([EdgeUpsert("a", "c", 2.0)], ["a", "c"])
+            for v in ("a", "c"):
+                assert got["scores"][v] == pytest.approx(float(head.score(got["embeddings"][v][None, :])[0]))
+                assert 0.0 < got["scores"][v] < 1.0
+        finally:
+            view.close()
+
+
+@pytest.mark.parametrize("body, status, words", [
+    ([], 400, "JSON object"),
+    ({"events": [], "ids": []}, 400, "non-empty list"),
+    ({"events": {}, "ids": ["a"]}, 400, "list of event objects"),
+    ({"events": [], "ids": ["a"], "extra": 1}, 400, "unknown field"),
+    ({"events": [{"op": "edge_upsert", "src": "a", "dst": "b", "ts": 1}, {"op": "nope"}], "ids": ["a"]}, 400,
+     "event 1: unknown_op"),
+    ({"events": [{"op": "node_upsert", "id": "a", "ts": 1, "features": [1.0]}], "ids": ["a"]}, 400,
+     "event 0: bad_features"),
+    ({"events": [{"op": "node_upsert", "id": "a", "ts": 1, "features": [1e39, 0, 0, 0]}], "ids": ["a"]}, 400,
+     "finite features"),
+    ({"events": [{"op": "edge_upsert", "src": "a", "dst": str(i), "ts": 1} for i in range(MAX_EVENTS + 1)],
+      "ids": ["a"]}, 413, f"at most {MAX_EVENTS}"),
+    ({"events": [], "ids": [True]}, 400, "ids[0]"),
+])
+def test_bad_what_ifs_are_refused_with_a_reason(model_dirs: dict[str, Path], tmp_path: Path, body: Any,
+                                                status: int, words: str) -> None:
+    with GraphStore(tmp_path / "s", seed=SEED) as store:
+        engine = Engine(store, load_model_dir(model_dirs["sage"]))
+        store.apply([EdgeUpsert("a", "b", 1.0)])
+        engine.recompute(drain=True)
+        view = QueryState(store.path, model_dirs["sage"], tmp_path / "q")
+        try:
+            view.refresh()
+            with pytest.raises(QueryError) as err:
+                view.parse_infer(body)
+            assert err.value.status == status and words in str(err.value)
+            with pytest.raises(QueryError) as err:
+                view.infer([], ["never-seen"])
+            assert err.value.status == 404
+        finally:
+            view.close()
+
+
+@pytest.mark.parametrize("name", ["gcn", "sage"])
+def test_a_new_edge_two_hops_away_reaches_through_sample_sizes(model_dirs: dict[str, Path], tmp_path: Path,
+                                                                name: str) -> None:
+    """``t - v - u`` and a what-if edge ``u - x``: ``h^0`` of ``u`` and ``v`` stay as they are, but GCN
+    normalises ``v``'s row by ``|S(u)|``, so ``t``'s answer must change with GCN (and must not with SAGE)."""
+    model_dir = model_dirs[name]
+    feats = {v: (1.0 + i, -0.5 * i, 0.25, 2.0 - i) for i, v in enumerate(["t", "v", "u", "x"])}
+    base = [EdgeUpsert("t", "v", 1.0), EdgeUpsert("v", "u", 2.0)] + [NodeUpsert(v, 3.0, f) for v, f in feats.items()]
+    what_if = [EdgeUpsert("u", "x", 4.0)]
+    with GraphStore(tmp_path / "s", seed=SEED) as store:
+        engine = Engine(store, load_model_dir(model_dir))
+        store.apply(base)
+        engine.recompute(drain=True)
+        view = QueryState(store.path, model_dir, tmp_path / "q")
+        try:
+            view.refresh()
+            got = view.infer(what_if, ["t"])["embeddings"]["t"]
+            before = view.embedding("t")["embedding"]
+        finally:
+            view.close()
+    fold = _fold(base + what_if)
+    want = reference_embeddings(fold.nodes, fold.edges, fold.features, model_dir)["t"]
+    assert_embeddings_close({"t": got}, {"t": want}, what="what-if two hops away")
+    moved = float(np.abs(want - before).max())
+    assert (moved > 1e-4) == (name == "gcn"), moved

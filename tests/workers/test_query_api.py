@@ -1,0 +1,264 @@
+"""The query API over HTTP: beside a streaming worker, and under hostile requests.
+
+* With the broker: ``gnnstream run --query-port`` streams Bitcoin OTC; once
+  the view reports the produced offsets and no dirty marks, every node's
+  lookup equals the independent PyG reference on the folded events, and a
+  what-if with the next held-out payment equals the reference on the graph
+  with that payment added; after the payment really streams in, lookups
+  equal the what-if. Stopping the worker stops the query process too.
+* Without it: ``gnnstream serve`` on a stopped state answers 1,000
+  malformed or hostile requests with a 4xx and a reason while slow clients
+  hold connections open, keeps serving, and the state is unchanged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import itertools
+import json
+import random
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from graph_state.store import GraphStore
+from stream.broker import EmbeddedBroker, free_port
+from stream.events import EdgeUpsert, encode_event
+from stream.kafka import ensure_topics
+from tests.workers.reference import assert_embeddings_close, fold_jsonl, reference_embeddings
+from tests.workers.test_worker_kafka import (JOIN_TIMEOUT_S, PARTITIONS, GNNSTREAM, Names, event_messages, events,
+                                             health, produce, running_worker, stop_worker, wait_for, worker_cmd)
+from workers.tables import MetaTable
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+__all__ = ["events"]  # the workload fixture, shared with the worker tests
+
+HELD_OUT = 2_500  # events streamed before the what-if; the rest stream after it
+
+
+class Client:
+    """A keep-alive HTTP/1.1 client of the query API (reconnects when the server closed the connection)."""
+
+    def __init__(self, port: int):
+        self.port = port
+        self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+
+    def request(self, method: str, path: str, body: Any = None, raw: bytes | None = None) -> tuple[int, Any]:
+        data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+        for attempt in range(2):
+            try:
+                self.conn.request(method, path, body=data, headers={"content-type": "application/json"})
+                resp = self.conn.getresponse()
+                payload = resp.read()
+                if resp.getheader("connection", "").lower() == "close":
+                    self.conn.close()
+                try:
+                    return resp.status, json.loads(payload)
+                except ValueError:
+                    return resp.status, payload.decode(errors="replace")
+            except (ConnectionError, http.client.RemoteDisconnected, http.client.CannotSendRequest, BrokenPipeError):
+                self.conn.close()
+                if attempt:
+                    raise
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def _fold(evs: list) -> Any:
+    from tests.workers.reference import GraphFold
+    fold = GraphFold()
+    for ev in evs:
+        fold.apply_event(ev)
+    return fold
+
+
+def _view_at(client: Client, offsets: int) -> bool:
+    """The view reflects ``offsets`` consumed events, all recomputed."""
+    status, body = client.request("GET", "/v1/health")
+    return status == 200 and sum(body["offsets"].values()) >= offsets and body["dirty"] == 0
+
+
+@pytest.mark.broker
+def test_lookups_and_what_if_beside_the_streaming_worker(broker: EmbeddedBroker, events: list, model_dir: str,
+                                                         tmp_path: Path) -> None:
+    n = Names(tmp_path)
+    ensure_topics(broker.bootstrap, {n.events: PARTITIONS, n.output: PARTITIONS, n.dlq: 1})
+    first, rest = events[:HELD_OUT], events[HELD_OUT:]
+    # the next payment between two known users not linked yet, one of them with few neighbours: it enters
+    # that one's samples, so the what-if must differ from the lookups
+    known = _fold(first)
+    degree: dict[str, set[str]] = {}
+    for s, d in known.edges:
+        degree.setdefault(s, set()).add(d)
+        degree.setdefault(d, set()).add(s)
+    payment = next(ev for ev in rest if isinstance(ev, EdgeUpsert) and ev.src in degree and ev.dst in degree
+                   and ev.dst not in degree[ev.src] and min(len(degree[ev.src]), len(degree[ev.dst])) < 5)
+    produce(broker.bootstrap, n.events, event_messages(first))
+    port, query_port = free_port(), free_port()
+    log = tmp_path / "worker.log"
+    cmd = worker_cmd(broker.bootstrap, n, model_dir, port, "--query-port", str(query_port))
+    with running_worker(cmd, log) as proc:
+        wait_for(lambda: (h := health(port)) and h["applied"] >= len(first), JOIN_TIMEOUT_S,
+                 f"{len(first)} applied events", proc, log)
+        client = Client(query_port)
+        wait_for(lambda: _view_at(client, len(first)), JOIN_TIMEOUT_S, "the query view to catch up", proc, log)
+        fold = _fold(first)
+        want = reference_embeddings(fold.nodes, fold.edges, fold.features, model_dir)
+        got = {}
+        for v in sorted(fold.nodes):
+            status, body = client.request("GET", f"/v1/embeddings/{v}")
+            assert status == 200, (v, body)
+            assert body["id"] == v and body["version"] >= 1 and body["mode"] in ("full", "cold_start")
+            got[v] = body["embedding"]
+        assert_embeddings_close(got, want, what="lookups beside the worker")
+        status, body = client.request("GET", f"/v1/nodes/{payment.src}/sample")
+        assert status == 200 and [layer["fanout"] for layer in body["layers"]] == [10, 5]
+
+        # what-if: the next payment, before it reaches Kafka
+        ids = [payment.src, payment.dst]
+        status, body = client.request("POST", "/v1/infer",
+                                      raw=b'{"events":[' + encode_event(payment) + b'],"ids":' +
+                                      json.dumps(ids).encode() + b"}")
+        assert status == 200, body
+        after = _fold(first + [payment])
+        want_after = reference_embeddings(after.nodes, after.edges, after.features, model_dir)
+        assert_embeddings_close(body["embeddings"], {v: want_after[v] for v in ids}, what="what-if")
+        what_if = body["embeddings"]
+        assert any(v not in got or np.abs(np.subtract(what_if[v], got[v])).max() > 1e-6 for v in ids), \
+            "the payment changes nothing: pick another one"
+        # the state did not change: the lookups are still the old ones
+        for v in ids:
+            if v in got:
+                assert client.request("GET", f"/v1/embeddings/{v}")[1]["embedding"] == got[v]
+
+        # the payment (alone) streams in: lookups become what the what-if said
+        produce(broker.bootstrap, n.events, event_messages([payment]))
+        wait_for(lambda: _view_at(client, len(first) + 1), JOIN_TIMEOUT_S, "the payment to be applied", proc, log)
+        for v in ids:
+            status, body = client.request("GET", f"/v1/embeddings/{v}")
+            np.testing.assert_allclose(body["embedding"], what_if[v], rtol=0, atol=1e-4)
+        client.close()
+        stop_worker(proc, log)
+    # the query process left with the worker
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", query_port), timeout=2).close()
+
+
+# ---------------------------------------------------------------------- hostile requests
+def _page_log_hash(state: str) -> str:
+    digest = hashlib.sha256()
+    with GraphStore(state) as store:
+        for iid, meta, row in MetaTable(store).items():
+            digest.update(f"{iid}:{meta.version}:{meta.mode}:".encode())
+            if row is not None:
+                digest.update(row.tobytes())
+        for key, value in store.column("nbrs").items():
+            digest.update(key + value)
+    return digest.hexdigest()
+
+
+def _hostile(rng: random.Random, nodes: list[str]) -> tuple[str, str, bytes | None, int]:
+    """One bad request: ``(method, path, body, expected status)``."""
+    node = rng.choice(nodes)
+    edge = {"op": "edge_upsert", "src": node, "dst": "x", "ts": 1}
+    kind = rng.randrange(12)
+    if kind == 0:
+        return "POST", "/v1/infer", bytes(rng.randrange(256) for _ in range(rng.randrange(1, 200))), 400
+    if kind == 1:
+        return "POST", "/v1/infer", b"[" * ((1 << 20) + 1), 413
+    if kind == 2:
+        return "GET", f"/v1/embeddings/never-{rng.randrange(10**9)}", None, 404
+    if kind == 3:
+        return "POST", "/v1/infer", json.dumps({"events": [edge], "ids": [f"never-{rng.random()}"]}).encode(), 404
+    if kind == 4:
+        feats = [1.0] * rng.choice([1, 7, 9, 100])
+        return "POST", "/v1/infer", json.dumps({"events": [{"op": "node_upsert", "id": node, "ts": 1,
+                                                            "features": feats}], "ids": [node]}).encode(), 400
+    if kind == 5:
+        many = [{"op": "edge_upsert", "src": node, "dst": f"m{i}", "ts": 1} for i in range(10_000)]
+        return "POST", "/v1/infer", json.dumps({"events": many, "ids": [node]}).encode(), 413
+    if kind == 6:
+        body = rng.choice([[], "x", {"events": "no", "ids": [node]}, {"ids": []}, {"events": [], "ids": [None]},
+                           {"events": [edge], "ids": [node], "more": 1}])
+        return "POST", "/v1/infer", json.dumps(body).encode(), 400
+    if kind == 7:
+        bad = rng.choice([{"op": "edge_upsert", "src": node, "ts": 1}, {"op": "drop_table", "id": node, "ts": 1},
+                          {"op": "edge_upsert", "src": node, "dst": "", "ts": 1},
+                          {"op": "edge_upsert", "src": node, "dst": "y", "ts": -5}])
+        return "POST", "/v1/infer", json.dumps({"events": [edge, bad], "ids": [node]}).encode(), 400
+    if kind == 8:
+        return "POST", "/v1/infer", b'{"events":[{"op":"edge_upsert","src":"a","dst":"b","ts":NaN}],"ids":["a"]}', 400
+    if kind == 9:
+        return rng.choice(["PUT", "DELETE", "POST"]), f"/v1/embeddings/{node}", None, 405
+    if kind == 10:
+        return "GET", rng.choice(["/", "/v2/embeddings/a", "/v1/nodes/a", "/admin", "/v1/infer/../x"]), None, 404
+    return "GET", "/v1/embeddings/" + "z" * rng.randrange(300, 4000), None, 404
+
+
+def test_hostile_requests_get_4xx_and_change_nothing(events: list, model_dir: str, tmp_path: Path) -> None:
+    from workers.offline import apply_events
+    jsonl = tmp_path / "events.jsonl"
+    jsonl.write_bytes(b"\n".join(encode_event(ev) for ev in events[:1500]) + b"\n")
+    state = str(tmp_path / "state")
+    apply_events(state, model_dir, str(jsonl))
+    nodes = sorted(fold_jsonl(jsonl).nodes)
+    before = _page_log_hash(state)
+    port = free_port()
+    log = tmp_path / "serve.log"
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen([str(GNNSTREAM), "serve", "--state", state, "--query-port", str(port)], stderr=fh)
+    slow: list[socket.socket] = []
+    try:
+        client = Client(port)
+        wait_for(lambda: _answers(client), 120, "the query API to answer", proc, log)
+        good = {v: client.request("GET", f"/v1/embeddings/{v}")[1]["embedding"] for v in nodes[:50]}
+        # slow clients: a request started and never finished, one byte at a time
+        for i in range(20):
+            s = socket.create_connection(("127.0.0.1", port))
+            s.sendall(b"POST /v1/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 5000\r\n\r\n{\"ev")
+            slow.append(s)
+        rng = random.Random(7)
+        statuses: dict[int, int] = {}
+        for i in range(980):
+            method, path, body, want = _hostile(rng, nodes)
+            status, answer = client.request(method, path, raw=body)
+            assert status == want, (method, path[:80], (body or b"")[:80], status, answer)
+            assert isinstance(answer, dict) and answer.get("error"), answer
+            statuses[status] = statuses.get(status, 0) + 1
+            if i % 50 == 0:  # the slow clients trickle on; good requests are still answered meanwhile
+                for s in slow:
+                    s.sendall(b"x")
+                v = nodes[i % 50]
+                assert client.request("GET", f"/v1/embeddings/{v}")[1]["embedding"] == good[v]
+        assert set(statuses) == {400, 404, 405, 413}, statuses
+        for s in slow:  # the slow requests end as bad JSON: 400 each
+            s.sendall(b"}" + b" " * (5000 - 6))
+            reply = s.recv(4096)
+            assert reply.startswith(b"HTTP/1.1 400"), reply[:200]
+        assert proc.poll() is None
+        for v, row in good.items():
+            assert client.request("GET", f"/v1/embeddings/{v}")[1]["embedding"] == row
+        client.close()
+    finally:
+        for s in slow:
+            s.close()
+        proc.terminate()
+        proc.wait(30)
+    assert proc.returncode == 0, log.read_text()[-3000:]
+    assert _page_log_hash(state) == before
+
+
+def _answers(client: Client) -> bool:
+    try:
+        return client.request("GET", "/v1/health")[0] == 200
+    except OSError:
+        return False

@@ -1,0 +1,496 @@
+"""Answers of the query API, read from a follower of the worker's state.
+
+:class:`QueryState` opens the worker's RocksDB state as a secondary
+instance (``GraphStore(follow=...)``), so it never takes the writer's lock
+and never writes; :meth:`QueryState.refresh` brings it up to the writer's
+last committed batch. It answers three questions:
+
+- :meth:`~QueryState.embedding`: a node's stored final embedding, version
+  and mode, from the page log (:class:`workers.tables.MetaTable`).
+- :meth:`~QueryState.samples`: a node's current sample at every layer.
+- :meth:`~QueryState.infer`: the final embeddings some nodes *would* have if
+  a list of events were applied on top of the current graph, computed
+  exactly and without changing anything.
+
+What-if inference folds the events into an :class:`_Overlay` over the
+stored graph (edges, features and neighbour sets that differ), then
+evaluates the requested nodes' sampled computation trees on it
+(:class:`_Evaluation`): a row whose tree the events cannot reach is read
+from the store, every other one is computed from the level below, down to
+the features. Samples follow docs/design.md: the stored, rank-ordered
+neighbour list with the overlay's additions merged in by ``(r(v, u), u)``
+and its removals skipped, so a node with a million neighbours costs
+``O(k)`` reads unless the events delete it. Stored rows are the contract's
+values only when the worker left nothing dirty; while it has dirty marks
+(between committing a batch's graph changes and its recompute, or with hub
+work deferred) the whole tree is computed from the features, so the
+answer is exact either way.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import os
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+import torch
+
+from graph_state.sampler import seeded_rank_bytes
+from graph_state.exceptions import StateNoEmbeddings, StoreConfigError
+from graph_state.store import GraphStore
+from model import load_model_dir
+from stream.events import EdgeDelete, EdgeUpsert, Event, InvalidEvent, NodeDelete, NodeUpsert, decode_event
+from workers.offline import MODEL_DIR_META
+from workers.tables import FrameReused, MetaTable
+from workers.train import HEAD_FILE, FraudHead, load_head
+
+__all__ = ["QueryState", "QueryError", "MAX_EVENTS", "MAX_IDS"]
+
+logger = logging.getLogger(__name__)
+
+MAX_EVENTS = 1_000  # events of one what-if request
+MAX_IDS = 1_000  # nodes asked for in one what-if request
+_REREADS = 3  # catch-ups tried when the writer reused a frame this reader was about to read
+
+
+class QueryError(ValueError):
+    """A request that cannot be answered: ``status`` is the HTTP status, the message says why."""
+
+    def __init__(self, status: int, message: str, **extra: Any):
+        super().__init__(message)
+        self.status = status
+        self.extra = extra
+
+
+class _Overlay:
+    """The stored graph with a list of events folded on top, held in memory; the store is never written.
+
+    Nodes are stored iids, or negative numbers for nodes the events create.
+    """
+
+    def __init__(self, store: GraphStore, seed: int):
+        self.store = store
+        self._rank = seeded_rank_bytes(seed)
+        self._ids: dict[str, int] = {}
+        self._names: dict[int, str] = {}
+        self._next_new = -1
+        self.exists: dict[int, bool] = {}
+        self.features: dict[int, np.ndarray | None] = {}  # None: no features
+        self._edges: dict[tuple[int, int], bool] = {}
+        self.added: dict[int, dict[int, bytes]] = {}  # v -> {u: order key} in N'(v), not in the stored N(v)
+        self.removed: dict[int, set[int]] = {}  # v -> stored members of N(v) no longer in N'(v)
+        self.inputs: set[int] = set()  # nodes whose h^0 the events changed (features, existence)
+        self.nbrs: set[int] = set()  # nodes whose neighbour set the events changed
+
+    # ---------------------------------------------------------------- ids
+    def node(self, name: str, create: bool = False) -> int | None:
+        """The id of node ``name`` (stored iid, or an overlay id when ``create`` and it was never stored)."""
+        got = self._ids.get(name)
+        if got is not None:
+            return got
+        iid = self.store.iid(name)
+        if iid is None:
+            if not create:
+                return None
+            iid, self._next_new = self._next_new, self._next_new - 1
+        self._ids[name], self._names[iid] = iid, name
+        return iid
+
+    def name(self, v: int) -> str:
+        name = self._names.get(v)
+        if name is None:
+            name = self._names[v] = self.store.name(v)
+        return name
+
+    # ---------------------------------------------------------------- the folded graph
+    def alive(self, v: int) -> bool:
+        got = self.exists.get(v)
+        if got is not None:
+            return got
+        return v >= 0 and self.store.exists_iid(v)
+
+    def edge(self, s: int, d: int) -> bool:
+        got = self._edges.get((s, d))
+        if got is not None:
+            return got
+        return s >= 0 and d >= 0 and self.store.edge(self.name(s), self.name(d)) is not None
+
+    def degree(self, v: int) -> int:
+        stored = self.store.degree_iid(v) if v >= 0 else 0
+        return stored + len(self.added.get(v, ())) - len(self.removed.get(v, ()))
+
+    def has_features(self, v: int) -> bool:
+        if v in self.features:
+            return self.features[v] is not None
+        return v >= 0 and self.store.has_features_iid(v)
+
+    def neighbours(self, v: int) -> Iterator[tuple[bytes, int]]:
+        """``N'(v)`` in sampling order (``(order key, u)``), read lazily."""
+        removed = self.removed.get(v, set())
+        stored = ((key, u) for key, u in (self.store.ranked_neighbours(v) if v >= 0 else ()) if u not in removed)
+        added = sorted((key, u) for u, key in self.added.get(v, {}).items())
+        return heapq.merge(stored, added)
+
+    def sample(self, v: int, k: int) -> list[int]:
+        """``S'_k(v)``: the stored sample when nothing touched ``v``'s neighbours, else merged."""
+        if k == 0:
+            return []
+        if v >= 0 and v not in self.added and v not in self.removed:
+            return list(self.store.sample_iids(v, k))
+        out = []
+        for _, u in self.neighbours(v):
+            out.append(u)
+            if len(out) == k:
+                break
+        return out
+
+    def _link(self, v: int, u: int) -> None:
+        """``u`` joins ``N'(v)``."""
+        self.nbrs.add(v)
+        if u in self.removed.get(v, ()):
+            self.removed[v].discard(u)
+        else:
+            self.added.setdefault(v, {})[u] = self._rank(self.name(v), self.name(u)) + self.name(u).encode()
+
+    def _unlink(self, v: int, u: int) -> None:
+        """``u`` leaves ``N'(v)``."""
+        self.nbrs.add(v)
+        if u in self.added.get(v, {}):
+            del self.added[v][u]
+        else:
+            self.removed.setdefault(v, set()).add(u)
+
+    def _touch(self, name: str) -> int:
+        v = self.node(name, create=True)
+        if not self.alive(v):
+            self.exists[v] = True
+            self.features[v] = None  # a node brought back by an edge has no features
+            self.inputs.add(v)
+        return v
+
+    def apply(self, ev: Event) -> None:
+        """Fold one event in, as :meth:`GraphStore.apply` would apply it."""
+        if isinstance(ev, EdgeUpsert):
+            s, d = self._touch(ev.src), self._touch(ev.dst)
+            was = self.edge(s, d) or self.edge(d, s)
+            self._edges[(s, d)] = True
+            if s != d and not was:
+                self._link(s, d)
+                self._link(d, s)
+        elif isinstance(ev, EdgeDelete):
+            s, d = self.node(ev.src), self.node(ev.dst)
+            if s is None or d is None or not self.edge(s, d):
+                return
+            self._edges[(s, d)] = False
+            if s != d and not self.edge(d, s):
+                self._unlink(s, d)
+                self._unlink(d, s)
+        elif isinstance(ev, NodeUpsert):
+            v = self._touch(ev.id)
+            self.features[v] = np.asarray(ev.features, dtype=np.float32)
+            self.inputs.add(v)
+        elif isinstance(ev, NodeDelete):
+            v = self.node(ev.id)
+            if v is None or not self.alive(v):
+                return
+            for _, u in list(self.neighbours(v)):
+                self._edges[(v, u)] = self._edges[(u, v)] = False
+                self._unlink(v, u)
+                self._unlink(u, v)
+            self._edges[(v, v)] = False
+            self.exists[v], self.features[v] = False, None
+            self.inputs.add(v)
+
+    def feature_rows(self, nodes: Sequence[int], dim: int) -> np.ndarray:
+        rows = np.zeros((len(nodes), dim), dtype=np.float32)
+        stored = [(i, v) for i, v in enumerate(nodes) if v not in self.features]
+        if stored:
+            got, _ = self.store.feature_rows([v for _, v in stored], dim)
+            rows[[i for i, _ in stored]] = got
+        for i, v in enumerate(nodes):
+            f = self.features.get(v)
+            if f is not None:
+                rows[i] = f
+        return rows
+
+
+class QueryState:
+    """The query API's view of a worker's state.
+
+    Args:
+        state_dir: the worker's state directory (read, never written).
+        model: the model the worker runs.
+        own_dir: a directory of this reader's own (RocksDB secondary instance files).
+        head: the fraud head to score with; by default the model directory's ``head.json`` when it has one.
+    """
+
+    def __init__(self, state_dir: str | os.PathLike[str], model_dir: str | os.PathLike[str] | None,
+                 own_dir: str | os.PathLike[str], head: FraudHead | None = None):
+        self.store = GraphStore(state_dir, follow=own_dir)
+        try:
+            if model_dir is None:
+                raw = self.store.column("meta").get(MODEL_DIR_META)
+                if raw is None:
+                    raise StateNoEmbeddings(f"state {self.store.path!r} has no model yet; pass --model DIR")
+                model_dir = raw.decode()
+            self.model = model = load_model_dir(model_dir)
+            cfg = model.config
+            if self.store.seed != cfg.seed:
+                raise StoreConfigError(f"model {cfg.name}:{cfg.version} samples with seed {cfg.seed} but state "
+                                       f"{self.store.path!r} holds seed {self.store.seed}")
+        except BaseException:
+            self.store.close()
+            raise
+        self.model_tag = f"{cfg.name}:{cfg.version}"
+        self.fanouts = list(cfg.fanouts)
+        self.dims = list(model.model.dims)
+        self.policy = model.cold_start
+        self.pages = MetaTable(self.store)
+        # h^l of every layer: the page logs of the layers in between, then the final one
+        self.logs = {l: MetaTable(self.store, family="layerpages", prefix=bytes((l,)), rows_name=f"layer{l}-rows")
+                     for l in range(1, len(self.fanouts))}
+        self.logs[len(self.fanouts)] = self.pages
+        if head is None and (model.path / HEAD_FILE).exists():
+            head = load_head(model.path)
+        self.head = head if head is not None and len(head.weights) == self.dims[-1] else None
+
+    def close(self) -> None:
+        self.store.close()
+
+    def refresh(self) -> None:
+        """See every batch the worker committed so far."""
+        self.store.catch_up()
+        for log in self.logs.values():
+            log.follow()
+
+    def status(self) -> dict[str, Any]:
+        """How far this view has caught up: the next offset of every partition the worker applied, and the
+        dirty marks it still had to recompute then (0: every answer reflects those offsets exactly)."""
+        return {"model": self.model_tag,
+                "offsets": {f"{t}:{p}": o for (t, p), o in sorted(self.store.offsets().items())},
+                "dirty": self.store.dirty_count()}
+
+    # ---------------------------------------------------------------- lookup
+    def embedding(self, name: str) -> dict[str, Any]:
+        """``{"id", "model", "version", "mode", "embedding"}`` of a node's stored final embedding.
+
+        Raises:
+            QueryError: 404 for a node that does not exist, was deleted or has no embedding yet.
+        """
+        iid = self.store.iid(name)
+        if iid is None or not self.store.exists_iid(iid):
+            raise QueryError(404, f"no node {name!r}")
+        for attempt in range(_REREADS + 1):
+            try:
+                rows, present = self.pages.rows(np.asarray([iid]), self.dims[-1], checked=True)
+                break
+            except FrameReused:
+                if attempt == _REREADS:
+                    raise QueryError(503, "the worker is rewriting this embedding; retry") from None
+                self.refresh()
+        if not present[0]:
+            raise QueryError(404, f"node {name!r} has no embedding yet")
+        version, _, code = self.pages.get(np.asarray([iid]))
+        return {"id": name, "model": self.model_tag, "version": int(version[0]),
+                "mode": self.pages.names[int(code[0])], "embedding": rows[0]}
+
+    def samples(self, name: str) -> dict[str, Any]:
+        """``{"id", "degree", "layers": [{"layer", "fanout", "sample"}]}``: the node's current samples.
+
+        Raises:
+            QueryError: 404 for a node that does not exist.
+        """
+        iid = self.store.iid(name)
+        if iid is None or not self.store.exists_iid(iid):
+            raise QueryError(404, f"no node {name!r}")
+        degree = self.store.degree_iid(iid)
+        uses = self.policy.uses_neighbours(degree)
+        layers = [{"layer": l, "fanout": k, "sample": [self.store.name(u) for u in self.store.sample_iids(iid, k)]
+                   if uses else []} for l, k in enumerate(self.fanouts)]
+        return {"id": name, "degree": degree, "uses_neighbours": uses, "layers": layers}
+
+    # ---------------------------------------------------------------- what-if
+    def parse_infer(self, body: Any) -> tuple[list[Event], list[str]]:
+        """Validate a ``POST /v1/infer`` body: ``{"events": [...], "ids": [...]}``.
+
+        Raises:
+            QueryError: 400 naming what is wrong (and ``index`` of a bad event), 413 past the size limits.
+        """
+        if not isinstance(body, dict):
+            raise QueryError(400, "the body must be a JSON object with \"events\" and \"ids\"")
+        unknown = sorted(set(body) - {"events", "ids"})
+        if unknown:
+            raise QueryError(400, f"unknown field(s) {unknown[:5]}; the body takes \"events\" and \"ids\"")
+        raw_events, raw_ids = body.get("events", []), body.get("ids")
+        if not isinstance(raw_events, list):
+            raise QueryError(400, "\"events\" must be a list of event objects")
+        if not isinstance(raw_ids, list) or not raw_ids:
+            raise QueryError(400, "\"ids\" must be a non-empty list of node ids")
+        if len(raw_events) > MAX_EVENTS:
+            raise QueryError(413, f"{len(raw_events)} events; a what-if takes at most {MAX_EVENTS}")
+        if len(raw_ids) > MAX_IDS:
+            raise QueryError(413, f"{len(raw_ids)} ids; a what-if takes at most {MAX_IDS}")
+        events = []
+        for i, obj in enumerate(raw_events):
+            try:
+                events.append(decode_event(obj))
+            except InvalidEvent as exc:
+                raise QueryError(400, f"event {i}: {exc}", index=i, reason=exc.reason) from None
+        dim = self.dims[0]
+        for i, ev in enumerate(events):
+            if isinstance(ev, NodeUpsert) and len(ev.features) != dim:
+                raise QueryError(400, f"event {i}: bad_features: {len(ev.features)} features for node {ev.id!r}, "
+                                      f"the model takes {dim}", index=i, reason="bad_features")
+        try:
+            self.store.check_events(events)
+        except ValueError as exc:
+            index = next((i for i in range(len(events)) if f"event {i})" in str(exc)), None)
+            raise QueryError(400, str(exc), index=index, reason="bad_features") from None
+        ids = []
+        for i, value in enumerate(raw_ids):
+            if isinstance(value, bool) or not isinstance(value, (str, int)) or value == "":
+                raise QueryError(400, f"ids[{i}] must be a non-empty string or an integer")
+            ids.append(str(value))
+        return events, ids
+
+    def infer(self, events: Sequence[Event], ids: Sequence[str]) -> dict[str, Any]:
+        """Each of ``ids``' final embedding as if ``events`` were applied to the current graph (nothing changes).
+
+        Returns:
+            ``{"model", "embeddings": {id: row}, "modes": {id: mode}}``, and ``"scores"`` with a fraud head.
+
+        Raises:
+            QueryError: 404 when one of ``ids`` does not exist once the events are applied; 503 when the
+                worker kept rewriting the rows this answer needed.
+        """
+        for attempt in range(_REREADS + 1):
+            try:
+                return self._infer(events, ids)
+            except FrameReused:
+                if attempt == _REREADS:
+                    raise QueryError(503, "the worker is rewriting the rows this answer needs; retry") from None
+                self.refresh()
+        raise AssertionError("unreachable")
+
+    def _infer(self, events: Sequence[Event], ids: Sequence[str]) -> dict[str, Any]:
+        overlay = _Overlay(self.store, self.model.config.seed)
+        for ev in events:
+            overlay.apply(ev)
+        targets = []
+        for name in dict.fromkeys(ids):
+            v = overlay.node(name)
+            if v is None or not overlay.alive(v):
+                raise QueryError(404, f"no node {name!r} once the events are applied")
+            targets.append(v)
+        # stored rows are the contract's values when the worker left nothing dirty: reuse those of nodes
+        # whose computation tree the events do not reach
+        clean = self.store.dirty_count() == 0
+        rows = _Evaluation(self, overlay, clean).final(targets)
+        if rows is None:  # a stored row missing: compute everything from the features
+            rows = _Evaluation(self, overlay, False).final(targets)
+        names = [overlay.name(v) for v in targets]
+        out: dict[str, Any] = {
+            "model": self.model_tag,
+            "embeddings": {n: rows[i] for i, n in enumerate(names)},
+            "modes": {n: self.policy.mode(overlay.has_features(v), overlay.degree(v)) for n, v in zip(names, targets)},
+        }
+        if self.head is not None:
+            scores = self.head.score(rows)
+            out["scores"] = {n: float(scores[i]) for i, n in enumerate(names)}
+        return out
+
+
+class _Evaluation:
+    """One what-if: the requested nodes' final rows over an overlay, computing only what the events reach.
+
+    ``changed(l, v)``: ``h^l(v)`` may differ from the stored row. ``h^0(v)``
+    changes with ``v``'s features or existence; ``h^{l+1}(v)`` when ``h^l`` of
+    ``v`` or of a member of its sample changed, or ``v``'s neighbour set did
+    (its sample, its degree and so its cold-start decision), or, for a layer
+    that reads its neighbours' sample sizes (GCN), a sampled neighbour's
+    neighbour set did. Any other row is read from the store (``clean``)
+    instead of computed.
+    """
+
+    def __init__(self, state: QueryState, overlay: _Overlay, clean: bool):
+        self.state, self.overlay, self.clean = state, overlay, clean
+        self.fanouts = state.fanouts
+        self._samples: list[dict[int, list[int]]] = [{} for _ in self.fanouts]
+        self._changed: list[dict[int, bool]] = [{} for _ in range(len(self.fanouts) + 1)]
+        self.counts = state.model.model.uses_neighbour_counts  # layers read neighbours' sample sizes (GCN)
+
+    def sample(self, l: int, v: int) -> list[int]:
+        """``S'_{k_l}(v)`` as layer ``l`` reads it (empty for a node that does not use its neighbours)."""
+        got = self._samples[l].get(v)
+        if got is None:
+            ov = self.overlay
+            got = ov.sample(v, self.fanouts[l]) if self.state.policy.uses_neighbours(ov.degree(v)) else []
+            self._samples[l][v] = got
+        return got
+
+    def changed(self, l: int, v: int) -> bool:
+        if not self.clean:
+            return True
+        got = self._changed[l].get(v)
+        if got is None:
+            ov = self.overlay
+            if l == 0:
+                got = v in ov.inputs
+            else:
+                got = v in ov.nbrs or self.changed(l - 1, v)
+                # below layer 1 only features and existence count: without any, no sample need be read
+                if not got and (l > 1 or ov.inputs or (self.counts and ov.nbrs)):
+                    sample = self.sample(l - 1, v)
+                    got = (any(self.changed(l - 1, u) for u in sample)
+                           or (self.counts and any(u in ov.nbrs for u in sample)))
+            self._changed[l][v] = got
+        return got
+
+    def final(self, targets: list[int]) -> np.ndarray | None:
+        """The final rows of ``targets``; None when a row that should be stored is not."""
+        levels = len(self.fanouts)
+        compute: list[list[int]] = [[] for _ in range(levels + 1)]
+        stored: list[list[int]] = [[] for _ in range(levels + 1)]
+        required = list(dict.fromkeys(targets))
+        for l in range(levels, 0, -1):
+            compute[l] = [v for v in required if self.changed(l, v)]
+            stored[l] = [v for v in required if not self.changed(l, v)]
+            below = dict.fromkeys(compute[l])
+            for v in compute[l]:
+                below.update(dict.fromkeys(self.sample(l - 1, v)))
+            required = list(below)
+        # level 0: the features of every node a computed row reads
+        table = torch.from_numpy(self.overlay.feature_rows(required, self.state.dims[0]))
+        at = {v: i for i, v in enumerate(required)}
+        gnn = self.state.model.model
+        for l, k in enumerate(self.fanouts):
+            level = compute[l + 1]
+            parts = []
+            if level:
+                samples = [self.sample(l, v) for v in level]
+                self_count = torch.tensor([len(s) for s in samples], dtype=torch.long)
+                nbr = torch.tensor([at[u] for s in samples for u in s], dtype=torch.long)
+                index = torch.repeat_interleave(torch.arange(len(level)), self_count)
+                nbr_count = torch.tensor([self._sample_size(u, k) for s in samples for u in s], dtype=torch.long) \
+                    if self.counts else torch.zeros(len(nbr), dtype=torch.long)
+                parts.append(gnn.layer(l, table[[at[v] for v in level]], table[nbr], index, self_count, nbr_count))
+            if stored[l + 1]:
+                held = self._stored_rows(l + 1, stored[l + 1])
+                if held is None:
+                    return None
+                parts.append(torch.from_numpy(held))
+            table = torch.cat(parts) if len(parts) > 1 else parts[0] if parts else \
+                torch.zeros((0, self.state.dims[l + 1]), dtype=torch.float32)
+            at = {v: i for i, v in enumerate(level + stored[l + 1])}
+        return table[[at[v] for v in targets]].numpy()
+
+    def _sample_size(self, v: int, k: int) -> int:
+        degree = self.overlay.degree(v)
+        return min(k, degree) if self.state.policy.uses_neighbours(degree) else 0
+
+    def _stored_rows(self, layer: int, nodes: list[int]) -> np.ndarray | None:
+        log = self.state.logs[layer]
+        rows, present = log.rows(np.asarray(nodes, dtype=np.int64), self.state.dims[layer], checked=True)
+        return rows if present.all() else None

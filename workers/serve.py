@@ -1,0 +1,309 @@
+"""The query API over HTTP/JSON, in a process of its own beside the worker.
+
+``gnnstream run --query-port PORT`` binds the port itself (so a port in
+use stops the worker at once, with one line), then starts
+``python -m workers.serve`` with the listening socket. That process opens
+the worker's state as a RocksDB follower (:class:`workers.query.QueryState`)
+and serves a plain ASGI application with uvicorn (httptools parser, one
+asyncio loop). After every batch it commits, the worker writes a byte to
+a pipe; the server then catches up with the state between two requests,
+so every answer reflects the last batch the worker committed. When the
+pipe closes (the worker stopped or died), the server exits.
+
+Serving and streaming therefore share nothing but the files: the server
+never takes the worker's interpreter lock, and the worker never waits
+for a request. ``gnnstream serve`` runs the same server on its own beside
+a worker (or on a stopped state), catching up every ``refresh`` seconds.
+
+Routes:
+
+- ``GET /v1/embeddings/{id}``: the stored final embedding (404 if none);
+- ``POST /v1/infer``: exact what-if inference, nothing changes;
+- ``GET /v1/nodes/{id}/sample``: the node's samples per layer;
+- ``GET /v1/health``: the model and how far the view has caught up (the
+  worker's applied offsets and its dirty marks as of the last catch-up).
+
+Every refusal is a 4xx with ``{"error": reason}``; a body over
+:data:`MAX_BODY_BYTES`, more than :data:`workers.query.MAX_EVENTS` events
+or :data:`workers.query.MAX_IDS` ids is refused before any work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any, Awaitable, Callable
+
+import orjson
+
+from workers.heap import freeze_warm_heap, tune_collector
+from workers.query import QueryError, QueryState
+
+__all__ = ["QueryApp", "QueryProcess", "serve", "MAX_BODY_BYTES", "bind"]
+
+logger = logging.getLogger(__name__)
+
+MAX_BODY_BYTES = 1 << 20  # a what-if body; larger ones get 413 before they are read whole
+_EMBEDDINGS = "/v1/embeddings/"
+_NODES = "/v1/nodes/"
+_SAMPLE = "/sample"
+_JSON = [(b"content-type", b"application/json")]
+_DRAIN_BYTES = 16 << 20  # a body over the limit is read and dropped up to this, so the answer reaches the client
+_KEEP_ALIVE_S = 30  # idle keep-alive connections close after this
+_PRIORITY = -10  # nice value of the server process, where it may raise its priority
+
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+class QueryApp:
+    """The ASGI application of the query API over one :class:`QueryState`.
+
+    Args:
+        state: the view answered from.
+        max_body: largest accepted request body, in bytes.
+    """
+
+    def __init__(self, state: QueryState, max_body: int = MAX_BODY_BYTES):
+        self.state = state
+        self.max_body = max_body
+        self.refreshed_at = 0.0
+        self.requests = 0
+
+    def refresh(self) -> None:
+        self.state.refresh()
+        self.refreshed_at = time.time()
+
+    async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        self.requests += 1
+        try:
+            status, body = await self._route(scope, receive)
+        except QueryError as exc:
+            status, body = exc.status, {"error": str(exc), **exc.extra}
+        except Exception as exc:  # a bug: answer, log, keep serving
+            logger.exception("query failed: %s %s", scope.get("method"), scope.get("path"))
+            status, body = 500, {"error": f"{type(exc).__name__}: {exc}"}
+        payload = orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
+        headers = _JSON + [(b"content-length", str(len(payload)).encode())]
+        if status == 413 and body.pop("close", False):  # the rest of the body was not read
+            headers.append((b"connection", b"close"))
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": payload})
+
+    async def _route(self, scope: dict[str, Any], receive: Receive) -> tuple[int, Any]:
+        method, path = scope["method"], scope["path"]
+        if path.startswith(_EMBEDDINGS) and len(path) > len(_EMBEDDINGS):
+            _only(method, "GET")
+            return 200, self.state.embedding(path[len(_EMBEDDINGS):])
+        if path.startswith(_NODES) and path.endswith(_SAMPLE) and len(path) > len(_NODES) + len(_SAMPLE):
+            _only(method, "GET")
+            return 200, self.state.samples(path[len(_NODES):-len(_SAMPLE)])
+        if path == "/v1/infer":
+            _only(method, "POST")
+            body = await self._body(scope, receive)
+            try:
+                parsed = orjson.loads(body)
+            except orjson.JSONDecodeError as exc:
+                raise QueryError(400, f"the body is not JSON: {exc}") from None
+            events, ids = self.state.parse_infer(parsed)
+            return 200, self.state.infer(events, ids)
+        if path == "/v1/health":
+            _only(method, "GET")
+            return 200, {"ok": True, **self.state.status(), "refreshed_at": self.refreshed_at,
+                         "requests": self.requests}
+        raise QueryError(404, f"no route {method} {path[:200]}; see GET /v1/embeddings/{{id}}, POST /v1/infer, "
+                              f"GET /v1/nodes/{{id}}/sample")
+
+    async def _body(self, scope: dict[str, Any], receive: Receive) -> bytes:
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise QueryError(400, "the client went away")
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            more = message.get("more_body", False)
+            if size > self.max_body:
+                # read the rest (up to a bound) so that the client reads the answer and the connection goes on
+                while more and size <= _DRAIN_BYTES:
+                    message = await receive()
+                    size += len(message.get("body", b""))
+                    more = message.get("more_body", False) and message["type"] != "http.disconnect"
+                raise QueryError(413, f"the body is over {self.max_body} bytes", close=more)
+            chunks.append(chunk)
+            if not more:
+                return b"".join(chunks)
+
+
+def _only(method: str, allowed: str) -> None:
+    if method != allowed:
+        raise QueryError(405, f"use {allowed}")
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on ``host:port``.
+
+    Raises:
+        OSError: with a one-line message naming the address (in use, not local ...).
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        # accepted connections inherit it: an answer's head and body go out at once, not 40 ms apart (Nagle
+        # waiting for the client's delayed ACK)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
+        raise OSError(exc.errno, f"query API cannot listen on {host}:{port}: {exc.strerror}") from None
+    return sock
+
+
+def serve(state_dir: str, model_dir: str | None, sock: socket.socket, *, notify_fd: int | None = None,
+          refresh_s: float = 0.5) -> None:
+    """Serve the query API on ``sock`` until the notify pipe closes (or SIGINT/SIGTERM without one).
+
+    Args:
+        notify_fd: read end of the worker's pipe: a byte means "a batch was committed", EOF means "stop".
+        refresh_s: without a pipe, how often to catch up with the state.
+    """
+    import uvicorn
+
+    _before_the_stream()
+    import torch
+    # one request's layers are a few dozen rows: a second thread only waits for a core the worker holds
+    torch.set_num_threads(1)
+    own = tempfile.mkdtemp(prefix="gnnstream-query-")
+    try:
+        state = QueryState(state_dir, model_dir, own)
+        app = QueryApp(state)
+        app.refresh()
+        freeze_warm_heap()  # the page indexes and the model stay out of later collections
+        config = uvicorn.Config(app, http="httptools", loop="asyncio", lifespan="off", access_log=False,
+                                log_level="warning", timeout_keep_alive=_KEEP_ALIVE_S)
+        server = uvicorn.Server(config)
+
+        async def run() -> None:
+            loop = asyncio.get_running_loop()
+            if notify_fd is not None:
+                os.set_blocking(notify_fd, False)
+
+                def committed() -> None:
+                    try:
+                        data = os.read(notify_fd, 4096)
+                    except BlockingIOError:
+                        return
+                    if not data:
+                        loop.remove_reader(notify_fd)
+                        server.should_exit = True
+                        return
+                    app.refresh()
+
+                loop.add_reader(notify_fd, committed)
+            else:
+                async def periodic() -> None:
+                    while not server.should_exit:
+                        await asyncio.sleep(refresh_s)
+                        app.refresh()
+                loop.create_task(periodic())
+            await server.serve(sockets=[sock])
+
+        asyncio.run(run())
+        state.close()
+    finally:
+        shutil.rmtree(own, ignore_errors=True)
+
+
+def _before_the_stream(nice: int = _PRIORITY) -> None:
+    """Run ahead of the worker for the CPU: a request is a millisecond of work that waits for nothing else,
+    a batch is seconds of it. Needs CAP_SYS_NICE (root); without it the server shares the CPU as an equal."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, nice)
+    except OSError as exc:
+        logger.info("query API runs at the worker's priority (%s): it cannot raise its own", exc.strerror)
+
+
+class QueryProcess:
+    """The worker's side of the query server: the bound socket, the child process and the notify pipe.
+
+    Args:
+        state_dir: the worker's state directory.
+        model_dir: the model directory (None: the one the state uses).
+        host: address to listen on.
+        port: port to listen on (0: any free one, see :attr:`port`).
+
+    Raises:
+        OSError: the port cannot be bound.
+    """
+
+    def __init__(self, state_dir: str, model_dir: str | None, host: str, port: int):
+        sock = bind(host, port)
+        self.host, self.port = host, sock.getsockname()[1]
+        read_end, self._notify = os.pipe()
+        os.set_blocking(self._notify, False)
+        argv = [sys.executable, "-m", "workers.serve", "--state", state_dir, "--socket-fd", str(sock.fileno()),
+                "--notify-fd", str(read_end)]
+        if model_dir is not None:
+            argv += ["--model", model_dir]
+        try:
+            # a session of its own: a Ctrl-C at the terminal reaches the worker, which then closes the pipe
+            self._child = subprocess.Popen(argv, pass_fds=(sock.fileno(), read_end), start_new_session=True)
+        finally:
+            os.close(read_end)
+            sock.close()
+        logger.info("query API on http://%s:%d (process %d)", self.host, self.port, self._child.pid)
+
+    def notify(self) -> None:
+        """A batch was committed: the server catches up before its next answer."""
+        try:
+            os.write(self._notify, b"\x01")
+        except BlockingIOError:
+            pass  # the pipe is full of unread notes: one catch-up covers them all
+        except BrokenPipeError:
+            logger.warning("the query API process exited (code %s)", self._child.poll())
+
+    def alive(self) -> bool:
+        return self._child.poll() is None
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Close the pipe (the server exits) and wait for the process."""
+        if self._notify >= 0:
+            os.close(self._notify)
+            self._notify = -1
+        try:
+            self._child.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self._child.kill()
+            self._child.wait()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m workers.serve", description="the query API server process "
+                                     "(started by `gnnstream run --query-port`)")
+    parser.add_argument("--state", required=True)
+    parser.add_argument("--model")
+    parser.add_argument("--socket-fd", type=int, required=True)
+    parser.add_argument("--notify-fd", type=int, required=True)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s query: %(message)s")
+    tune_collector()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the worker stops this process by closing the pipe
+    sock = socket.socket(fileno=args.socket_fd)
+    serve(args.state, args.model, sock, notify_fd=args.notify_fd)
+
+
+if __name__ == "__main__":
+    main()
