@@ -642,9 +642,24 @@ def _settings(bootstrap: str, topic: str, model: str, state: str, tag: str, clie
                           max_batch_size=args.max_batch_size)
 
 
+def base_state(args: argparse.Namespace, work: Path, result: dict[str, Any]) -> tuple[Any, str, Path]:
+    """The synthetic graph, its model and its loaded, backfilled state in ``work`` (``result`` gets the graph's
+    stats and the setup times); returns ``(graph, model directory, state)``."""
+    from workers.offline import backfill
+    graph = make_graph(args.nodes, args.edges, dim=SYNTH_DIM, seed=0)
+    result["graph"] = graph.stats()
+    model = str(work / "model")
+    model_dir(model, dim=SYNTH_DIM, fanouts=args.fanouts, seed=0)
+    base = work / "base"
+    store, load = open_loaded_store(base, graph, dim=SYNTH_DIM, cache_dir=args.store_cache)
+    store.close()
+    log("backfill of the base state")
+    result["setup"] = {"load": load, "backfill": backfill(str(base), model)}
+    return graph, model, base
+
+
 def synthetic(args: argparse.Namespace) -> dict[str, Any]:
     """The synthetic mode: one base state, then engine alone and every client x format on copies of it."""
-    from workers.offline import backfill
     import bench.engine as engine_bench
     clients = [c for c in args.clients.split(",") if c]
     formats = [f for f in args.formats.split(",") if f]
@@ -656,15 +671,7 @@ def synthetic(args: argparse.Namespace) -> dict[str, Any]:
     result: dict[str, Any] = {"bench": "e2e", "mode": "synthetic", "code": code_fingerprint(),
                               "machine_load_at_start": machine_load()}
     try:
-        graph = make_graph(args.nodes, args.edges, dim=SYNTH_DIM, seed=0)
-        result["graph"] = graph.stats()
-        model = str(work / "model")
-        model_dir(model, dim=SYNTH_DIM, fanouts=args.fanouts, seed=0)
-        base = work / "base"
-        store, load = open_loaded_store(base, graph, dim=SYNTH_DIM, cache_dir=args.store_cache)
-        store.close()
-        log("backfill of the base state")
-        result["setup"] = {"load": load, "backfill": backfill(str(base), model)}
+        graph, model, base = base_state(args, work, result)
         rng = np.random.default_rng(1)
         warm = args.warmup_events
         events, counts = engine_bench.stream_events(graph, warm + args.stream_events, rng, 0.90, 0.05,

@@ -19,8 +19,10 @@ once (``--store-cache`` keeps the loaded store between runs). Then:
    open; the run is bounded by the number of requests, not by time.
 
 Reported: per kind p50, p99 and max latency, achieved requests/s, answers
-that were not 200, and the stream's publish - produce per batch and lag
-while the load ran. Prints ONE JSON object on stdout; progress on stderr.
+that were not 200, the stream's publish - produce per batch and lag while
+the load ran, and the cores each process used (``/proc``): the stream
+alone just before the load, then during each kind. Prints ONE JSON object
+on stdout; progress on stderr.
 
     .venv/bin/python bench/query.py --store-cache /tmp/e2e-cache
 """
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import multiprocessing as mp
 import os
@@ -36,7 +39,9 @@ import re
 import shutil
 import sys
 import tempfile
+import threading
 import time
+import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any
@@ -47,8 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import bench.e2e as e2e  # noqa: E402
 from bench.common import (  # noqa: E402
-    FEATURE_DIM, FULL_EDGES, FULL_NODES, code_fingerprint, emit, log, machine_load, make_graph, model_dir,
-    open_loaded_store, peak_rss_mib, percentile,
+    FULL_EDGES, FULL_NODES, code_fingerprint, emit, log, machine_load, peak_rss_mib, percentile,
 )
 from stream.broker import EmbeddedBroker, free_port  # noqa: E402
 from stream.events import encode_event, event_key  # noqa: E402
@@ -129,15 +133,81 @@ async def _open_loop(port: int, requests: list[bytes], rps: float, connections: 
 
 def _load(port: int, kinds: list[tuple[str, list[bytes], float]], connections: int, out: Any) -> None:
     """Child process: each kind's requests in turn, open loop (at the query server's priority where allowed: a
-    client starved of the CPU would time its own waits)."""
+    client starved of the CPU would time its own waits). Puts ``(kind, start, end)`` per kind, then the results."""
     try:
         os.setpriority(os.PRIO_PROCESS, 0, -10)
     except OSError:
         pass
     result = {}
     for name, requests, rps in kinds:
+        start = time.time()
         result[name] = asyncio.run(_open_loop(port, requests, rps, connections))
+        out.put((name, start, time.time()))
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/health", timeout=30) as resp:
+            health = json.loads(resp.read())
+        result[name]["server"] = {k: health[k] for k in ("catch_up_ms", "rereads", "busy_s", "requests")}
     out.put(result)
+
+
+# ---------------------------------------------------------------------- where the CPU goes
+def _ticks_by_role(load_pid: int | None) -> dict[str, int]:
+    """CPU ticks (user + system) so far of this process and its children, by role."""
+    me = os.getpid()
+    out: dict[str, int] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        pid = int(entry.name)
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                cmd = fh.read()
+        except OSError:
+            continue
+        if pid != me and int(fields[1]) != me:
+            continue
+        role = ("worker" if pid == me else "load generator" if pid == load_pid else
+                "delivery process" if b"stream.delivery" in cmd else "query server" if b"workers.serve" in cmd
+                else "broker" if b"tansu" in cmd else "event producer" if b"multiprocessing" in cmd else None)
+        if role:
+            out[role] = out.get(role, 0) + int(fields[11]) + int(fields[12])
+    return out
+
+
+class CpuSampler:
+    """Per-role CPU of the bench's processes, sampled every ``every`` seconds in a thread."""
+
+    def __init__(self, every: float = 0.5):
+        self.every = every
+        self.samples: list[tuple[float, dict[str, int]]] = []
+        self.load_pid: int | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="cpu-sampler", daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.samples.append((time.time(), _ticks_by_role(self.load_pid)))
+            self._stop.wait(self.every)
+
+    def __enter__(self) -> "CpuSampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def cores(self, start: float, end: float) -> dict[str, float]:
+        """Cores used by each role between the samples nearest inside ``[start, end]``."""
+        inside = [(t, ticks) for t, ticks in self.samples if start <= t <= end]
+        if len(inside) < 2:
+            return {}
+        (t0, a), (t1, b) = inside[0], inside[-1]
+        hz = os.sysconf("SC_CLK_TCK")
+        cores = {role: round((b.get(role, 0) - a.get(role, 0)) / hz / (t1 - t0), 2) for role in sorted(b)}
+        cores["total"] = round(sum(cores.values()), 2)
+        return cores
 
 
 def requests_for(names: list[str], args: argparse.Namespace, rng: np.random.Generator) -> list[tuple[str, list[bytes], float]]:
@@ -160,7 +230,6 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     os.environ.setdefault("GNNSTREAM_NO_PROGRESS", "1")
     tune_collector()
-    from workers.offline import backfill
     import bench.engine as engine_bench
     args.fanouts = [25, 10]
     args.fresh_seconds = args.seconds * 2 + 15  # both kinds of load, then some stream after them
@@ -168,15 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     result: dict[str, Any] = {"bench": "query", "code": code_fingerprint(), "machine_load_at_start": machine_load()}
     default = (WorkerSettings.kafka_client, WorkerSettings.output_format)
     try:
-        graph = make_graph(args.nodes, args.edges, dim=FEATURE_DIM, seed=0)
-        result["graph"] = graph.stats()
-        model = str(work / "model")
-        model_dir(model, dim=FEATURE_DIM, fanouts=args.fanouts, seed=0)
-        base = work / "base"
-        store, load = open_loaded_store(base, graph, dim=FEATURE_DIM, cache_dir=args.store_cache)
-        store.close()
-        log("backfill of the base state")
-        result["setup"] = {"load": load, "backfill": backfill(str(base), model)}
+        graph, model, base = e2e.base_state(args, work, result)
         warm = args.warmup_events
         rate = args.rate
         if not rate:
@@ -205,11 +266,19 @@ def main(argv: list[str] | None = None) -> int:
         port = free_port()
         ctx = mp.get_context("spawn")
 
+        windows: dict[str, tuple[float, float]] = {}
+
         def load() -> dict[str, Any]:
             out = ctx.Queue()
             child = ctx.Process(target=_load, args=(port, kinds, args.connections, out))
+            windows["stream alone"] = (time.time() - args.fresh_warmup_s / 2, time.time())
             child.start()
-            got = out.get(timeout=args.seconds * 2 + 600)
+            sampler.load_pid = child.pid
+            while True:
+                got = out.get(timeout=args.seconds * 2 + 600)
+                if isinstance(got, dict):
+                    break
+                windows[got[0]] = got[1:]
             child.join(30)
             return got
 
@@ -217,9 +286,11 @@ def main(argv: list[str] | None = None) -> int:
         e2e.clone_state(base, state)
         log(f"stream at {rate:.0f} events/s with the query API on port {port}; "
             f"load after {args.fresh_warmup_s:g} s")
-        with EmbeddedBroker() as broker:
+        with EmbeddedBroker() as broker, CpuSampler() as sampler:
             fresh = e2e.paced_freshness(broker.bootstrap, fresh_events[:warm], fresh_events[warm:], rate, model,
                                         str(state), *default, args, query_port=port, alongside=load)
+        # cores used by each process of the run: the stream alone (the last half of its warm-up), then each load
+        result["cpu_cores"] = {name: sampler.cores(*window) for name, window in windows.items()}
         served = fresh.pop("alongside")
         window = fresh.pop("alongside_window")
         fresh["lag"].pop("samples", None)

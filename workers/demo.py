@@ -119,12 +119,25 @@ def _plots(out: Path, timeline: list[tuple[float, float]], fpr: np.ndarray | Non
     return written
 
 
-def _held_back(data: Path, limit: int) -> tuple[int, list[Any]]:
-    """How many events to replay, and the held-back last rating's events (its edge and feature updates)."""
+def _held_back(data: Path, limit: int, out: Path) -> tuple[Path, int, list[Any]]:
+    """The events to replay (written to ``out``, a JSONL file) and their count, and the held-back rating's
+    events: the latest rating of a user with fewer than five neighbours by a rater who rated them once (so the
+    what-if changes that user's samples), with the feature updates that follow it in the stream."""
     events = list(snap_events(read_snap(data)))
     events = events[:limit] if limit else events
-    last = max(i for i, ev in enumerate(events) if isinstance(ev, EdgeUpsert))
-    return last, events[last:]
+    edges = [(i, ev) for i, ev in enumerate(events) if isinstance(ev, EdgeUpsert)]
+    pairs: dict[frozenset[str], int] = {}
+    nbrs: dict[str, set[str]] = {}
+    for _, ev in edges:
+        pairs[frozenset((ev.src, ev.dst))] = pairs.get(frozenset((ev.src, ev.dst)), 0) + 1
+        nbrs.setdefault(ev.src, set()).add(ev.dst)
+        nbrs.setdefault(ev.dst, set()).add(ev.src)
+    at = next((i for i, ev in reversed(edges) if pairs[frozenset((ev.src, ev.dst))] == 1
+               and 1 < len(nbrs[ev.dst]) < 5), edges[-1][0])
+    end = next((i for i, _ in edges if i > at), len(events))
+    payment, rest = events[at:end], events[:at] + events[end:]
+    out.write_bytes(b"".join(encode_event(ev) + b"\n" for ev in rest))
+    return out, len(rest), payment
 
 
 def _post(port: int, path: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -166,7 +179,7 @@ def _replay(go: Any, results: Any, bootstrap: str, data: str, **options: Any) ->
     os.environ["GNNSTREAM_NO_PROGRESS"] = "1"  # the parent prints the progress
     go.wait()
     try:
-        results.put(produce_file(bootstrap, data, fmt="snap", **options))
+        results.put(produce_file(bootstrap, data, fmt="jsonl", **options))
     except Exception as exc:
         results.put(f"{type(exc).__name__}: {exc}")
 
@@ -187,7 +200,7 @@ def run_demo(data: Path, out: Path, *, rate: float, limit: int = 0, epochs: int 
     run_dir = out / "run"
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir()
-    replayed, payment = _held_back(data, limit)
+    replay_file, _, payment = _held_back(data, limit, run_dir / "replayed.jsonl")
     with EmbeddedBroker(log_path=run_dir / "broker.log") as broker:
         print(f"embedded broker at {broker.bootstrap}", file=sys.stderr)
         settings = WorkerSettings(bootstrap=broker.bootstrap, state=str(run_dir / "state"), model=str(model_dir),
@@ -207,8 +220,9 @@ def run_demo(data: Path, out: Path, *, rate: float, limit: int = 0, epochs: int 
         # worker and the scorer, and its pacing would show up as their latency
         ctx = multiprocessing.get_context("spawn")
         go, results = ctx.Event(), ctx.Queue()
-        replay = ctx.Process(target=_replay, name="replay", daemon=True, args=(go, results, broker.bootstrap, str(data)),
-                             kwargs=dict(limit=replayed, rate=rate, partitions=settings.partitions,
+        replay = ctx.Process(target=_replay, name="replay", daemon=True,
+                             args=(go, results, broker.bootstrap, str(replay_file)),
+                             kwargs=dict(rate=rate, partitions=settings.partitions,
                                          topic=settings.events_topic, kafka_client=kafka_client))
         t0 = time.perf_counter()
         replay.start()

@@ -32,7 +32,7 @@ from __future__ import annotations
 import heapq
 import logging
 import os
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -248,13 +248,15 @@ class QueryState:
         self.dims = list(model.model.dims)
         self.policy = model.cold_start
         self.pages = MetaTable(self.store)
+        self.rereads = 0  # answers read again after the worker reused a frame they were reading
         # h^l of every layer: the page logs of the layers in between, then the final one
         self.logs = {l: MetaTable(self.store, family="layerpages", prefix=bytes((l,)), rows_name=f"layer{l}-rows")
                      for l in range(1, len(self.fanouts))}
         self.logs[len(self.fanouts)] = self.pages
         if head is None and (model.path / HEAD_FILE).exists():
             head = load_head(model.path)
-        self.head = head if head is not None and len(head.weights) == self.dims[-1] else None
+        fits = head is not None and len(head.weights) == self.dims[-1] and head.model in (None, self.model_tag)
+        self.head = head if fits else None  # a head trained on another model's embeddings scores nothing here
 
     def close(self) -> None:
         self.store.close()
@@ -270,7 +272,7 @@ class QueryState:
         dirty marks it still had to recompute then (0: every answer reflects those offsets exactly)."""
         return {"model": self.model_tag,
                 "offsets": {f"{t}:{p}": o for (t, p), o in sorted(self.store.offsets().items())},
-                "dirty": self.store.dirty_count()}
+                "dirty": self.store.dirty_count(), "rereads": self.rereads}
 
     # ---------------------------------------------------------------- lookup
     def embedding(self, name: str) -> dict[str, Any]:
@@ -282,14 +284,7 @@ class QueryState:
         iid = self.store.iid(name)
         if iid is None or not self.store.exists_iid(iid):
             raise QueryError(404, f"no node {name!r}")
-        for attempt in range(_REREADS + 1):
-            try:
-                rows, present = self.pages.rows(np.asarray([iid]), self.dims[-1], checked=True)
-                break
-            except FrameReused:
-                if attempt == _REREADS:
-                    raise QueryError(503, "the worker is rewriting this embedding; retry") from None
-                self.refresh()
+        rows, present = self._read(lambda: self.pages.rows(np.asarray([iid]), self.dims[-1], checked=True))
         if not present[0]:
             raise QueryError(404, f"node {name!r} has no embedding yet")
         version, _, code = self.pages.get(np.asarray([iid]))
@@ -365,14 +360,20 @@ class QueryState:
             QueryError: 404 when one of ``ids`` does not exist once the events are applied; 503 when the
                 worker kept rewriting the rows this answer needed.
         """
-        for attempt in range(_REREADS + 1):
+        return self._read(lambda: self._infer(events, ids))
+
+    def _read(self, read: Callable[[], Any]) -> Any:
+        """``read()``, caught up and done again when the worker reused a frame it was reading."""
+        for _ in range(_REREADS):
             try:
-                return self._infer(events, ids)
+                return read()
             except FrameReused:
-                if attempt == _REREADS:
-                    raise QueryError(503, "the worker is rewriting the rows this answer needs; retry") from None
+                self.rereads += 1
                 self.refresh()
-        raise AssertionError("unreachable")
+        try:
+            return read()
+        except FrameReused:
+            raise QueryError(503, "the worker kept rewriting the rows this answer needs; retry") from None
 
     def _infer(self, events: Sequence[Event], ids: Sequence[str]) -> dict[str, Any]:
         overlay = _Overlay(self.store, self.model.config.seed)

@@ -41,6 +41,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import deque
 from typing import Any, Awaitable, Callable
 
 import orjson
@@ -78,15 +79,20 @@ class QueryApp:
         self.max_body = max_body
         self.refreshed_at = 0.0
         self.requests = 0
+        self.catch_ups: deque[float] = deque(maxlen=1000)  # seconds of the latest catch-ups (requests wait)
+        self.busy = 0.0  # seconds spent answering, parsing and reading included
 
     def refresh(self) -> None:
+        t = time.perf_counter()
         self.state.refresh()
+        self.catch_ups.append(time.perf_counter() - t)
         self.refreshed_at = time.time()
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return
         self.requests += 1
+        t = time.perf_counter()
         try:
             status, body = await self._route(scope, receive)
         except QueryError as exc:
@@ -94,6 +100,7 @@ class QueryApp:
         except Exception as exc:  # a bug: answer, log, keep serving
             logger.exception("query failed: %s %s", scope.get("method"), scope.get("path"))
             status, body = 500, {"error": f"{type(exc).__name__}: {exc}"}
+        self.busy += time.perf_counter() - t
         payload = orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
         headers = _JSON + [(b"content-length", str(len(payload)).encode())]
         if status == 413 and body.pop("close", False):  # the rest of the body was not read
@@ -120,8 +127,11 @@ class QueryApp:
             return 200, self.state.infer(events, ids)
         if path == "/v1/health":
             _only(method, "GET")
+            took = sorted(self.catch_ups)
             return 200, {"ok": True, **self.state.status(), "refreshed_at": self.refreshed_at,
-                         "requests": self.requests}
+                         "requests": self.requests, "busy_s": round(self.busy, 3),
+                         "catch_up_ms": {"count": len(took), "p50": round(1000 * took[len(took) // 2], 2),
+                                         "max": round(1000 * took[-1], 2)} if took else None}
         raise QueryError(404, f"no route {method} {path[:200]}; see GET /v1/embeddings/{{id}}, POST /v1/infer, "
                               f"GET /v1/nodes/{{id}}/sample")
 
@@ -168,7 +178,8 @@ def bind(host: str, port: int) -> socket.socket:
         sock.listen(2048)
     except OSError as exc:
         sock.close()
-        raise OSError(exc.errno, f"query API cannot listen on {host}:{port}: {exc.strerror}") from None
+        raise OSError(f"query API cannot listen on {host}:{port}: {exc.strerror}; stop what uses that port or "
+                      f"choose another --query-port") from None
     return sock
 
 
@@ -268,12 +279,17 @@ class QueryProcess:
 
     def notify(self) -> None:
         """A batch was committed: the server catches up before its next answer."""
+        if self._notify < 0:
+            return
         try:
             os.write(self._notify, b"\x01")
         except BlockingIOError:
             pass  # the pipe is full of unread notes: one catch-up covers them all
         except BrokenPipeError:
-            logger.warning("the query API process exited (code %s)", self._child.poll())
+            logger.error("the query API process exited (code %s); the worker streams on without it: restart the "
+                         "worker to serve queries again", self._child.wait())
+            os.close(self._notify)
+            self._notify = -1
 
     def alive(self) -> bool:
         return self._child.poll() is None

@@ -22,28 +22,18 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from graph_state.store import GraphStore
-from model import init_model_dir, load_model_dir
+from model import load_model_dir
 from stream.events import EdgeUpsert, NodeUpsert
 from tests.workers.reference import GraphFold, assert_embeddings_close, expected_modes, fast_tempdir, \
     reference_embeddings
-from tests.workers.test_engine import DIM, FANOUTS, HUB, LEAVES, MODELS, SEED, SETTINGS, _event_group, _nonzero, \
-    _to_event
+from tests.workers.test_engine import FANOUTS, HUB, LEAVES, MODELS, SEED, SETTINGS, _event_group, _nonzero, \
+    _to_event, model_dirs
 from workers.engine import Engine
 from workers.query import MAX_EVENTS, QueryError, QueryState
 from workers.tables import MetaTable
 from workers.train import FraudHead
 
-
-@pytest.fixture(scope="module")
-def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("models")
-    out = {}
-    for name, extra in MODELS.items():
-        path = root / name
-        init_model_dir(path, **{**dict(in_dim=DIM, hidden=8, out_dim=6, layers=2, fanouts=FANOUTS, seed=SEED),
-                                **extra})
-        out[name] = path
-    return out
+__all__ = ["model_dirs"]  # the model directories of the engine tests, one per architecture and policy
 
 
 @st.composite
@@ -271,3 +261,33 @@ def test_a_new_edge_two_hops_away_reaches_through_sample_sizes(model_dirs: dict[
     assert_embeddings_close({"t": got}, {"t": want}, what="what-if two hops away")
     moved = float(np.abs(want - before).max())
     assert (moved > 1e-4) == (name == "gcn"), moved
+
+
+def test_a_view_behind_the_writer_never_answers_a_reused_frame(model_dirs: dict[str, Path], tmp_path: Path) -> None:
+    """The writer rewrites every node three times while the view does not catch up: the frames the view's
+    pages name are reused. Each answer is then a stored (version, row) pair, never a row of another version."""
+    model_dir = model_dirs["sage"]
+    rnd = random.Random(9)
+    nodes = [f"n{i}" for i in range(300)]
+    with GraphStore(tmp_path / "s", seed=SEED) as store:
+        engine = Engine(store, load_model_dir(model_dir))
+        store.apply([EdgeUpsert(a, rnd.choice(nodes), 1.0) for a in nodes])
+        engine.recompute(drain=True)
+        view = QueryState(store.path, model_dir, tmp_path / "q")
+        try:
+            view.refresh()
+            seen = {v: view.embedding(v) for v in nodes}
+            versions: dict[str, dict[int, np.ndarray]] = {v: {a["version"]: a["embedding"]} for v, a in seen.items()}
+            for round_ in range(3):
+                store.apply([NodeUpsert(v, 2.0 + round_, _nonzero(rnd)) for v in nodes])
+                engine.recompute(drain=True)
+                for iid, meta, row in MetaTable(store).items():
+                    versions[store.name(iid)][meta.version] = row
+            refreshed = 0
+            for v in nodes:
+                answer = view.embedding(v)
+                np.testing.assert_array_equal(answer["embedding"], versions[v][answer["version"]])
+                refreshed += answer["version"] > seen[v]["version"]
+            assert refreshed, "no frame was reused: the test does not test what it says"
+        finally:
+            view.close()

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import hashlib
 import http.client
-import itertools
 import json
+import os
 import random
+import signal
 import socket
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,7 @@ from graph_state.store import GraphStore
 from stream.broker import EmbeddedBroker, free_port
 from stream.events import EdgeUpsert, encode_event
 from stream.kafka import ensure_topics
-from tests.workers.reference import assert_embeddings_close, fold_jsonl, reference_embeddings
+from tests.workers.reference import GraphFold, assert_embeddings_close, fold_jsonl, reference_embeddings
 from tests.workers.test_worker_kafka import (JOIN_TIMEOUT_S, PARTITIONS, GNNSTREAM, Names, event_messages, events,
                                              health, produce, running_worker, stop_worker, wait_for, worker_cmd)
 from workers.tables import MetaTable
@@ -73,8 +73,7 @@ class Client:
         self.conn.close()
 
 
-def _fold(evs: list) -> Any:
-    from tests.workers.reference import GraphFold
+def _fold(evs: list) -> GraphFold:
     fold = GraphFold()
     for ev in evs:
         fold.apply_event(ev)
@@ -147,10 +146,30 @@ def test_lookups_and_what_if_beside_the_streaming_worker(broker: EmbeddedBroker,
             status, body = client.request("GET", f"/v1/embeddings/{v}")
             np.testing.assert_allclose(body["embedding"], what_if[v], rtol=0, atol=1e-4)
         client.close()
+
+        # the query process dies: the worker streams on and says so once
+        server = _server_pid(n.state)
+        os.kill(server, signal.SIGKILL)
+        produce(broker.bootstrap, n.events, event_messages(rest[:400]))
+        wait_for(lambda: (h := health(port)) and h["applied"] >= len(first) + 401, JOIN_TIMEOUT_S,
+                 "the worker to go on without its query process", proc, log)
         stop_worker(proc, log)
+        assert log.read_text().count("the query API process exited (code -9)") == 1, log.read_text()[-2000:]
     # the query process left with the worker
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", query_port), timeout=2).close()
+
+
+def _server_pid(state: str) -> int:
+    """The query server process serving ``state``."""
+    for entry in Path("/proc").iterdir():
+        try:
+            cmd = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"workers.serve" in cmd and state.encode() in cmd:
+            return int(entry.name)
+    raise AssertionError(f"no query server for {state}")
 
 
 # ---------------------------------------------------------------------- hostile requests
