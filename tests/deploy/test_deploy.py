@@ -254,6 +254,13 @@ def test_metrics_port_exposed_and_scraped(services: dict[str, Any], worker_env: 
     assert re.search(rf"GNNSTREAM_METRICS_PORT={port}\b", dockerfile)
 
 
+def test_query_port_published_on_every_interface(services: dict[str, Any], worker_env: dict[str, str]) -> None:
+    port = int(worker_env["GNNSTREAM_QUERY_PORT"])
+    assert port and port != int(worker_env["GNNSTREAM_METRICS_PORT"])
+    assert worker_env["GNNSTREAM_QUERY_HOST"] == "0.0.0.0", "inside the container 127.0.0.1 is unreachable from the host"
+    assert (port, port) in _port_pairs(services["gnnstream"])
+
+
 def test_bootstrap_is_an_advertised_kafka_listener(services: dict[str, Any], worker_env: dict[str, str]) -> None:
     kafka = services["kafka"]
     env = kafka["environment"]
