@@ -255,7 +255,10 @@ def run_demo(data: Path, out: Path, *, rate: float, limit: int = 0, epochs: int 
             if t_applied is None and h.applied >= produced["produced"]:
                 t_applied = time.perf_counter()
                 # the worker stays up while idle for a few seconds: ask its query API now
-                what_if = _what_if(settings.query_port, produced["produced"], payment)
+                try:
+                    what_if = _what_if(settings.query_port, produced["produced"], payment)
+                except (OSError, ValueError, KeyError) as exc:  # the rest of the demo does not depend on it
+                    what_if = {"error": f"{type(exc).__name__}: {exc}"}
             if time.monotonic() < shown + 2.0:
                 continue
             shown = time.monotonic()
