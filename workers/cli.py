@@ -156,10 +156,10 @@ def _serve(args: argparse.Namespace) -> int:
     if not args.query_port:
         raise ValueError("serve needs a port: pass --query-port PORT or set GNNSTREAM_QUERY_PORT")
     sock = bind(args.query_host, args.query_port)
-    print(f"query API on http://{args.query_host}:{sock.getsockname()[1]} (state {args.state}); Ctrl-C stops it",
-          file=sys.stderr)
+    address = f"http://{args.query_host}:{sock.getsockname()[1]}"
     signal.signal(signal.SIGTERM, lambda *_: None)  # the server stops on it and returns: exit 0
-    serve(args.state, args.model, sock, refresh_s=args.refresh)
+    serve(args.state, args.model, sock, refresh_s=args.refresh,
+          ready=lambda: print(f"query API on {address} (state {args.state}); Ctrl-C stops it", file=sys.stderr))
     return 0
 
 

@@ -184,12 +184,13 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 def serve(state_dir: str, model_dir: str | None, sock: socket.socket, *, notify_fd: int | None = None,
-          refresh_s: float = 0.5) -> None:
+          refresh_s: float = 0.5, ready: Callable[[], None] | None = None) -> None:
     """Serve the query API on ``sock`` until the notify pipe closes (or SIGINT/SIGTERM without one).
 
     Args:
         notify_fd: read end of the worker's pipe: a byte means "a batch was committed", EOF means "stop".
         refresh_s: without a pipe, how often to catch up with the state.
+        ready: called once the state and the model are open, before the first request is answered.
     """
     import uvicorn
 
@@ -203,6 +204,8 @@ def serve(state_dir: str, model_dir: str | None, sock: socket.socket, *, notify_
         app = QueryApp(state)
         app.refresh()
         freeze_warm_heap()  # the page indexes and the model stay out of later collections
+        if ready is not None:
+            ready()
         config = uvicorn.Config(app, http="httptools", loop="asyncio", lifespan="off", access_log=False,
                                 log_level="warning", timeout_keep_alive=_KEEP_ALIVE_S)
         server = uvicorn.Server(config)

@@ -282,3 +282,25 @@ def _answers(client: Client) -> bool:
         return client.request("GET", "/v1/health")[0] == 200
     except OSError:
         return False
+
+
+def test_serve_refuses_with_one_line(tmp_path: Path) -> None:
+    """A port in use, no port, no state: exit 2 and one line naming what to do; nothing is created."""
+    from tests.workers.reference import run_gnnstream
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        res = run_gnnstream("serve", "--state", str(tmp_path / "none"), "--query-port", port)
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.strip() == (f"gnnstream: error: query API cannot listen on 127.0.0.1:{port}: Address already in "
+                                  f"use; stop what uses that port or choose another --query-port")
+    res = run_gnnstream("serve", "--state", str(tmp_path / "none"))
+    assert res.returncode == 2
+    assert res.stderr.strip().splitlines() == [
+        "gnnstream: error: serve needs a port: pass --query-port PORT or set GNNSTREAM_QUERY_PORT"]
+    res = run_gnnstream("serve", "--state", str(tmp_path / "none"), "--query-port", free_port())
+    assert res.returncode == 2
+    assert res.stderr.strip().splitlines() == [
+        f"gnnstream: error: no graph store at {str(tmp_path / 'none')!r} (start the worker on it first)"]
+    assert not (tmp_path / "none").exists()
