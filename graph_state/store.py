@@ -1537,14 +1537,6 @@ class GraphStore:
         for key, u in self._iter_nbrs(iid):
             yield key[8:], u
 
-    def check_events(self, events: Sequence[Any]) -> None:
-        """Refuse what :meth:`apply` would refuse (feature lengths, finiteness), before anything changes.
-
-        Raises:
-            ValueError: naming the first bad event and its index.
-        """
-        self._validate(events)
-
     def node_arrays(self, iids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(degree, flags, last_ts)`` of many nodes as arrays; degree is -1 where a node is absent."""
         iids = np.asarray(iids, dtype=np.int64)

@@ -58,6 +58,7 @@ __all__ = [
     "INVALID_EVENT_REASONS",
     "decode_event",
     "decode_event_json",
+    "check_features",
     "encode_event",
     "event_key",
 ]
@@ -233,6 +234,26 @@ def decode_event(obj: Any) -> Event:
     if op == "node_upsert":
         return NodeUpsert(_node_id(obj["id"], "id"), ts, _features(obj["features"]))
     return NodeDelete(_node_id(obj["id"], "id"), ts)
+
+
+_F32_MAX = 3.4028234663852886e38  # the largest float32: features are stored as float32
+
+
+def check_features(ev: Event, dim: int, expected: str = "the model expects") -> None:
+    """Refuse a ``node_upsert`` whose features a model of ``dim`` inputs cannot take (other events pass).
+
+    Args:
+        expected: who expects ``dim``, for the message (``"the model expects"``).
+
+    Raises:
+        InvalidEvent: ``wrong_feature_length``, or ``not_finite`` for a feature beyond the float32 range.
+    """
+    if not isinstance(ev, NodeUpsert):
+        return
+    if len(ev.features) != dim:
+        raise InvalidEvent("wrong_feature_length", f"node {ev.id!r} has {len(ev.features)} features, {expected} {dim}")
+    if max(map(abs, ev.features)) > _F32_MAX:
+        raise InvalidEvent("not_finite", f"a feature of node {ev.id!r} is beyond the float32 range")
 
 
 def _reject_constant(name: str) -> float:

@@ -53,7 +53,7 @@ from graph_state.exceptions import (StateModelMismatch, StateNoEmbeddings, State
                                     StoreLockedError)
 from graph_state.store import GraphStore, _check_manifest, state_corrupted
 from model import CONFIG_FILE, LoadedModel, ModelConfig, ModelError, load_model_dir
-from stream.events import Event, InvalidEvent, NodeUpsert, decode_event_json
+from stream.events import Event, InvalidEvent, NodeUpsert, check_features, decode_event_json
 from workers.atomic import atomic_output
 from workers.engine import Engine
 from workers.heap import freeze_warm_heap
@@ -79,7 +79,6 @@ MODEL_DIR_META = b"model_dir"  # meta: the model directory the state uses (defau
 _BINDING = b"model"  # meta: what the stored embeddings were computed with (written by Engine.backfill)
 # the binding's fields that say which model it is (its "layout" says how the rows are kept, not which model)
 _IDENTITY = ("model", "arch", "weights_sha256", "fanouts", "cold_start")
-_F32_MAX = float(np.finfo(np.float32).max)
 _BLOCK_CACHE_BYTES = 64 << 20
 
 
@@ -542,11 +541,7 @@ def _numbered_events(path: str | os.PathLike[str], done: int, invalid: _InvalidL
                 if isinstance(ev, NodeUpsert):
                     if dim is None:
                         dim = len(ev.features)
-                    if len(ev.features) != dim:
-                        raise InvalidEvent("wrong_feature_length",
-                                           f"node {ev.id!r} has {len(ev.features)} features, {dim_source} {dim}")
-                    if max(map(abs, ev.features)) > _F32_MAX:
-                        raise InvalidEvent("not_finite", f"a feature of node {ev.id!r} is beyond the float32 range")
+                    check_features(ev, dim, dim_source)
             except InvalidEvent as exc:
                 logger.info("%s:%d: skipped invalid event (%s)", path, line_no, exc)
                 invalid.add(line_no, line, exc)

@@ -41,7 +41,8 @@ from graph_state.sampler import seeded_rank_bytes
 from graph_state.exceptions import StateNoEmbeddings, StoreConfigError
 from graph_state.store import GraphStore
 from model import load_model_dir
-from stream.events import EdgeDelete, EdgeUpsert, Event, InvalidEvent, NodeDelete, NodeUpsert, decode_event
+from stream.events import (EdgeDelete, EdgeUpsert, Event, InvalidEvent, NodeDelete, NodeUpsert, check_features,
+                           decode_event)
 from workers.offline import MODEL_DIR_META
 from workers.tables import FrameReused, MetaTable
 from workers.train import HEAD_FILE, FraudHead, load_head
@@ -221,7 +222,7 @@ class QueryState:
 
     Args:
         state_dir: the worker's state directory (read, never written).
-        model: the model the worker runs.
+        model_dir: the model directory the worker runs (None: the one the state records).
         own_dir: a directory of this reader's own (RocksDB secondary instance files).
         head: the fraud head to score with; by default the model directory's ``head.json`` when it has one.
     """
@@ -328,21 +329,13 @@ class QueryState:
         if len(raw_ids) > MAX_IDS:
             raise QueryError(413, f"{len(raw_ids)} ids; a what-if takes at most {MAX_IDS}")
         events = []
-        for i, obj in enumerate(raw_events):
+        for i, obj in enumerate(raw_events):  # as the worker checks what it consumes
             try:
-                events.append(decode_event(obj))
+                ev = decode_event(obj)
+                check_features(ev, self.dims[0])
             except InvalidEvent as exc:
                 raise QueryError(400, f"event {i}: {exc}", index=i, reason=exc.reason) from None
-        dim = self.dims[0]
-        for i, ev in enumerate(events):
-            if isinstance(ev, NodeUpsert) and len(ev.features) != dim:
-                raise QueryError(400, f"event {i}: bad_features: {len(ev.features)} features for node {ev.id!r}, "
-                                      f"the model takes {dim}", index=i, reason="bad_features")
-        try:
-            self.store.check_events(events)
-        except ValueError as exc:
-            index = next((i for i in range(len(events)) if f"event {i})" in str(exc)), None)
-            raise QueryError(400, str(exc), index=index, reason="bad_features") from None
+            events.append(ev)
         ids = []
         for i, value in enumerate(raw_ids):
             if isinstance(value, bool) or not isinstance(value, (str, int)) or value == "":

@@ -294,9 +294,6 @@ class QueryProcess:
             os.close(self._notify)
             self._notify = -1
 
-    def alive(self) -> bool:
-        return self._child.poll() is None
-
     def close(self, timeout_s: float = 10.0) -> None:
         """Close the pipe (the server exits) and wait for the process."""
         if self._notify >= 0:

@@ -420,17 +420,8 @@ class MetaTable:
             seq = keys.decode_iid(key[at:])
             old = self._take(seq, raw)
             self._live[seq] = self._size[seq]
-            # pages left without a current record: the writer deleted them, forget them here too
-            seqs, counts = _counts(old[old >= 0])
-            for page, n in zip(seqs.tolist(), counts.tolist()):
-                left = self._live.get(page, 0) - n
-                if left > 0:
-                    self._live[page] = left
-                elif page in self._live:
-                    del self._live[page]
-                    self._slots -= self._size.pop(page)
-                    self._frame_of.pop(page, None)
-                    self._sum_of.pop(page, None)
+            for page in self._superseded(old):  # the writer deleted it: forget it here too
+                self._forget_page(page)
 
     def damaged(self) -> np.ndarray:
         """The iids whose current page's frame no longer holds the rows the page was written with; recompute
@@ -485,12 +476,16 @@ class MetaTable:
                                                    width)
         return file
 
+    def _forget_page(self, seq: int) -> tuple[int, int] | None:
+        """Drop a page from the index; the ``(row width, frame)`` it held rows in, if any."""
+        self._slots -= self._size.pop(seq)
+        self._sum_of.pop(seq, None)
+        return self._frame_of.pop(seq, None)
+
     def _drop_page(self, seq: int, puts: list) -> None:
         """Delete a stored page; its frame is free once that deletion is written."""
-        self._slots -= self._size.pop(seq)
         puts.append((self.family, self._key(seq), None))
-        framed = self._frame_of.pop(seq, None)
-        self._sum_of.pop(seq, None)
+        framed = self._forget_page(seq)
         if framed is not None:
             self._file(framed[0]).release(framed[1])
 
@@ -636,15 +631,22 @@ class MetaTable:
 
     def _release(self, pages: np.ndarray, puts: list) -> None:
         """Records of ``pages`` were superseded: delete the pages left without a current record."""
+        for seq in self._superseded(pages):
+            self._drop_page(seq, puts)
+
+    def _superseded(self, pages: np.ndarray) -> list[int]:
+        """One record of each of ``pages`` (-1: none) was superseded: the pages left without a current record
+        (no longer counted live)."""
         seqs, counts = _counts(pages[pages >= 0])
         if not len(seqs):
-            return
+            return []
         seqs_list = seqs.tolist()
         left = np.fromiter(map(self._live.__getitem__, seqs_list), np.int64, len(seqs_list)) - counts
         self._live.update(zip(seqs_list, left.tolist()))
-        for seq in seqs[left == 0].tolist():
+        empty = seqs[left == 0].tolist()
+        for seq in empty:
             del self._live[seq]
-            self._drop_page(seq, puts)
+        return empty
 
     # ------------------------------------------------------------------ reading rows
     def rows(self, iids: np.ndarray, dim: int, *, checked: bool = False) -> tuple[np.ndarray, np.ndarray]:
