@@ -57,3 +57,12 @@ class StateCorrupted(GraphStateError):
 
 
 __all__ += ["StateCorrupted"]
+
+
+# ---------------------------------------------------------------------- snapshots (graph_state.snapshot)
+class SnapshotTargetError(GraphStateError):
+    """``gnnstream snapshot --out`` names a path a snapshot cannot be written to: it exists and is not an empty
+    directory, or it lies inside the state being copied."""
+
+
+__all__ += ["SnapshotTargetError"]

@@ -122,6 +122,12 @@ def _verify(args: argparse.Namespace) -> int:
     return VERIFY_EXIT[summary["status"]]
 
 
+def _snapshot(args: argparse.Namespace) -> int:
+    from graph_state.snapshot import snapshot
+    _print(snapshot(args.state, args.out))
+    return 0
+
+
 def _events_from_snap(args: argparse.Namespace) -> int:
     from stream.events import encode_event
     from workers.datasets import read_snap, snap_events
@@ -312,6 +318,26 @@ def build_parser() -> argparse.ArgumentParser:
                         "an error, not a switch")
     p.add_argument("--atol", type=float, default=1e-4, help="max abs difference allowed (default 1e-4)")
     p.set_defaults(func=_verify)
+
+    p = sub.add_parser("snapshot", help="copy a state directory, also while a worker runs on it",
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       description="Copy the state directory --state to the new directory --out, which a new "
+                                   "worker (or apply, serve,\nverify) can start from. It works beside a running "
+                                   "worker: it takes no lock and writes\nnothing to --state. The copy holds the "
+                                   "state as of one batch the worker had committed when\nthe snapshot started: "
+                                   "its stored offsets say where. A worker started on the copy resumes\nfrom the "
+                                   "copy's stored offsets (not from its consumer group's committed ones) and first "
+                                   "finishes\nthe work the copy holds: dirty marks, outbox entries not yet "
+                                   "published, and rows that changed\nin the row files while they were copied "
+                                   "(found by their checksums and recomputed).",
+                       epilog="The copy is written to a temporary directory beside --out and renamed once "
+                              "complete: a failed\nsnapshot leaves nothing behind. To add a worker to a running "
+                              "group, start it on the copy with\nthe group's --group and a --worker-id of its own "
+                              "(docs/scaling.md).")
+    _state_arg(p)
+    p.add_argument("--out", required=True, metavar="DIR",
+                   help="the new state directory: must not exist, or be empty; not inside --state")
+    p.set_defaults(func=_snapshot)
 
     ev = sub.add_parser("events", help="build event files")
     esub = ev.add_subparsers(dest="events_command", required=True, metavar="SUBCOMMAND")

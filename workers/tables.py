@@ -343,6 +343,7 @@ class MetaTable:
         self._dead: list[int] = []
         self._frame_of: dict[int, tuple[int, int]] = {}  # page -> (row width, frame) of pages with framed rows
         self._sum_of: dict[int, int] = {}  # page -> the sum its record holds of its rows (row_sums)
+        self._unreadable: set[int] = set()  # pages damaged() could not read: rows() holds none for them
         for file in getattr(self, "_files", {}).values():
             file.close()
         self._files: dict[int, _FrameFile] = {}  # by row width
@@ -442,8 +443,9 @@ class MetaTable:
                     continue
                 try:
                     rows = self._file(framed[0]).read(framed[1], self._size[seq], files)
-                except OSError:
+                except OSError:  # a row file shorter than its pages need, or gone (a copy made files first)
                     bad.append(seq)
+                    self._unreadable.add(seq)
                     continue
                 if int(row_sums(rows)[0]) != self._sum_of[seq]:
                     bad.append(seq)
@@ -480,6 +482,7 @@ class MetaTable:
         """Drop a page from the index; the ``(row width, frame)`` it held rows in, if any."""
         self._slots -= self._size.pop(seq)
         self._sum_of.pop(seq, None)
+        self._unreadable.discard(seq)
         return self._frame_of.pop(seq, None)
 
     def _drop_page(self, seq: int, puts: list) -> None:
@@ -675,6 +678,8 @@ class MetaTable:
                 framed = self._frame_of.get(seq)
                 if framed is None:
                     inline.append((lo, hi, seq))
+                    continue
+                if seq in self._unreadable:  # damaged, to be rewritten: none held
                     continue
                 self._check_width(seq, framed[0], dim)
                 at = order[lo:hi]
