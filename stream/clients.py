@@ -70,8 +70,17 @@ class ConsumerClient(ABC):
         """Up to ``max_records`` records, in offset order per partition."""
 
     @abstractmethod
-    def commit(self, offsets: Mapping[PartitionKey, int] | None = None) -> bool:
-        """Best-effort commit of next offsets for lag tools; False on failure."""
+    def commit(self, offsets: Mapping[PartitionKey, int] | None = None, wait: bool = False) -> bool:
+        """Best-effort commit of next offsets for lag tools; False on failure (``wait``: known to be
+        stored when True is returned)."""
+
+    @abstractmethod
+    def committed(self, partitions: Sequence[PartitionKey], timeout_s: float = 10.0) -> dict[PartitionKey, int | None]:
+        """The group's committed offset of each partition (None where there is none).
+
+        Raises:
+            StreamError: the group coordinator did not answer within ``timeout_s``.
+        """
 
     @abstractmethod
     def lag(self) -> dict[PartitionKey, int]:
@@ -81,6 +90,14 @@ class ConsumerClient(ABC):
     def high_watermarks(self) -> dict[PartitionKey, int]:
         """The high watermark of each assigned partition as known from the last fetch; partitions whose end
         is not known yet are absent."""
+
+    @abstractmethod
+    def partitions_of(self, topic: str, timeout_s: float = 10.0) -> set[int]:
+        """The partition numbers of ``topic`` from the cluster's metadata.
+
+        Raises:
+            StreamError: none known within ``timeout_s`` (the topic does not exist).
+        """
 
     @abstractmethod
     def assignment(self) -> set[PartitionKey]:

@@ -106,6 +106,11 @@ class ConfluentConsumer(ConsumerClient):
             read from a position the caller did not choose) and the error is
             raised by the next :meth:`poll_batch`.
         on_revoke: called with partitions about to be taken away (or lost).
+        assign_all: read every partition of the topics without joining the
+            group (manual assignment; the group id only names the committed
+            offsets for lag tools): ``on_assign`` is called once, here.
+        paused: hold every assigned partition paused (a member that wants the
+            group's assignment, not the records).
         close_timeout_s: how long :meth:`close` waits for librdkafka to leave
             the group; with a stalled broker and a commit in flight it would
             wait for minutes, so it is abandoned after this (and logged).
@@ -124,9 +129,10 @@ class ConfluentConsumer(ConsumerClient):
                  session_timeout_ms: int = 6000, heartbeat_interval_ms: int | None = None,
                  on_assign: AssignHook | None = None,
                  on_revoke: Callable[[list[PartitionKey]], None] | None = None,
-                 close_timeout_s: float = 5.0, **config: Any):
+                 close_timeout_s: float = 5.0, assign_all: bool = False, paused: bool = False, **config: Any):
         self.topics = [topic] if isinstance(topic, str) else list(topic)
         self._on_assign, self._on_revoke = on_assign, on_revoke
+        self._paused = paused
         self._close_timeout_s = close_timeout_s
         self._next: dict[PartitionKey, int] = {}
         self._hook_error: BaseException | None = None
@@ -144,8 +150,35 @@ class ConfluentConsumer(ConsumerClient):
         }
         settings.update(librdkafka_settings(config))
         self._consumer: Consumer | None = _create(Consumer, settings, "consumer")
-        self._consumer.subscribe(self.topics, on_assign=self._assigned, on_revoke=self._revoked,
-                                 on_lost=self._revoked)
+        if not assign_all:
+            self._consumer.subscribe(self.topics, on_assign=self._assigned, on_revoke=self._revoked,
+                                     on_lost=self._revoked)
+            return
+        try:
+            partitions = [TopicPartition(t, p) for t in self.topics for p in sorted(self.partitions_of(t))]
+        except StreamError:
+            self.close()
+            raise
+        self._assigned(self._consumer, partitions)
+        if self._hook_error is not None:
+            error, self._hook_error = self._hook_error, None
+            self.close()
+            raise StreamError(f"partition assignment hook failed for {self.topics}: {error!r}") from error
+
+    def partitions_of(self, topic: str, timeout_s: float = 10.0) -> set[int]:
+        """The partition numbers of ``topic``; StreamError if none are known within ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                meta = self._client.list_topics(topic, timeout=max(deadline - time.monotonic(), 0.1))
+                found = meta.topics.get(topic)
+                if found is not None and found.error is None and found.partitions:
+                    return set(found.partitions)
+            except KafkaException:
+                pass
+            if time.monotonic() > deadline:
+                raise StreamError(f"topic {topic!r} has no partitions after {timeout_s:g} s (does it exist?)")
+            time.sleep(0.1)
 
     @property
     def _client(self) -> Consumer:
@@ -169,7 +202,9 @@ class ConfluentConsumer(ConsumerClient):
                     self._next[key] = offset
                     self._to_end.discard(key)
             consumer.assign(partitions)
-            if self._held:  # held after an earlier failed hook: read again
+            if self._paused:
+                consumer.pause(partitions)
+            elif self._held:  # held after an earlier failed hook: read again
                 consumer.resume(partitions)
                 self._held.difference_update(keys)
             start = "latest" if self._start_at_end else "earliest"
@@ -297,12 +332,13 @@ class ConfluentConsumer(ConsumerClient):
             logger.info("%s starts at its end, offset %d", key, high)
         return [r for r in records if r.offset >= ends.get((r.topic, r.partition), -1)]
 
-    def commit(self, offsets: Mapping[PartitionKey, int] | None = None) -> bool:
+    def commit(self, offsets: Mapping[PartitionKey, int] | None = None, wait: bool = False) -> bool:
         """Commit next offsets (default: after the last delivered record); best effort.
 
-        The commit is asynchronous (a synchronous one costs a round trip per
-        batch and blocks without bound on a stalled broker). Returns False
-        when it could not be queued or when the previous commit failed.
+        The commit is asynchronous unless ``wait`` (a synchronous one costs a
+        round trip per batch and blocks without bound on a stalled broker).
+        Returns False when it could not be queued, when the previous commit
+        failed, or (``wait``) when this one failed.
         """
         if offsets is None:
             assigned = self.assignment()
@@ -312,11 +348,21 @@ class ConfluentConsumer(ConsumerClient):
         previous, self._commit_error = self._commit_error, None
         try:
             self._client.commit(offsets=[TopicPartition(t, p, o) for (t, p), o in offsets.items()],
-                                asynchronous=True)
+                                asynchronous=not wait)
         except KafkaException as exc:  # lag reporting must never stop the worker
-            logger.warning("offset commit for lag tools failed (ignored): %r", exc)
+            logger.warning("offset commit failed: %r", exc)
             return False
-        return previous is None
+        return wait or previous is None
+
+    def committed(self, partitions: Sequence[PartitionKey], timeout_s: float = 10.0) -> dict[PartitionKey, int | None]:
+        try:
+            found = self._client.committed([TopicPartition(*key) for key in partitions], timeout=timeout_s)
+        except KafkaException as exc:
+            raise StreamError(f"committed offsets of {sorted(partitions)} unavailable: {exc.args[0]}") from exc
+        for tp in found:
+            if tp.error is not None:
+                raise StreamError(f"committed offset of {tp.topic}[{tp.partition}] unavailable: {tp.error}")
+        return {(tp.topic, tp.partition): tp.offset if tp.offset >= 0 else None for tp in found}
 
     def high_watermarks(self) -> dict[PartitionKey, int]:
         """The high watermark of each assigned partition as known from the last fetch.
@@ -416,6 +462,7 @@ class ConfluentProducer(ProducerClient):
         self._settings: dict[str, Any] = {
             "bootstrap.servers": bootstrap, "client.id": "gnnstream-producer",
             "enable.idempotence": True, "acks": "all", "linger.ms": linger_ms, "batch.size": batch_size,
+            "partitioner": "murmur2_random",  # Kafka's default (Java, kafka-python), which places a node with its owner
             "delivery.report.only.error": True, "logger": logger, "error_cb": _log_error,
         }
         self._settings.update(librdkafka_settings(config))

@@ -46,11 +46,12 @@ from stream.clients import ProducerClient
 from stream.exceptions import DeliveryError
 from stream.updates import encode_updates, tombstone
 
-__all__ = ["UpdateColumns", "Delivery", "DeliveryProcess", "encode_columns"]
+__all__ = ["UpdateColumns", "Delivery", "DeliveryProcess", "encode_columns", "WORKER_HEADER"]
 
 logger = logging.getLogger(__name__)
 
 Message = tuple[bytes, "bytes | None", Any]
+WORKER_HEADER = "gnnstream.worker"  # names the worker of a group that published a message
 _CHUNK = 4096  # messages encoded, then sent, at a time: the client sends a chunk while the next is encoded
 
 
@@ -124,10 +125,15 @@ class Delivery:
         topic: the output topic.
         model: ``name:version`` written into every update.
         fmt: ``"json"`` or ``"binary"`` (see :mod:`stream.updates`).
+        worker: when given, every message carries the header
+            ``gnnstream.worker`` with this name (which worker of a group
+            published it).
     """
 
-    def __init__(self, producer: ProducerClient, topic: str, model: str, fmt: Literal["json", "binary"] = "json"):
+    def __init__(self, producer: ProducerClient, topic: str, model: str, fmt: Literal["json", "binary"] = "json",
+                 worker: str | None = None):
         self.producer, self.topic, self.model, self.fmt = producer, topic, model, fmt
+        self._worker = [(WORKER_HEADER, worker.encode())] if worker else None
 
     def deliver(self, columns: Sequence[UpdateColumns], timeout_s: float = 30.0) -> int:
         """Encode, send and flush ``columns``; the number of messages.
@@ -143,8 +149,11 @@ class Delivery:
                     and math.isfinite(cols.computed_at)):
                 encode_columns([cols], self.model, self.fmt)  # raises, naming the nodes
         count = 0
+        worker = self._worker
         for cols in _chunks(columns, _CHUNK):
             for key, value, headers in encode_columns([cols], self.model, self.fmt):
+                if worker is not None:
+                    headers = worker if headers is None else [*headers, *worker]
                 send(topic, key, value, headers)
             count += len(cols)
         self.producer.flush(timeout_s)
@@ -163,13 +172,13 @@ class DeliveryProcess:
     Args:
         client: Kafka client of the child's producer (see :mod:`stream.backends`).
         bootstrap: ``host:port[,host:port...]``.
-        topic, model, fmt: as for :class:`Delivery`.
+        topic, model, fmt, worker: as for :class:`Delivery`.
     """
 
     def __init__(self, client: str, bootstrap: str, topic: str, model: str,
-                 fmt: Literal["json", "binary"] = "json"):
+                 fmt: Literal["json", "binary"] = "json", worker: str | None = None):
         self._args = ["--client", client, "--bootstrap", bootstrap, "--topic", topic, "--model", model,
-                      "--format", fmt]
+                      "--format", fmt, *(["--worker", worker] if worker else [])]
         self._proc: subprocess.Popen[bytes] | None = None
         self._conn: Connection | None = None
         self._busy = False  # a call waits for the child's answer
@@ -293,13 +302,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--topic", required=True)
     parser.add_argument("--model", required=True)
     parser.add_argument("--format", choices=("json", "binary"), default="json")
+    parser.add_argument("--worker", default=None)
     args = parser.parse_args(argv)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the worker stops it: a Ctrl-C reaches it through the worker
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s delivery: %(message)s")
     from stream.backends import open_producer
     conn = Connection(args.fd)
-    _serve(conn, Delivery(open_producer(args.client, args.bootstrap), args.topic, args.model, args.format))
+    _serve(conn, Delivery(open_producer(args.client, args.bootstrap), args.topic, args.model, args.format,
+                                  args.worker))
     return 0
 
 

@@ -12,6 +12,7 @@ Clients are not thread-safe: one thread polls, one thread sends and flushes.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from kafka import ConsumerRebalanceListener, KafkaConsumer, KafkaProducer, OffsetAndMetadata, TopicPartition
@@ -125,6 +126,11 @@ class EventConsumer(ConsumerClient):
             offset to read for those it has stored (others start at the
             stored :meth:`seek_to` offset, the last delivered one, or earliest).
         on_revoke: called with partitions about to be taken away.
+        assign_all: read every partition of the topics without joining the
+            group (manual assignment; the group id only names the committed
+            offsets for lag tools): ``on_assign`` is called once, here.
+        paused: hold every assigned partition paused (a member that wants the
+            group's assignment, not the records).
         **config: other ``KafkaConsumer`` settings. ``auto_offset_reset=
             "latest"`` makes partitions without a stored offset start at their
             end instead of the earliest offset; the end is taken from the
@@ -135,9 +141,11 @@ class EventConsumer(ConsumerClient):
     def __init__(self, bootstrap: str, topic: str | Sequence[str], group_id: str, *,
                  session_timeout_ms: int = 6000, heartbeat_interval_ms: int | None = None,
                  on_assign: AssignHook | None = None,
-                 on_revoke: Callable[[list[PartitionKey]], None] | None = None, **config: Any):
+                 on_revoke: Callable[[list[PartitionKey]], None] | None = None, assign_all: bool = False,
+                 paused: bool = False, **config: Any):
         self.topics = [topic] if isinstance(topic, str) else list(topic)
         self._on_assign, self._on_revoke = on_assign, on_revoke
+        self._paused = paused
         self._next: dict[PartitionKey, int] = {}
         self._hook_error: BaseException | None = None
         self._start_at_end = config.pop("auto_offset_reset", "earliest") == "latest"
@@ -149,7 +157,31 @@ class EventConsumer(ConsumerClient):
             client_id=f"gnnstream-{group_id}")
         settings.update(config)
         self._consumer: KafkaConsumer | None = KafkaConsumer(**settings)
-        self._consumer.subscribe(self.topics, listener=_Rebalance(self))
+        if not assign_all:
+            self._consumer.subscribe(self.topics, listener=_Rebalance(self))
+            return
+        try:
+            keys = [(t, p) for t in self.topics for p in sorted(self.partitions_of(t))]
+        except StreamError:
+            self.close()
+            raise
+        self._consumer.assign([TopicPartition(*k) for k in keys])
+        self._assigned(keys)
+        if self._hook_error is not None:
+            error, self._hook_error = self._hook_error, None
+            self.close()
+            raise StreamError(f"partition assignment hook failed for {self.topics}: {error!r}") from error
+
+    def partitions_of(self, topic: str, timeout_s: float = 10.0) -> set[int]:
+        """The partition numbers of ``topic``; StreamError if none are known within ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            found = self._client.partitions_for_topic(topic)
+            if found:
+                return set(found)
+            if time.monotonic() > deadline:
+                raise StreamError(f"topic {topic!r} has no partitions after {timeout_s:g} s (does it exist?)")
+            time.sleep(0.1)
 
     @property
     def _client(self) -> KafkaConsumer:
@@ -170,6 +202,8 @@ class EventConsumer(ConsumerClient):
                 else:
                     self._client.seek(tp, offset)
                     self._next[key] = offset
+            if self._paused:
+                self._client.pause(*[TopicPartition(*k) for k in partitions])
             start = "latest" if self._start_at_end else "earliest"
             logger.info("assigned %s; resuming at %s", sorted(partitions),
                         {k: self._next.get(k, start) for k in sorted(partitions)})
@@ -235,8 +269,8 @@ class EventConsumer(ConsumerClient):
             self._to_end.discard(key)
         return ends
 
-    def commit(self, offsets: Mapping[PartitionKey, int] | None = None) -> bool:
-        """Commit next offsets (default: after the last delivered record); best effort."""
+    def commit(self, offsets: Mapping[PartitionKey, int] | None = None, wait: bool = False) -> bool:
+        """Commit next offsets (default: after the last delivered record); best effort, always waited for."""
         if offsets is None:
             offsets = {k: v for k, v in self._next.items() if k in self.assignment()}
         if not offsets:
@@ -248,6 +282,12 @@ class EventConsumer(ConsumerClient):
         except Exception as exc:  # lag reporting must never stop the worker
             logger.warning("offset commit for lag tools failed (ignored): %r", exc)
             return False
+
+    def committed(self, partitions: Sequence[PartitionKey], timeout_s: float = 10.0) -> dict[PartitionKey, int | None]:
+        try:
+            return {key: self._client.committed(TopicPartition(*key)) for key in partitions}
+        except KafkaError as exc:
+            raise StreamError(f"committed offsets of {sorted(partitions)} unavailable: {exc!r}") from exc
 
     def lag(self) -> dict[PartitionKey, int]:
         """``high watermark - position`` per assigned partition whose watermark is known.

@@ -42,6 +42,7 @@ from graph_state import keys
 from graph_state.idsets import setdiff_ids, unique_ids
 from graph_state.store import DIRTY_COUNT, DIRTY_DEGREE, DIRTY_INPUT, DIRTY_SAMPLE, GraphStore
 from stream.delivery import UpdateColumns
+from stream.partitioning import partitions_for
 from workers.tables import EmbeddingTables, MetaTable, decode_legacy_final, encode_outbox
 
 __all__ = ["Engine", "RecomputeStats", "EngineError"]
@@ -54,6 +55,8 @@ _ATOL = 1e-6
 _HEAD_COLUMNS = 8  # entries of a recomputed row compared first (one 32-byte read per held row)
 _SMALL_LAYER = 1024  # a layer over fewer targets runs on one torch thread
 _OUTBOX_SEQ = b"outbox_seq"
+KEPT_META = b"kept_partitions"  # {"count", "kept"}: the output partitions whose final rows are current
+EPOCH_SHIFT = 32  # a version is (the owner's epoch of the node's output partition << 32) + a count within it
 _LAYOUT = 4  # version of the embpages/layerpages layout: a store written with another one needs a backfill
 
 
@@ -142,6 +145,7 @@ class RecomputeStats:
     seconds: float = 0.0
     phases: dict[str, float] = field(default_factory=dict)  # seconds per phase: marks, dirty, compute, rows, outputs, write
     rows_written: int = 0  # records in the recompute's WriteBatch
+    final_seconds: float = 0.0  # of the dirty, compute and rows phases, the part spent on the final layer
 
     def lap(self, phase: str, since: float) -> float:
         """Add the time from ``since`` to now to ``phase``; return now."""
@@ -216,6 +220,14 @@ class Engine:
         self._projects = [layer > 0 and self.gnn.projects(layer) for layer in range(self.num_layers)]
         self._deferred_since: float | None = None
         self._capped = 0
+        # the final layer is kept (and published) for owned nodes only: None = every node; else a mask over the
+        # output topic's partitions, a node being in the partition its id maps to (stream.partitioning)
+        # masks over the output partitions (see own): None = every node
+        self._kept: np.ndarray | None = None  # final rows computed and stored
+        self._published: np.ndarray | None = None  # changes also published
+        self._partition_count = 0
+        self._epochs: np.ndarray | None = None  # by output partition: this worker's epoch as its owner
+        self._partition = np.zeros(0, dtype=np.int32)  # by iid: the node's output partition, -1 = not known yet
         self._deleted_code = self.meta.code(DELETED)
         self._mode_of: dict[int, int] = {}  # mode code by degree * 2 + has features (the policy is fixed)
         raw = store.column("meta").get(_OUTBOX_SEQ)
@@ -261,6 +273,153 @@ class Engine:
         """Queue an outbox record; the caller also puts the next sequence number (meta ``outbox_seq``)."""
         puts.append(("outbox", keys.U64.pack(self._seq), record))
         self._seq += 1
+
+    # ------------------------------------------------------------------ versions and ownership
+    def _next_versions(self, old: np.ndarray, iids: np.ndarray) -> np.ndarray:
+        """Versions for new values of ``iids``, whose stored versions are ``old``.
+
+        One past the old version, and at least ``epoch << EPOCH_SHIFT`` where
+        ``epoch`` is this worker's epoch of the node's output partition
+        (:meth:`own`): strictly increasing per node, and above every version
+        an earlier owner of the partition published, whose epoch was lower
+        (docs/scaling.md). Without a group the epoch is 0.
+        """
+        if self._epochs is None or not len(iids):
+            return old + 1
+        return np.maximum(old + 1, self._epochs[self.partitions_of(iids)] << EPOCH_SHIFT)
+
+    def own(self, keep: "set[int] | None", publish: "set[int] | None" = None, count: int = 0,
+            epochs: "dict[int, int] | None" = None) -> None:
+        """Shard the final layer by the ``count`` partitions of the output topic (a node being in the partition
+        its id maps to, :mod:`stream.partitioning`).
+
+        Args:
+            keep: the partitions whose nodes' final rows are computed and
+                stored (None: every node, no sharding).
+            publish: those of ``keep`` whose nodes' changes are also published
+                (None: all of ``keep``).
+            epochs: this worker's epoch of each partition it was assigned
+                (see :meth:`_next_versions`); partitions not named keep the
+                epoch they had.
+
+        A partition added to ``keep`` needs :meth:`take_over`: its nodes'
+        final rows were not kept current before.
+        """
+        if keep is None:
+            self._kept = self._published = self._epochs = None
+            return
+        publish = set(keep) if publish is None else set(publish)
+        if any(not 0 <= p < count for p in set(keep) | publish):
+            raise ValueError(f"Expected partitions in [0, {count}) (got {sorted(set(keep) | publish)})")
+        if count != self._partition_count:
+            self._partition = np.zeros(0, dtype=np.int32)
+            self._epochs = np.zeros(count, dtype=np.int64)
+        self._partition_count = count
+        for p, epoch in (epochs or {}).items():
+            self._epochs[p] = epoch
+        self._kept, self._published = self._mask(keep, count), self._mask(publish, count)
+        # a partition dropped is recorded before anything else happens; one added, by take_over once done
+        stored = self.kept_partitions()
+        if stored is None:  # every node's row was current
+            self._put_kept(puts := [], set(keep))
+            self.store.write(puts)
+        elif stored[0] != count or not stored[1] <= set(keep):
+            self._put_kept(puts := [], stored[1] & set(keep) if stored[0] == count else set())
+            self.store.write(puts)
+
+    def kept_partitions(self) -> "tuple[int, set[int]] | None":
+        """``(count, partitions)`` whose final rows the store holds current, as last recorded (None: the
+        store's final rows are every node's, or none was recorded)."""
+        raw = self.store.column("meta").get(KEPT_META)
+        if raw is None:
+            return None
+        obj = json.loads(raw)
+        return int(obj["count"]), set(obj["kept"])
+
+    def _put_kept(self, puts: list, kept: "set[int]") -> None:
+        value = {"count": self._partition_count, "kept": sorted(kept)}
+        puts.append(("meta", KEPT_META, json.dumps(value).encode()))
+
+    @staticmethod
+    def _mask(partitions: "set[int]", count: int) -> np.ndarray:
+        mask = np.zeros(count, dtype=bool)
+        mask[list(partitions)] = True
+        return mask
+
+    def partitions_of(self, iids: np.ndarray) -> np.ndarray:
+        """The output partition of each node (among the ``count`` set by :meth:`own`)."""
+        iids = np.asarray(iids, dtype=np.int64)
+        if not len(iids):
+            return np.zeros(0, dtype=np.int32)
+        have = len(self._partition)
+        top = int(iids.max()) + 1
+        if top > have:
+            grown = np.full(max(top, have + have // 2), -1, dtype=np.int32)
+            grown[:have] = self._partition
+            self._partition = grown
+        part = self._partition
+        unknown = unique_ids(iids[part[iids] < 0])
+        if len(unknown):
+            part[unknown] = partitions_for(map(self.store.name, unknown.tolist()), self._partition_count)
+        return part[iids]
+
+    def _in(self, mask: "np.ndarray | None", iids: np.ndarray) -> np.ndarray:
+        """Which of ``iids`` lie in the partitions of ``mask`` (None: all)."""
+        if mask is None:
+            return np.ones(len(iids), dtype=bool)
+        if not mask.any():
+            return np.zeros(len(iids), dtype=bool)
+        return mask[self.partitions_of(iids)]
+
+    def take_over(self, partitions: "set[int]", computed: "set[int]" = frozenset()) -> RecomputeStats:
+        """Publish the final embedding of every node in newly owned output ``partitions``.
+
+        The final rows of ``partitions`` not in ``computed`` (those not kept
+        current meanwhile) are computed first. Call :meth:`own` with the
+        partitions and their new epochs first: every version published then
+        exceeds those of earlier owners. Whatever an earlier owner published
+        last, its consumers end up with this worker's values; the deleted
+        nodes of those partitions are withdrawn again (an earlier owner may
+        have died before it withdrew them).
+        """
+        with self._forgetting_on_failure():
+            return self._take_over(set(partitions), set(computed))
+
+    def _take_over(self, partitions: "set[int]", computed: "set[int]") -> RecomputeStats:
+        t0 = time.perf_counter()
+        stats = RecomputeStats()
+        if self._kept is None or not partitions:
+            return stats
+        every = np.fromiter((keys.decode_iid(k) for k in self.store.column("names").keys()), dtype=np.int64)
+        where = self.partitions_of(every)
+        every, where = every[np.isin(where, list(partitions))], where[np.isin(where, list(partitions))]
+        alive = self.store.node_arrays(every)[0] >= 0
+        targets, gone = every[alive], every[~alive]
+        layer = self.num_layers - 1
+        step = min(self.chunk_nodes, 50_000)
+        for start in range(0, len(targets), step):
+            chunk = targets[start:start + step]
+            rows, present = self.tables.get(self.num_layers, chunk)
+            fresh = ~present | ~np.isin(where[alive][start:start + step], list(computed))
+            if fresh.any():
+                rows = np.array(rows, dtype=np.float32)
+                rows[fresh], sampled = self.compute_layer(layer, chunk[fresh], _CachedRows(self.tables, layer))
+                stats.sampled_neighbours += sampled
+                self.tables.set(self.num_layers, chunk[fresh], rows[fresh])
+            stats.recomputed.append(int(fresh.sum()))
+            puts = self._write_final(chunk, rows, publish=True, stats=stats, event_ts=None, force=False)
+            puts.append(("meta", _OUTBOX_SEQ, keys.U64.pack(self._seq)))
+            self._commit(puts + list(self.meta.compact()))
+        stats.recomputed = [sum(stats.recomputed)]
+        puts = []
+        self.tables.set(self.num_layers, gone, None)
+        self._outputs_for_deleted(gone, puts, True, stats, again=True)
+        puts.append(("meta", _OUTBOX_SEQ, keys.U64.pack(self._seq)))
+        stored = self.kept_partitions()
+        self._put_kept(puts, (stored[1] if stored and stored[0] == self._partition_count else set()) | partitions)
+        self._commit(puts + list(self.meta.compact()))
+        stats.seconds = time.perf_counter() - t0
+        return stats
 
     # ------------------------------------------------------------------ binding
     def needs_backfill(self) -> bool:
@@ -371,22 +530,31 @@ class Engine:
             stats.changed.append(len(targets))
             if layer < self.num_layers - 1:  # final rows are written with their metadata
                 self._write_layer_rows(layer + 1, targets, h)
-            self.tables.set(layer + 1, targets, h)
+                self.tables.set(layer + 1, targets, h)
+            else:
+                owned = self._in(self._kept, targets)
+                self.tables.set(layer + 1, targets[owned], h[owned])
             prev = _DenseRows(targets, h)
             if progress:
                 progress(layer + 1)
-        self._write_final(targets, h, publish=publish, stats=stats, event_ts=None, force=True)
+        self._write_final(targets[owned], h[owned], publish=publish, stats=stats, event_ts=None, force=True,
+                          )
         # rows of nodes that are gone (deleted before the marks that would withdraw them were processed)
         puts: list = []
         for layer, log in self.logs.items():
             stale = setdiff_ids(log.held_iids(), targets)
             self.tables.set(layer, stale, None)
             if layer == self.num_layers:
-                self._outputs_for_deleted(stale, puts, publish, stats)
+                self._outputs_for_deleted(stale[self._in(self._kept, stale)], puts, publish, stats)
             else:
                 puts.extend(log.put_rows(stale, None))
         self._commit(puts + [put for log in self.logs.values() for put in log.compact()])
         self.store.column("meta").put(b"model", self.binding.encode())
+        if self._kept is None:  # every node's final row was written
+            self.store.write([("meta", KEPT_META, None)])
+        else:
+            self._put_kept(puts := [], set(np.flatnonzero(self._kept).tolist()))
+            self.store.write(puts)
         self.store.write((), clear=("dirty", "emb"))  # emb: where older layouts kept h^l
         self._damaged = {}  # every row was written
         self._drop_unused_rows()
@@ -505,13 +673,14 @@ class Engine:
             ids = iids[start:start + chunk]
             old_version, _, _ = meta.get(ids)
             degree, flags, last_ts = self.store.node_arrays(ids)
-            versions = old_version + 1
+            versions = self._next_versions(old_version, ids)
             times = np.maximum(last_ts, event_ts or 0.0)
             meta.set(ids, versions, times, self._mode_codes(degree, flags))
             puts.extend(meta.encode(ids, rows[start:start + chunk]))
-            if publish and len(ids):
-                self._outbox(puts, encode_outbox(ids, now))
-                stats.published += len(ids)
+            sent = ids if self._published is None else ids[self._in(self._published, ids)]
+            if publish and len(sent):
+                self._outbox(puts, encode_outbox(sent, now))
+                stats.published += len(sent)
             if force:
                 puts.append(("meta", _OUTBOX_SEQ, keys.U64.pack(self._seq)))
                 self._commit(puts)
@@ -604,7 +773,10 @@ class Engine:
                 deferred.append(deferred_now[layer])
             new_deferred[layer] = unique_ids(np.concatenate(deferred))
             stats.deferred += len(new_deferred[layer])
+            final_from = t if layer == self.num_layers - 1 else None
             dirty_ids = unique_ids(np.concatenate(dirty))
+            if layer == self.num_layers - 1 and self._kept is not None:  # the final layer: kept nodes only
+                dirty_ids = dirty_ids[self._in(self._kept, dirty_ids)]
             alive = store.node_arrays(dirty_ids)[0] >= 0
             targets, gone = dirty_ids[alive], dirty_ids[~alive]
             t = stats.lap("dirty", t)
@@ -624,10 +796,13 @@ class Engine:
             stats.changed.append(len(moved))
             changed = np.concatenate([moved, gone])
             t = stats.lap("rows", t)
+            if final_from is not None:
+                stats.final_seconds = t - final_from
             if layer == self.num_layers - 1:
                 final_iids, final_rows = moved, moved_rows
                 # a node whose mode changed is republished even if its vector did not move
                 touched = input_ids[(input_flags & (DIRTY_INPUT | DIRTY_DEGREE)) != 0]
+                touched = touched[self._in(self._kept, touched)]
                 recheck = setdiff_ids(np.concatenate([targets[~diff], touched]), moved)
                 degree, flags, _ = store.node_arrays(recheck)
                 live = degree >= 0
@@ -642,7 +817,8 @@ class Engine:
                         final_rows = np.concatenate([final_rows, current[present]])
                 stats.deleted = len(gone)
                 self._outputs_for_deleted(gone, puts, publish, stats)
-        self._write_final(final_iids, final_rows, publish=publish, stats=stats, event_ts=event_ts, force=False, puts=puts)
+        self._write_final(final_iids, final_rows, publish=publish, stats=stats, event_ts=event_ts, force=False,
+                          puts=puts)
         for log in self.logs.values():  # after the last encode of this WriteBatch
             puts.extend(log.compact())
         waiting = [(np.full(len(nodes), DEFERRED_TAG + layer), nodes) for layer, nodes in new_deferred.items()]
@@ -671,20 +847,23 @@ class Engine:
             log.committed()
         return written
 
-    def _outputs_for_deleted(self, gone: np.ndarray, puts: list, publish: bool, stats: RecomputeStats) -> None:
+    def _outputs_for_deleted(self, gone: np.ndarray, puts: list, publish: bool, stats: RecomputeStats, *,
+                             again: bool = False) -> None:
+        """Withdraw the final embeddings of deleted nodes that have one (``again``: every one of ``gone``)."""
         if not len(gone):
             return
         version, event_ts, mode = self.meta.get(gone)
         # the meta stays as a version floor, so a re-created node keeps counting up
-        withdraw = (mode >= 0) & (mode != self._deleted_code)
-        ids, versions, times = gone[withdraw], version[withdraw] + 1, event_ts[withdraw]
+        withdraw = np.ones(len(gone), dtype=bool) if again else (mode >= 0) & (mode != self._deleted_code)
+        ids, versions, times = gone[withdraw], self._next_versions(version[withdraw], gone[withdraw]), event_ts[withdraw]
         if not len(ids):
             return
         self.meta.set(ids, versions, times, np.full(len(ids), self._deleted_code, dtype=np.int16))
         puts.extend(self.meta.encode(ids, None))
-        if publish:
-            self._outbox(puts, encode_outbox(ids, time.time()))
-            stats.published += len(ids)
+        sent = ids if self._published is None else ids[self._in(self._published, ids)]
+        if publish and len(sent):
+            self._outbox(puts, encode_outbox(sent, time.time()))
+            stats.published += len(sent)
 
     def outbox_columns(self, iids: np.ndarray, computed_at: float) -> UpdateColumns:
         """What to publish for the nodes of an outbox record, as columns: their stored state now.

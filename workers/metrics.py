@@ -119,6 +119,8 @@ class WorkerMetrics:
                                         buckets=_COUNTS, registry=r)
         self.fanout_capped = Counter("gnnstream_fanout_capped", "Recomputed nodes whose neighbourhood exceeded the fanout",
                                      registry=r)
+        self.owned = Gauge("gnnstream_owned_partitions", "Output partitions this worker computes and publishes",
+                           registry=r)
         self.deferred = Gauge("gnnstream_deferred_hubs", "Hub propagations currently deferred", registry=r)
         self.deferred_total = Counter("gnnstream_deferred_hub_propagations",
                                       "Hub propagations deferred and coalesced", registry=r)

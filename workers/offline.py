@@ -41,7 +41,7 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any, Iterable, Iterator, TextIO
+from typing import Any, Callable, Iterable, Iterator, TextIO
 
 import numpy as np
 from rocksdict import AccessType, Cache, Options, Rdict
@@ -675,9 +675,10 @@ def export_embeddings(state: str, out: TextIO) -> int:
     with open_store(state, create=False, read_only=True) as store:
         raw_model = store.column("meta").get(_BINDING)
         model_tag = json.loads(raw_model)["model"] if raw_model else ""
+        kept = _kept_test(store)
         count = 0
         for iid, meta, vec in MetaTable(store).items():
-            if vec is None:
+            if vec is None or not kept(iid):
                 continue
             out.write(json.dumps({
                 "id": store.name(iid),
@@ -691,6 +692,19 @@ def export_embeddings(state: str, out: TextIO) -> int:
         return count
 
 
+def _kept_test(store: GraphStore) -> Callable[[int], bool]:
+    """Whether the state holds a node's final row current: a worker of a group keeps only its output
+    partitions' (``Engine.kept_partitions``); other states every node's."""
+    from stream.partitioning import partition_for
+    from workers.engine import KEPT_META
+    raw = store.column("meta").get(KEPT_META)
+    if raw is None:
+        return lambda iid: True
+    obj = json.loads(raw)
+    count, kept = int(obj["count"]), set(obj["kept"])
+    return lambda iid: count > 0 and partition_for(store.name(iid).encode(), count) in kept
+
+
 def _finite_or_none(x: float) -> float | None:
     return x if np.isfinite(x) else None  # JSON has no NaN or Infinity
 
@@ -702,6 +716,9 @@ VERIFY_EXIT = {"ok": 0, "mismatch": 1, "pending": 3}
 def verify(state: str, model_dir: str | None = None, atol: float = 1e-4) -> dict[str, Any]:
     """``verify``: recompute from scratch in memory and compare with what is stored (read-only).
 
+    A worker of a group holds current final rows only for its output
+    partitions: the other nodes are left out and counted in ``not_kept``.
+
     ``status`` is ``ok``; ``mismatch`` (a stored row differs, is missing, is
     not finite or fails its check, and no work is pending to explain it); or
     ``pending`` (dirty marks wait, every stored row is finite and intact: the
@@ -710,6 +727,10 @@ def verify(state: str, model_dir: str | None = None, atol: float = 1e-4) -> dict
     with open_store(state, create=False, read_only=True) as store:
         engine = open_engine(store, model_dir)
         targets, fresh = engine.from_scratch()
+        kept = _kept_test(store)
+        mine = np.fromiter(map(kept, targets.tolist()), dtype=bool, count=len(targets))
+        not_kept = int((~mine).sum())
+        targets, fresh = targets[mine], fresh[mine]
         stored, present = engine.tables.get(engine.num_layers, targets)
         finite = np.isfinite(stored).all(axis=1) if len(targets) else np.zeros(0, dtype=bool)
         with np.errstate(invalid="ignore", over="ignore"):
@@ -727,7 +748,8 @@ def verify(state: str, model_dir: str | None = None, atol: float = 1e-4) -> dict
         else:
             worst = None
         measured = present & finite
-        stray = sum(1 for iid, meta, _ in engine.meta.items() if not store.exists_iid(iid) and meta.mode != "deleted")
+        stray = sum(1 for iid, meta, _ in engine.meta.items()
+                    if not store.exists_iid(iid) and meta.mode != "deleted" and kept(iid))
         pending = engine.pending()
         damaged = store.damaged_marks if isinstance(store, _ReadOnlyStore) else 0
         if bad == 0 and stray == 0 and pending == 0 and damaged == 0:
@@ -740,6 +762,7 @@ def verify(state: str, model_dir: str | None = None, atol: float = 1e-4) -> dict
             "ok": status == "ok",
             "status": status,
             "nodes": int(len(targets)),
+            "not_kept": not_kept,
             "mismatched": bad,
             "missing": missing,
             "non_finite": non_finite,

@@ -30,6 +30,7 @@ answer is exact either way.
 from __future__ import annotations
 
 import heapq
+import json
 import logging
 import os
 from typing import Any, Callable, Iterator, Sequence
@@ -43,6 +44,8 @@ from graph_state.store import GraphStore
 from model import load_model_dir
 from stream.events import (EdgeDelete, EdgeUpsert, Event, InvalidEvent, NodeDelete, NodeUpsert, check_features,
                            decode_event)
+from stream.partitioning import partition_for
+from workers.engine import KEPT_META
 from workers.offline import MODEL_DIR_META
 from workers.tables import FrameReused, MetaTable
 from workers.train import HEAD_FILE, FraudHead, load_head
@@ -250,6 +253,7 @@ class QueryState:
         self.policy = model.cold_start
         self.pages = MetaTable(self.store)
         self.rereads = 0  # answers read again after the worker reused a frame they were reading
+        self._kept_raw: tuple[int, set[int] | None] | None = None  # the worker's kept partitions, read on demand
         # h^l of every layer: the page logs of the layers in between, then the final one
         self.logs = {l: MetaTable(self.store, family="layerpages", prefix=bytes((l,)), rows_name=f"layer{l}-rows")
                      for l in range(1, len(self.fanouts))}
@@ -267,6 +271,19 @@ class QueryState:
         self.store.catch_up()
         for log in self.logs.values():
             log.follow()
+        self._kept_raw = None
+
+    def kept(self, name: str) -> int | None:
+        """None when the worker keeps ``name``'s final row current; else the output partition it is in (a
+        worker of a group keeps only its own partitions', docs/scaling.md)."""
+        if self._kept_raw is None:
+            raw = self.store.column("meta").get(KEPT_META)
+            self._kept_raw = (0, None) if raw is None else (json.loads(raw)["count"], set(json.loads(raw)["kept"]))
+        count, partitions = self._kept_raw
+        if partitions is None:
+            return None
+        p = partition_for(name.encode(), count) if count else 0
+        return None if p in partitions else p
 
     def status(self) -> dict[str, Any]:
         """How far this view has caught up: the next offset of every partition the worker applied, and the
@@ -285,6 +302,11 @@ class QueryState:
         iid = self.store.iid(name)
         if iid is None or not self.store.exists_iid(iid):
             raise QueryError(404, f"no node {name!r}")
+        elsewhere = self.kept(name)
+        if elsewhere is not None:
+            raise QueryError(421, f"node {name!r} is in output partition {elsewhere}, which another worker of "
+                                  f"the group publishes: ask that worker (or POST /v1/infer here)",
+                             partition=elsewhere)
         rows, present = self._read(lambda: self.pages.rows(np.asarray([iid]), self.dims[-1], checked=True))
         if not present[0]:
             raise QueryError(404, f"node {name!r} has no embedding yet")
@@ -380,7 +402,7 @@ class QueryState:
             targets.append(v)
         # stored rows are the contract's values when the worker left nothing dirty: reuse those of nodes
         # whose computation tree the events do not reach
-        clean = self.store.dirty_count() == 0
+        clean = self.store.dirty_count() == 0 and all(self.kept(overlay.name(v)) is None for v in targets)
         rows = _Evaluation(self, overlay, clean).final(targets)
         if rows is None:  # a stored row missing: compute everything from the features
             rows = _Evaluation(self, overlay, False).final(targets)

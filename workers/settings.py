@@ -31,6 +31,7 @@ class WorkerSettings:
     output_topic: str = "node-embeddings"
     dlq_topic: str = "graph-events-dlq"
     group: str = "gnnstream"
+    worker_id: str = ""
     partitions: int = 4
     batch_size: int = 1000
     max_batch_size: int = 10_000
@@ -76,7 +77,11 @@ _HELP = {
     "events_topic": "topic of graph events",
     "output_topic": "topic embeddings are published to",
     "dlq_topic": "dead-letter topic for invalid events",
-    "group": "Kafka consumer group id",
+    "group": "the group of workers that share the output: a Kafka consumer group over the output topic's "
+             "partitions; each worker of it keeps the whole graph and publishes the nodes of the partitions it is "
+             "assigned (see docs/scaling.md)",
+    "worker_id": "this worker's name within its group, sent in the gnnstream.worker header of every message it "
+                 "publishes (default: host name and state directory name)",
     "partitions": "partitions of topics created when missing",
     "batch_size": "events per micro-batch under light load (the first poll's size and the smallest target)",
     "max_batch_size": "largest micro-batch: under a backlog the batch target doubles after every full poll up "

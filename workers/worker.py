@@ -57,12 +57,13 @@ from __future__ import annotations
 
 import logging
 import operator
+import os
 import signal
 import socket
 import threading
 import time
 from collections import Counter, deque
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import numpy as np
@@ -78,12 +79,13 @@ from stream.exceptions import StreamError, TopicSetupError
 from stream.kafka import ensure_topics
 from workers.heap import freeze_warm_heap
 from workers.metrics import MetricsServer, WorkerMetrics
+from workers.ownership import Ownership
 from workers.settings import WorkerSettings
 
 if TYPE_CHECKING:  # torch-backed modules are imported by Worker.run, after /healthz is up
     from workers.engine import Engine
 
-__all__ = ["Worker", "OutboxPublisher", "Outgoing", "OffsetResetError"]
+__all__ = ["Worker", "OutboxPublisher", "Outgoing", "OffsetResetError", "default_worker_id"]
 
 logger = logging.getLogger(__name__)
 
@@ -100,6 +102,11 @@ _STOP_CLOSE_S = 1.0  # on stop, then the longest wait for each client to close (
 _RETRY_PAUSE_S = 1.0  # between failed deliveries of the publisher thread
 _PUBLISH_LIMIT = 50_000  # messages per encoded batch (a batch holds whole outbox records)
 _op = operator.attrgetter("op")
+
+
+def default_worker_id(state: str) -> str:
+    """A worker's name when none is given: the host's and the state directory's."""
+    return f"{socket.gethostname()}-{os.path.basename(os.path.abspath(state))}"
 
 
 class OffsetResetError(StreamError):
@@ -380,6 +387,10 @@ class _Health:
     last_error: str | None = None
     pending_marks: int | None = None  # dirty marks left when the worker stopped
     pending_outbox: int | None = None  # outbox records left undelivered when the worker stopped
+    final_recomputed: int = 0  # final-layer rows computed (this worker's share of the group's)
+    seconds: dict[str, float] = field(default_factory=dict)  # cumulative: apply, layers, final, write, takeover
+    changed: list[int] = field(default_factory=list)  # cumulative, by layer from 1: rows whose value moved
+    takeovers: int = 0  # times it took over newly assigned output partitions
 
 
 def _in_background(call: Callable[[], Any], name: str) -> threading.Thread:
@@ -440,6 +451,13 @@ class Worker:
         self._idle = False  # the last poll brought nothing: _publish waits for delivery (nothing to overlap)
         self._batch_target = settings.batch_size  # records asked of the next poll (dynamic micro-batching)
         self._query: Any = None  # the query API process (workers.serve.QueryProcess), told of every commit
+        self.worker_id = settings.worker_id or default_worker_id(settings.state)
+        self._ownership: Ownership | None = None
+        self._owned: set[int] = set()  # output partitions whose nodes this worker publishes
+        self._kept: set[int] = set()  # output partitions whose nodes' final rows it keeps current (owned ones, and
+        # revoked ones until the next assignment)
+        self._rebalancing = False  # partitions were revoked and the next assignment has not come
+        self._output_partitions = 0
 
     # ------------------------------------------------------------------ lifecycle
     def stop(self, *_: Any) -> None:
@@ -470,6 +488,10 @@ class Worker:
                 "invalid": h.invalid, "published": h.published, "polls": h.polls,
                 "kafka_attempts": h.kafka_attempts, "last_error": h.last_error,
                 "pending_marks": h.pending_marks, "pending_outbox": h.pending_outbox,
+                "position": sum(self._expected.values()), "worker": self.worker_id,
+                "owned_partitions": sorted(self._owned),
+                "final_recomputed": h.final_recomputed, "takeovers": h.takeovers,
+                "seconds": {k: round(v, 3) for k, v in h.seconds.items()}, "changed": h.changed,
                 "uptime_s": round(now - h.started, 3)}
 
     def _set_status(self, status: str, reason: str | None) -> None:
@@ -514,13 +536,20 @@ class Worker:
         s = self.settings
         engine = self.engine = open_engine(store, s.model, hub_bound=s.hub_bound,
                                            max_deferred_age=s.max_staleness_s)
+        # nothing is published before the group's assignment (_sync_ownership); the final rows the state holds
+        # current are kept current meanwhile (every node's when it records no partitions: a state not yet
+        # sharded)
+        stored = engine.kept_partitions()
+        if stored is not None:
+            self._kept = stored[1]
+            engine.own(self._kept, set(), stored[0])
         self._deferred_keys = self._deferred_marks(store)
         if engine.needs_backfill():
             self._set_status("backfill", f"running backfill of model {engine.model_tag} over state {s.state}")
-            engine.backfill(publish=True)
+            engine.backfill(publish=False)
         if engine.pending():
             self._set_status("recovering", f"recomputing {engine.pending()} dirty marks the last run left")
-            self._recompute(engine, None, None)  # what a crash left dirty
+            self._recompute(engine, None, None, publish=False)  # what a crash left dirty
         if s.query_port:
             from workers.serve import QueryProcess
             self._query = QueryProcess(s.state, str(engine.model.path), s.query_host, s.query_port)
@@ -535,7 +564,8 @@ class Worker:
         s = self.settings
         freeze_warm_heap()
         # the updates go out through a process of their own; the dead letters through this thread's producer
-        delivery = DeliveryProcess(s.kafka_client, s.bootstrap, s.output_topic, engine.model_tag, s.output_format)
+        delivery = DeliveryProcess(s.kafka_client, s.bootstrap, s.output_topic, engine.model_tag, s.output_format,
+                                   worker=self.worker_id)
         dlq_producer = open_producer(s.kafka_client, s.bootstrap)
         publisher = OutboxPublisher(store, delivery, engine.outbox_columns, min_change=s.min_change)
         dlq = DeadLetterWriter(dlq_producer, s.dlq_topic)
@@ -552,6 +582,10 @@ class Worker:
                 return
             clean = False
             try:
+                self._output_partitions = len(consumer.partitions_of(s.output_topic))
+                if not self._join(engine):
+                    self._drain_on_stop(engine, publisher)
+                    return
                 self._loop(consumer, dlq_producer, publisher, dlq, engine, max_idle_s)
                 clean = True
             finally:
@@ -565,6 +599,9 @@ class Worker:
                     logger.warning("the consumer did not leave its group within %g s (broker unreachable?); "
                                    "exiting without waiting for it", _STOP_CLOSE_S)
         finally:
+            if self._ownership is not None:  # leave the group: the other workers take this one's partitions
+                self._ownership.close(_STOP_CLOSE_S + 1.0)
+                self._ownership = None
             if sender is not None:
                 sender.close(_STOP_CLOSE_S)
             self._sender = None
@@ -613,13 +650,15 @@ class Worker:
         return False
 
     def _open_consumer(self) -> ConsumerClient | None:
-        """Join the consumer group (retrying while Kafka is unavailable); None if stopped meanwhile."""
+        """Read every partition of the events topic (retrying while Kafka is unavailable); None if stopped
+        meanwhile. Offsets are committed, for lag tools only, under the group ``<group>.<worker id>``."""
         s = self.settings
-        self._set_status("joining", f"joining group {s.group} for topic {s.events_topic}")
+        self._set_status("joining", f"assigning every partition of topic {s.events_topic}")
         while not self._stop.is_set():
             try:
-                consumer = open_consumer(s.kafka_client, s.bootstrap, s.events_topic, s.group,
-                                         session_timeout_ms=s.session_timeout_ms, on_assign=self._stored_offsets)
+                consumer = open_consumer(s.kafka_client, s.bootstrap, s.events_topic, f"{s.group}.{self.worker_id}",
+                                         session_timeout_ms=s.session_timeout_ms, on_assign=self._stored_offsets,
+                                         assign_all=True)
             except StreamError:
                 raise
             except Exception as exc:  # Kafka went away again: retry
@@ -634,8 +673,6 @@ class Worker:
         stored = self.store.offsets()
         offsets = {tp: stored[tp] for tp in partitions if tp in stored}
         self._expected.update(offsets)
-        if self.health.status == "joining":  # joined (with or without partitions)
-            self._set_status("consuming", None)
         return offsets
 
     # ------------------------------------------------------------------ the loop
@@ -645,6 +682,11 @@ class Worker:
         idle_since = time.monotonic()
         last_lag = 0.0
         while not self._stop.is_set():
+            self._sync_ownership(engine)
+            if self._rebalancing:  # no events until the group has assigned the partitions again
+                self._publish(publisher)
+                self._stop.wait(0.05)
+                continue
             try:
                 records = consumer.poll_batch(self._batch_target, s.batch_wait_ms / 1000)
             except StreamError:
@@ -663,6 +705,7 @@ class Worker:
                 self._process(records, producer, dlq, engine)
             elif engine.pending():
                 self._recompute(engine, None, None)
+            self._sync_ownership(engine)
             self._idle = not records
             self._publish(publisher)
             if records and not self._stop.is_set():  # for lag tools only: not worth a stall when stopping
@@ -671,8 +714,77 @@ class Worker:
                 last_lag = time.monotonic()
                 self._report_lag(consumer)
             if max_idle_s is not None and not records and time.monotonic() - idle_since > max_idle_s \
-                    and not engine.pending() and not publisher.pending():
+                    and not engine.pending() and not publisher.pending() and self._settled():
                 break
+
+    # ------------------------------------------------------------------ ownership
+    def _join(self, engine: Engine) -> bool:
+        """Join the group that shares out the output topic; wait for the first assignment (False if stopped
+        meanwhile). The events are read only from then on: what they change in the assigned partitions is
+        published as it is applied."""
+        s = self.settings
+        self._set_status("joining", f"joining group {s.group} for the partitions of topic {s.output_topic}")
+        self._ownership = own = Ownership(s.kafka_client, s.bootstrap, s.output_topic, s.group,
+                                          session_timeout_ms=s.session_timeout_ms)
+        count = self._output_partitions
+        stored = engine.kept_partitions()
+        if stored is None:  # every node's final row is current
+            self._kept = set(range(count))
+        elif stored[0] != count:  # the output topic has other partitions now: nodes map elsewhere
+            self._kept = set()
+        engine.own(self._kept, set(), count)
+        while not own.joined.wait(0.1):
+            if self._stop.is_set():
+                return False
+        self._set_status("consuming", None)
+        return True
+
+    def _settled(self) -> bool:
+        """The group has assigned this worker its partitions (and it took them over)."""
+        own = self._ownership
+        return own is not None and own.joined.is_set() and not self._rebalancing
+
+    def _sync_ownership(self, engine: Engine) -> None:
+        """Act on the group's changes, between two batches.
+
+        A revoked partition stops being published at once (the group hands
+        it on only after that); its final rows are still computed until the
+        next assignment says where it went, so that getting it back costs no
+        recompute. Events are not read between a revocation and the next
+        assignment (a rebalance). Assigned partitions are taken over at once,
+        at the epochs the group gave them (docs/scaling.md).
+        """
+        own = self._ownership
+        if own is None:
+            return
+        revoked, assignment, ticket = own.take()
+        count = self._output_partitions
+        if revoked:
+            self._owned -= revoked
+            engine.own(self._kept, self._owned, count)
+            self._rebalancing = True
+            own.done(ticket)
+        if assignment is None:
+            return
+        self._rebalancing = False
+        parts = set(assignment) - self._owned
+        computed = parts & self._kept
+        self._kept = (self._kept & set(assignment)) | parts
+        self._owned |= parts
+        engine.own(self._kept, self._owned, count, epochs=assignment)
+        self.metrics.owned.set(len(self._owned))
+        if not parts:
+            return
+        t0 = time.perf_counter()
+        stats = engine.take_over(parts, computed)
+        self._spent("takeover", time.perf_counter() - t0)
+        self.health.takeovers += 1
+        self.health.final_recomputed += stats.recomputed[-1] if stats.recomputed else 0
+        logger.info("took over output partitions %s: %d final rows computed, %d embeddings to publish, %.2f s",
+                    sorted(parts), stats.recomputed[-1] if stats.recomputed else 0, stats.published,
+                    time.perf_counter() - t0)
+        if self._query is not None:
+            self._query.notify()
 
     def _check_offsets(self, consumer: ConsumerClient, records: list[Record]) -> list[Record]:
         """The records of a poll that may be applied, after checking every assigned partition's end.
@@ -763,6 +875,7 @@ class Worker:
         assert self.store is not None
         result = self.store.apply(good, offsets)
         self._expected.update(offsets)
+        self._spent("apply", time.perf_counter() - t0)
         self.metrics.apply_seconds.observe(time.perf_counter() - t0)
         for op, count in Counter(map(_op, good)).items():
             self.metrics.events.labels(op).inc(count)
@@ -772,13 +885,21 @@ class Worker:
         self._recompute(engine, result.max_ts if good else None, oldest_ms / 1000.0)
 
     def _recompute(self, engine: Engine, event_ts: float | None, oldest_record_s: float | None,
-                   drain: bool = False) -> None:
+                   drain: bool = False, publish: bool = True) -> None:
         t0 = time.perf_counter()
         had_deferred = len(self._deferred_keys) > 0
-        stats = engine.recompute(event_ts=event_ts, publish=True, drain=drain)
+        stats = engine.recompute(event_ts=event_ts, publish=publish, drain=drain)
         self.metrics.recompute_seconds.observe(time.perf_counter() - t0)
+        write = stats.phases.get("outputs", 0.0) + stats.phases.get("write", 0.0)
+        self._spent("final", stats.final_seconds)
+        self._spent("write", write)
+        self._spent("layers", time.perf_counter() - t0 - stats.final_seconds - write)
         for layer, n in enumerate(stats.recomputed, 1):
             self.metrics.dirty.labels(str(layer)).set(n)
+        if len(stats.recomputed) == engine.num_layers:
+            self.health.final_recomputed += stats.recomputed[-1]
+            changed = self.health.changed or [0] * engine.num_layers
+            self.health.changed = [a + b for a, b in zip(changed, stats.changed)]
         self.metrics.sampled.observe(stats.sampled_neighbours)
         self.metrics.subgraph_edges.observe(stats.sampled_neighbours + sum(stats.recomputed))
         self.metrics.fanout_capped.inc(stats.fanout_capped)
@@ -908,6 +1029,10 @@ class Worker:
                 self.metrics.lag.labels(str(partition)).set(lag)
         except Exception as exc:
             logger.debug("lag unavailable: %r", exc)
+
+    def _spent(self, phase: str, seconds: float) -> None:
+        """Add to the cumulative seconds of ``phase`` (``/healthz`` ``seconds``)."""
+        self.health.seconds[phase] = self.health.seconds.get(phase, 0.0) + seconds
 
     # ------------------------------------------------------------------ errors
     def _set_error(self, kind: str, text: str) -> None:

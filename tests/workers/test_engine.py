@@ -878,3 +878,62 @@ def test_a_row_counts_as_changed_when_any_entry_moves_past_the_tolerance(width):
     tables = SimpleNamespace(held=lambda layer, iids: (held, pos, present))
     moved = Engine._moved(SimpleNamespace(tables=tables), 1, np.arange(12), rows)
     assert moved.tolist() == [False, True, True, False, True, False, True] + [False] * 5
+
+
+def test_sharded_final_layer_keeps_publishes_and_takes_over_by_partition(model_dirs: dict[str, Path],
+                                                                         tmp_path: Path) -> None:
+    """One engine of a group: it keeps and publishes the final layer of its output partition only; a takeover
+    computes and publishes another partition's nodes; a partition kept but not published is stored, not
+    published, and taking it back recomputes nothing. Every version is at least its epoch << 32."""
+    from stream.partitioning import partition_for
+    model = load_model_dir(model_dirs["sage"])
+    rnd = random.Random(3)
+    names = [f"v{i}" for i in range(40)]
+    part = {v: partition_for(v.encode(), 2) for v in names}
+    assert set(part.values()) == {0, 1}
+    events = [NodeUpsert(v, 1, tuple(rnd.uniform(-1, 1) for _ in range(DIM))) for v in names]
+    events += [EdgeUpsert(rnd.choice(names), rnd.choice(names), 2 + i) for i in range(120)]
+    with GraphStore(tmp_path / "s", seed=SEED) as store:
+        engine = Engine(store, model)
+        engine.own({0}, {0}, 2, epochs={0: 3})
+        pub = _Publisher()
+        store.apply(events[:80])
+        engine.recompute()
+        store.apply(events[80:])
+        stats = engine.recompute()
+        assert 0 < stats.recomputed[-1] <= sum(p == 0 for p in part.values())
+        sent = list(pub.collect(engine))
+        assert sent and {part[e.node] for e in sent} == {0}
+        want = _from_scratch(engine)
+        metas = _metas(store)
+        assert {v for v in metas} == {v for v in names if part[v] == 0}
+        assert all(m.version > 3 << 32 for m in metas.values())
+        for e in sent:
+            if e.embedding is not None and e.version == metas[e.node].version:
+                np.testing.assert_allclose(e.embedding, want[e.node], rtol=0, atol=ATOL)
+
+        engine.own({0, 1}, {0, 1}, 2, epochs={1: 5})
+        taken = engine.take_over({1})
+        ones = {v for v in names if part[v] == 1}
+        assert taken.recomputed == [len(ones)] and taken.published == len(ones)
+        fresh = [e for e in pub.collect(engine)[len(sent):]]
+        assert {e.node for e in fresh} == ones and all(e.version == 5 << 32 for e in fresh)
+        assert_embeddings_close({e.node: e.embedding for e in fresh}, {v: want[v] for v in ones}, what="taken over")
+
+        engine.own({0, 1}, {1}, 2)  # partition 0 revoked: kept current, not published
+        zero = sorted(v for v in names if part[v] == 0)[0]
+        before = len(pub.entries)
+        store.apply([NodeUpsert(zero, 500, tuple(rnd.uniform(-1, 1) for _ in range(DIM)))])
+        engine.recompute()
+        assert all(part[e.node] == 1 for e in pub.collect(engine)[before:])
+        assert_embeddings_close(_final_stored(engine), _from_scratch(engine), what="stored after a revocation")
+
+        engine.own({0, 1}, {0, 1}, 2, epochs={0: 4})  # partition 0 back: nothing to compute, all republished
+        before = len(pub.entries)
+        again = engine.take_over({0}, computed={0})
+        back = pub.collect(engine)[before:]
+        assert again.recomputed == [0]
+        assert {e.node for e in back} == {v for v in names if part[v] == 0}
+        assert all(e.version >= 4 << 32 for e in back)
+        assert_embeddings_close({e.node: e.embedding for e in back}, {v: r for v, r in _from_scratch(engine).items()
+                                                                if part[v] == 0}, what="taken back")

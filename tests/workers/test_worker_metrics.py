@@ -275,8 +275,11 @@ class _FakeConsumer(ConsumerClient):
     def poll_batch(self, max_records: int = 500, timeout_s: float = 1.0) -> list[Record]:
         return []
 
-    def commit(self, offsets: Mapping[PartitionKey, int] | None = None) -> bool:
+    def commit(self, offsets: Mapping[PartitionKey, int] | None = None, wait: bool = False) -> bool:
         return True
+
+    def committed(self, partitions, timeout_s: float = 10.0):
+        return {key: None for key in partitions}
 
     def lag(self) -> dict[PartitionKey, int]:
         return {}
@@ -286,6 +289,9 @@ class _FakeConsumer(ConsumerClient):
 
     def assignment(self) -> set[PartitionKey]:
         return set(self.ends)
+
+    def partitions_of(self, topic: str, timeout_s: float = 10.0) -> set[int]:
+        return {p for t, p in self.ends if t == topic}
 
     def close(self) -> None:
         pass

@@ -1,0 +1,331 @@
+"""Several workers, one output: a group of ``gnnstream run`` processes shares out the output topic.
+
+Every worker reads every event and keeps the whole graph; each publishes the
+nodes of the output partitions the group assigned it (header
+``gnnstream.worker``). The published stream is checked against the
+independent PyG reference (:mod:`tests.workers.reference`) on a Bitcoin OTC
+stream with feature updates, edge deletes and node deletes: for every node of
+the final graph the highest version published is its exact embedding, and for
+every deleted node it is a tombstone. Waits end on progress (events applied,
+the output reaching the reference), never on a clock.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from stream.backends import KAFKA_CLIENTS
+from stream.delivery import WORKER_HEADER
+from stream.events import EdgeDelete, EdgeUpsert, NodeDelete, decode_event_json
+from stream.kafka import ensure_topics
+from stream.partitioning import partition_for
+from stream.updates import VERSION_HEADER, decode_update
+from tests.conftest import EmbeddedBroker
+from tests.workers.reference import ATOL, DATA_DIR, gnnstream_command, reference_embeddings
+from tests.workers.test_worker_start import Names, Proc, fold, healthz, produce, procs  # noqa: F401 (fixture)
+from workers.settings import WorkerSettings
+
+pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+              pytest.mark.xdist_group("scale-out")]  # several workers at once: one such test at a time
+
+PARTS = 6  # of the output topic (and the events topic)
+OTC_EVENTS = 15_000  # a prefix of the OTC stream (ratings and their feature updates)
+DEADLINE_S = 240.0
+
+
+# ---------------------------------------------------------------------- the stream
+def otc_stream(tmp_path: Path) -> tuple[list, list]:
+    """``(events, node deletes)``: a prefix of Bitcoin OTC with an edge delete after every 40th rating
+    (of the rating 300 events earlier: same key, so ordered after it in every worker), and 25 node deletes
+    to produce once everything before them was applied (a node delete races with edges keyed by other
+    nodes, docs/design.md)."""
+    from workers.cli import main
+    path = tmp_path / "otc.jsonl"
+    assert main(["events", "from-snap", str(DATA_DIR / "soc-sign-bitcoinotc.csv.gz"), "--out", str(path)]) == 0
+    base = [decode_event_json(line) for line in path.read_bytes().splitlines()[:OTC_EVENTS]]
+    events: list = []
+    upserts: list[EdgeUpsert] = []
+    for ev in base:
+        events.append(ev)
+        if isinstance(ev, EdgeUpsert):
+            upserts.append(ev)
+            if len(upserts) % 40 == 0 and len(upserts) > 300:
+                old = upserts[-300]
+                events.append(EdgeDelete(old.src, old.dst, ev.ts))
+    nodes = sorted(fold(events).nodes)
+    gone = random.Random(7).sample(nodes, 25)
+    last = max(ev.ts for ev in events)
+    return events, [NodeDelete(v, last + 1) for v in gone]
+
+
+def make_model(path: Path) -> str:
+    from model import init_model_dir
+    init_model_dir(str(path), arch="sage", in_dim=8, hidden=16, out_dim=8, layers=2, fanouts=[10, 5], seed=0)
+    return str(path)
+
+
+# ---------------------------------------------------------------------- the group
+class Group:
+    """Workers of one group: ``gnnstream run`` processes with their own states and health ports."""
+
+    def __init__(self, bootstrap: str, n: Names, model: str, tmp_path: Path, procs: list[Proc],
+                 client: str = WorkerSettings.kafka_client):
+        self.bootstrap, self.n, self.model, self.tmp_path, self.procs = bootstrap, n, model, tmp_path, procs
+        self.client = client
+        self.workers: dict[str, tuple[Proc, int, str]] = {}  # name -> (process, health port, state)
+
+    def start(self, name: str, state: str | None = None, *extra: Any) -> None:
+        from tests.workers.test_worker_kafka import free_port
+        port = free_port()
+        state = state or str(self.tmp_path / f"state-{name}")
+        cmd = gnnstream_command("run", "--bootstrap", self.bootstrap, "--state", state, "--model", self.model,
+                                "--events-topic", self.n.events, "--output-topic", self.n.output,
+                                "--dlq-topic", self.n.dlq, "--group", self.n.group, "--worker-id", name,
+                                "--partitions", PARTS, "--metrics-port", port, "--batch-size", "200",
+                                "--kafka-client", self.client, *extra)
+        proc = Proc(cmd, self.tmp_path / f"{name}.log")
+        self.procs.append(proc)
+        self.workers[name] = (proc, port, state)
+
+    def health(self, name: str) -> dict[str, Any]:
+        proc, port, _ = self.workers[name]
+        got = healthz(port)
+        if proc.proc.poll() is not None:
+            pytest.fail(f"worker {name} exited with {proc.proc.returncode}:\n{proc.tail()}")
+        return got[1] if got else {}
+
+    def owners(self) -> dict[int, str] | None:
+        """``{partition: worker}`` once the running workers own every partition exactly once."""
+        owned: dict[int, str] = {}
+        for name in self.workers:
+            for p in self.health(name).get("owned_partitions", []):
+                if p in owned:
+                    return None
+                owned[p] = name
+        return owned if len(owned) == PARTS else None
+
+    def wait(self, cond: Any, what: str) -> Any:
+        deadline = time.monotonic() + DEADLINE_S
+        while time.monotonic() < deadline:
+            value = cond()
+            if value:
+                return value
+            time.sleep(0.2)
+        tails = "\n".join(f"--- {name}\n{proc.tail()[-1500:]}" for name, (proc, _, _) in self.workers.items())
+        pytest.fail(f"timed out waiting for {what}:\n{tails}")
+
+    def stable(self, size: int) -> dict[int, str]:
+        """Wait until ``size`` workers share the partitions, each owning some."""
+        return self.wait(lambda: (o := self.owners()) and len(set(o.values())) == size and o,
+                         f"{size} workers sharing {PARTS} partitions")
+
+    def applied(self, position: int) -> None:
+        self.wait(lambda: all(self.health(name).get("position", -1) >= position for name in self.workers),
+                  f"every worker at position {position}")
+
+    def kill(self, name: str) -> None:
+        proc, _, _ = self.workers.pop(name)
+        proc.proc.send_signal(signal.SIGKILL)
+        proc.proc.communicate()
+
+
+class Output:
+    """Every message of the output topic so far, read incrementally from the start of each partition."""
+
+    def __init__(self, bootstrap: str, topic: str):
+        from kafka import KafkaConsumer, TopicPartition
+        self.consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None,
+                                      auto_offset_reset="earliest", client_id="test-output")
+        tps = [TopicPartition(topic, p) for p in range(PARTS)]
+        self.consumer.assign(tps)
+        self.consumer.seek_to_beginning(*tps)
+        self.records: list = []
+        self.latest: dict[str, tuple[int, Any]] = {}  # node -> (version, record)
+
+    def poll(self) -> None:
+        for msgs in self.consumer.poll(timeout_ms=200, max_records=20_000).values():
+            for r in msgs:
+                self.records.append(r)
+                version = _version(r)
+                node = r.key.decode()
+                if node not in self.latest or version > self.latest[node][0]:
+                    self.latest[node] = (version, r)
+
+    def mismatch(self, want: dict[str, np.ndarray], gone: set[str]) -> str | None:
+        """None when the newest message of every node is its reference embedding (or, deleted, a tombstone)."""
+        self.poll()
+        for v, emb in want.items():
+            if v not in self.latest:
+                return f"nothing published for {v}"
+            r = self.latest[v][1]
+            if r.value is None:
+                return f"{v}: newest message is a tombstone"
+            got = np.asarray(decode_update(r.value).embedding, dtype=np.float64)
+            if not np.allclose(got, emb, rtol=0, atol=ATOL):
+                return f"{v}: newest version differs by {np.abs(got - emb).max():.3g}"
+        for v in gone:
+            if v in self.latest and self.latest[v][1].value is not None:
+                return f"{v} was deleted but its newest message is an embedding"
+        return None
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+def _version(r: Any) -> int:
+    if r.value is not None:
+        return decode_update(r.value).version
+    return int(dict(r.headers)[VERSION_HEADER])
+
+
+def _worker(r: Any) -> str:
+    return dict(r.headers)[WORKER_HEADER].decode()
+
+
+def expected(events: list, deletes: list, model: str) -> tuple[dict[str, np.ndarray], set[str]]:
+    g = fold(events + deletes)
+    want = reference_embeddings(g.nodes, g.edges, g.features, model)
+    return {v: np.asarray(e, dtype=np.float64) for v, e in want.items()}, {d.id for d in deletes}
+
+
+def setup(broker: EmbeddedBroker, tmp_path: Path, procs: list[Proc],
+          client: str = WorkerSettings.kafka_client) -> tuple[Group, Output, list, list]:
+    n = Names(tmp_path)
+    ensure_topics(broker.bootstrap, {n.events: PARTS, n.output: PARTS, n.dlq: 1})
+    events, deletes = otc_stream(tmp_path)
+    group = Group(broker.bootstrap, n, make_model(tmp_path / "model"), tmp_path, procs, client)
+    return group, Output(broker.bootstrap, n.output), events, deletes
+
+
+def finish(group: Group, out: Output, events: list, deletes: list) -> None:
+    """Produce the node deletes once every worker applied the rest; wait for the output to be exact."""
+    group.applied(len(events))
+    produce(group.bootstrap, group.n.events, deletes)
+    group.applied(len(events) + len(deletes))
+    want, gone = expected(events, deletes, group.model)
+    group.wait(lambda: out.mismatch(want, gone) is None, "the newest output of every node to be exact")
+
+
+# ---------------------------------------------------------------------- tests
+@pytest.mark.parametrize("client", KAFKA_CLIENTS)
+def test_three_workers_publish_disjoint_shares_exactly(client: str, broker: EmbeddedBroker, tmp_path: Path,
+                                                       procs: list[Proc]) -> None:
+    group, out, events, deletes = setup(broker, tmp_path, procs, client)
+    try:
+        from tests.workers.test_worker_kafka import free_port
+        query_port = free_port()
+        group.start("w1", None, "--query-port", query_port)
+        for name in ("w2", "w3"):
+            group.start(name)
+        owners = group.stable(3)
+        produce(group.bootstrap, group.n.events, events)
+        finish(group, out, events, deletes)
+        assert group.owners() == owners, "the group rebalanced while nothing joined or left"
+        published: dict[str, set[str]] = {name: set() for name in ("w1", "w2", "w3")}
+        for r in out.records:
+            name = _worker(r)
+            node = r.key.decode()
+            assert r.partition == partition_for(r.key, PARTS), (node, r.partition)
+            assert owners[r.partition] == name, f"{name} published {node} of partition {r.partition}"
+            published[name].add(node)
+        shares = {name: group.health(name)["final_recomputed"] for name in published}
+        print(f"final-layer recomputes per worker: {shares}; nodes published: "
+              f"{ {k: len(v) for k, v in published.items()} }")
+        assert not (published["w1"] & published["w2"]) and not (published["w1"] & published["w3"]) \
+            and not (published["w2"] & published["w3"])
+        want, gone = expected(events, deletes, group.model)
+        assert set().union(*published.values()) == set(want) | gone
+        total = sum(shares.values())
+        for name, count in shares.items():  # each computes its own share of the final layer, not all of it
+            assert 0 < count < 0.7 * total, shares
+        check_query_api(query_port, owners, want)
+        # w1's state, stopped: verify checks the nodes whose final rows it keeps, and says how many it does not
+        proc, _, state = group.workers.pop("w1")
+        proc.sigterm()
+        done = subprocess.run(gnnstream_command("verify", "--state", state), capture_output=True, text=True,
+                              timeout=300)
+        report = json.loads(done.stdout)
+        assert done.returncode == 0 and report["ok"], report
+        ones = {v for v in want if owners[partition_for(v.encode(), PARTS)] == "w1"}
+        assert report["nodes"] == len(ones) and report["not_kept"] == len(want) - len(ones), report
+    finally:
+        out.close()
+
+
+def check_query_api(port: int, owners: dict[int, str], want: dict[str, np.ndarray]) -> None:
+    """w1's query API: lookups of its own nodes are exact, of others' refused with 421 naming the partition;
+    a what-if of another worker's node (no events) is exact too."""
+    import urllib.error
+    import urllib.request
+
+    def call(path: str, body: dict | None = None) -> tuple[int, dict]:
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data)
+        try:
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                return resp.status, json.loads(resp.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read())
+
+    mine = sorted(v for v in want if owners[partition_for(v.encode(), PARTS)] == "w1")[:20]
+    theirs = sorted(v for v in want if owners[partition_for(v.encode(), PARTS)] != "w1")[:20]
+    for v in mine:
+        status, body = call(f"/v1/embeddings/{v}")
+        assert status == 200, body
+        np.testing.assert_allclose(body["embedding"], want[v], rtol=0, atol=ATOL)
+    for v in theirs:
+        status, body = call(f"/v1/embeddings/{v}")
+        assert status == 421 and body["partition"] == partition_for(v.encode(), PARTS), (v, status, body)
+    status, body = call("/v1/infer", {"events": [], "ids": theirs})
+    assert status == 200, body
+    for v in theirs:
+        np.testing.assert_allclose(body["embeddings"][v], want[v], rtol=0, atol=ATOL)
+
+
+def test_failover_restart_and_a_fourth_worker_from_a_snapshot(broker: EmbeddedBroker, tmp_path: Path,
+                                                              procs: list[Proc]) -> None:
+    group, out, events, deletes = setup(broker, tmp_path, procs)
+    try:
+        for name in ("w1", "w2", "w3"):
+            group.start(name)
+        owners = group.stable(3)
+        third = len(events) // 3
+        first, second, third = events[:third], events[third:2 * third], events[2 * third:]
+        produce(group.bootstrap, group.n.events, first)
+        # SIGKILL w2 mid-stream: once it applied part of the first slice
+        group.wait(lambda: group.health("w2").get("position", 0) >= len(first) // 3, "w2 to apply some events")
+        lost = {p for p, name in owners.items() if name == "w2"}
+        killed_at = time.time()
+        group.kill("w2")
+        after = group.stable(2)
+
+        def taken() -> list:
+            out.poll()
+            return [r for r in out.records if r.partition in lost and _worker(r) != "w2"
+                    and r.timestamp / 1000 >= killed_at]
+        taken = group.wait(taken, "a survivor to publish a node of w2's partitions")
+        print(f"kill to first publish of a taken-over node: {min(r.timestamp for r in taken) / 1000 - killed_at:.2f} s "
+              f"(partitions {sorted(lost)} now owned by {sorted({after[p] for p in lost})})")
+        produce(group.bootstrap, group.n.events, second)
+        group.applied(len(first) + len(second))
+        # w2 restarts on its own state; w4 starts from a snapshot of w1's, taken while w1 runs
+        group.start("w2", state=str(tmp_path / "state-w2"))
+        snap = tmp_path / "state-w4"
+        done = subprocess.run(gnnstream_command("snapshot", "--state", str(tmp_path / "state-w1"), "--out", str(snap)),
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr[-2000:]
+        group.start("w4", state=str(snap))
+        group.stable(4)
+        produce(group.bootstrap, group.n.events, third)
+        finish(group, out, events, deletes)
+    finally:
+        out.close()
