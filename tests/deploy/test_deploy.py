@@ -7,6 +7,10 @@ checked against the worker's real settings (``workers.settings``), metrics
 Prometheus' files with ``promtool`` (installed by ``deploy/install-promtool.sh``
 when missing; these tests fail, never skip, when it cannot be had).
 No Docker engine is needed.
+
+The compose file runs several workers of one group (the services whose command
+is ``run``): every check on "the worker" holds for each of them, and
+``test_workers_form_one_group`` checks what sets them apart.
 """
 
 from __future__ import annotations
@@ -65,10 +69,23 @@ def services(compose: dict[str, Any]) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def worker_env(services: dict[str, Any]) -> dict[str, str]:
-    env = services["gnnstream"]["environment"]
-    assert isinstance(env, dict), "give the gnnstream service's environment as a mapping"
-    return env
+def workers(services: dict[str, Any]) -> dict[str, Any]:
+    """The worker services: those that run ``gnnstream run``, by service name."""
+    found = {name: s for name, s in services.items() if s.get("command") == ["run"]}
+    assert "gnnstream" in found, "the gnnstream service must run `gnnstream run`"
+    assert len(found) >= 2, f"expected at least two workers of one group, found {sorted(found)}"
+    return found
+
+
+@pytest.fixture(scope="module")
+def worker_envs(workers: dict[str, Any]) -> dict[str, dict[str, str]]:
+    """Each worker service's environment."""
+    envs = {}
+    for name, service in workers.items():
+        env = service["environment"]
+        assert isinstance(env, dict), f"give the {name} service's environment as a mapping"
+        envs[name] = env
+    return envs
 
 
 def _port_pairs(service: dict[str, Any]) -> list[tuple[int, int]]:
@@ -170,7 +187,8 @@ def test_promtool_check_config(promtool: str) -> None:
     out = result.stdout + result.stderr
     assert result.returncode == 0, out
     assert "SUCCESS: deploy/prometheus/prometheus.yml is valid prometheus config file syntax" in out, out
-    assert "SUCCESS: 5 rules found" in out, out  # the rule file is found and parsed as well
+    rules = sum(len(g["rules"]) for g in _yaml(RULES)["groups"])
+    assert f"SUCCESS: {rules} rules found" in out, out  # the rule file is found and parsed as well
 
 
 @pytest.mark.xdist_group("promtool")
@@ -183,85 +201,118 @@ def test_promtool_alert_rules_unit_tests(promtool: str) -> None:
     assert "SUCCESS" in out, out
 
 
-def test_alert_rules_use_real_metrics() -> None:
+def test_alert_rules_use_real_metrics(worker_envs: dict[str, dict[str, str]]) -> None:
     known = _metric_names()
     rules = [r for g in _yaml(RULES)["groups"] for r in g["rules"]]
     used = set()
     for rule in rules:
         used |= _check_promql(rule["expr"], known, f"alert {rule['alert']}")
     assert {"gnnstream_consumer_lag", "gnnstream_invalid_events_total", "gnnstream_deferred_staleness_seconds",
-            "gnnstream_errors_total"} <= used
-    down = next(r for r in rules if r["alert"] == "GnnstreamDown")
+            "gnnstream_errors_total", "gnnstream_owned_partitions"} <= used
+    by_name = {r["alert"]: r for r in rules}
     job = _yaml(PROMETHEUS)["scrape_configs"][0]["job_name"]
-    assert down["expr"] == f'up{{job="{job}"}} == 0'
+    # one alert per worker that is down (up keeps the instance label)
+    assert by_name["GnnstreamDown"]["expr"] == f'up{{job="{job}"}} == 0'
+    # every output partition is published by some worker: the threshold is the compose file's partition count
+    (partitions,) = {env["GNNSTREAM_PARTITIONS"] for env in worker_envs.values()}
+    assert by_name["GnnstreamOutputPartitionsUnowned"]["expr"] == \
+        f'sum(gnnstream_owned_partitions{{job="{job}"}}) < {int(partitions)}'
+    assert f"of the {int(partitions)} output partitions" in \
+        by_name["GnnstreamOutputPartitionsUnowned"]["annotations"]["summary"]
+    # what one worker does (lag, staleness, retries) is judged per worker ...
+    for alert in ("GnnstreamConsumerLagHigh", "GnnstreamDeferredHubsStale", "GnnstreamRecoverableErrors"):
+        expr = by_name[alert]["expr"]
+        assert re.match(r"\w+ by \(instance\b", expr), f"{alert} must be per worker (by instance): {expr}"
+        assert "{{ $labels.instance }}" in by_name[alert]["annotations"]["summary"], alert
+    # ... invalid events, which every worker reads and counts, once: the largest count, not the sum
+    assert by_name["GnnstreamDeadLetters"]["expr"].startswith("max by (reason) (rate(gnnstream_invalid_events_total[")
 
 
 # ---------------------------------------------------------------------- the worker service
-def test_worker_env_vars_are_real_settings(worker_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_worker_env_vars_are_real_settings(worker_envs: dict[str, dict[str, str]],
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
     assert ENV_PREFIX == "GNNSTREAM_"
-    for name, value in worker_env.items():
-        assert name.startswith(ENV_PREFIX), f"{name}: the gnnstream service should only set GNNSTREAM_* variables"
-        field = name[len(ENV_PREFIX):].lower()
-        assert field in SETTINGS, f"{name} is not a setting of workers.settings.WorkerSettings"
-        assert isinstance(value, str), f"{name}: quote the value ({value!r}) so YAML keeps it a string"
-    # the essential ones are set
-    for field in ("bootstrap", "state", "model", "metrics_port"):
-        assert ENV_PREFIX + field.upper() in worker_env
-    # The values parse the way `gnnstream run` parses them (ints, floats, choices).
-    for name in list(os.environ):
-        if name.startswith(ENV_PREFIX):
-            monkeypatch.delenv(name)
-    for name, value in worker_env.items():
-        monkeypatch.setenv(name, value)
-    parser = argparse.ArgumentParser()
-    add_worker_arguments(parser)
-    settings = settings_from_args(parser.parse_args([]))
-    for name, value in worker_env.items():
-        field = name[len(ENV_PREFIX):].lower()
-        parsed = getattr(settings, field)
-        kind = type(SETTINGS[field].default) if SETTINGS[field].default is not None else str
-        assert parsed == kind(value) and type(parsed) is kind, f"{name}={value!r} parsed as {parsed!r}"
-    assert settings.output_format in ("json", "binary")
     kafka_env = _yaml(COMPOSE)["services"]["kafka"]["environment"]
     min_session = int(kafka_env.get("KAFKA_GROUP_MIN_SESSION_TIMEOUT_MS", 6000))
-    assert settings.session_timeout_ms >= min_session, "the broker would refuse the consumer group's session timeout"
+    for service, worker_env in worker_envs.items():
+        for name, value in worker_env.items():
+            assert name.startswith(ENV_PREFIX), f"{service}: {name}: a worker should only set GNNSTREAM_* variables"
+            field = name[len(ENV_PREFIX):].lower()
+            assert field in SETTINGS, f"{service}: {name} is not a setting of workers.settings.WorkerSettings"
+            assert isinstance(value, str), f"{service}: {name}: quote the value ({value!r}) so YAML keeps it a string"
+        # the essential ones are set
+        for field in ("bootstrap", "state", "model", "metrics_port", "group", "worker_id"):
+            assert ENV_PREFIX + field.upper() in worker_env, f"{service} does not set {ENV_PREFIX + field.upper()}"
+        # The values parse the way `gnnstream run` parses them (ints, floats, choices).
+        with monkeypatch.context() as mp:
+            for name in list(os.environ):
+                if name.startswith(ENV_PREFIX):
+                    mp.delenv(name)
+            for name, value in worker_env.items():
+                mp.setenv(name, value)
+            parser = argparse.ArgumentParser()
+            add_worker_arguments(parser)
+            settings = settings_from_args(parser.parse_args([]))
+        for name, value in worker_env.items():
+            field = name[len(ENV_PREFIX):].lower()
+            parsed = getattr(settings, field)
+            kind = type(SETTINGS[field].default) if SETTINGS[field].default is not None else str
+            assert parsed == kind(value) and type(parsed) is kind, f"{service}: {name}={value!r} parsed as {parsed!r}"
+        assert settings.output_format in ("json", "binary")
+        assert settings.session_timeout_ms >= min_session, \
+            f"{service}: the broker would refuse the consumer group's session timeout"
 
 
-def test_run_help_mentions_every_env_var(worker_env: dict[str, str]) -> None:
+def test_run_help_mentions_every_env_var(worker_envs: dict[str, dict[str, str]]) -> None:
     env = dict(os.environ, COLUMNS="200")
     result = subprocess.run([sys.executable, "-m", "workers.cli", "run", "--help"], capture_output=True, text=True,
                             timeout=120, cwd=ROOT, env=env)
     assert result.returncode == 0, result.stderr
     help_text = result.stdout
-    for name in worker_env:
+    for name in set().union(*worker_envs.values()):
         assert name in help_text, f"`gnnstream run --help` does not mention {name}"
     for field in SETTINGS:  # and every setting's variable, including those the compose file leaves at default
         assert ENV_PREFIX + field.upper() in help_text
 
 
-def test_metrics_port_exposed_and_scraped(services: dict[str, Any], worker_env: dict[str, str]) -> None:
-    port = int(worker_env["GNNSTREAM_METRICS_PORT"])
-    assert port == WorkerSettings.metrics_port == 9108
-    assert (port, port) in _port_pairs(services["gnnstream"])
+def test_metrics_port_exposed_and_scraped(workers: dict[str, Any], worker_envs: dict[str, dict[str, str]]) -> None:
+    dockerfile = DOCKERFILE.read_text()
     scrape = {c["job_name"]: c for c in _yaml(PROMETHEUS)["scrape_configs"]}
     job = scrape["gnnstream"]
     assert job.get("metrics_path", "/metrics") == "/metrics"
-    targets = [t for sc in job["static_configs"] for t in sc["targets"]]
-    assert targets == [f"gnnstream:{port}"], "Prometheus must scrape the compose service name on the metrics port"
-    assert "gnnstream" in services
-    dockerfile = DOCKERFILE.read_text()
-    assert re.search(rf"^EXPOSE {port}$", dockerfile, flags=re.M)
-    assert re.search(rf"GNNSTREAM_METRICS_PORT={port}\b", dockerfile)
+    # Every worker, and nothing else, is a target: the compose service name on the metrics port, each with a
+    # `service` label naming it (the targets, hence `instance`, differ too).
+    targets = {t: sc.get("labels", {}) for sc in job["static_configs"] for t in sc["targets"]}
+    assert len(targets) == sum(len(sc["targets"]) for sc in job["static_configs"]), "a target is listed twice"
+    expected = {f"{name}:{env['GNNSTREAM_METRICS_PORT']}": name for name, env in worker_envs.items()}
+    assert set(targets) == set(expected), "Prometheus must scrape every worker service on its metrics port"
+    for target, name in expected.items():
+        assert targets[target].get("service") == name, f"{target}: label it service: {name}"
+    for name, env in worker_envs.items():
+        port = int(env["GNNSTREAM_METRICS_PORT"])
+        assert port == WorkerSettings.metrics_port == 9108
+        assert port in [container for _host, container in _port_pairs(workers[name])], \
+            f"{name}: publish the metrics port {port}"
+        assert re.search(rf"^EXPOSE {port}$", dockerfile, flags=re.M)
+        assert re.search(rf"GNNSTREAM_METRICS_PORT={port}\b", dockerfile)
+    # the first worker keeps the default ports on the host too
+    assert (9108, 9108) in _port_pairs(workers["gnnstream"])
 
 
-def test_query_port_published_on_every_interface(services: dict[str, Any], worker_env: dict[str, str]) -> None:
-    port = int(worker_env["GNNSTREAM_QUERY_PORT"])
-    assert port and port != int(worker_env["GNNSTREAM_METRICS_PORT"])
-    assert worker_env["GNNSTREAM_QUERY_HOST"] == "0.0.0.0", "inside the container 127.0.0.1 is unreachable from the host"
-    assert (port, port) in _port_pairs(services["gnnstream"])
+def test_query_port_published_on_every_interface(workers: dict[str, Any],
+                                                 worker_envs: dict[str, dict[str, str]]) -> None:
+    for name, env in worker_envs.items():
+        port = int(env["GNNSTREAM_QUERY_PORT"])
+        assert port and port != int(env["GNNSTREAM_METRICS_PORT"])
+        assert env["GNNSTREAM_QUERY_HOST"] == "0.0.0.0", \
+            f"{name}: inside the container 127.0.0.1 is unreachable from the host"
+        assert port in [container for _host, container in _port_pairs(workers[name])], \
+            f"{name}: publish the query port {port}"
+    assert (8080, 8080) in _port_pairs(workers["gnnstream"])
 
 
-def test_bootstrap_is_an_advertised_kafka_listener(services: dict[str, Any], worker_env: dict[str, str]) -> None:
+def test_bootstrap_is_an_advertised_kafka_listener(services: dict[str, Any], workers: dict[str, Any],
+                                                   worker_envs: dict[str, dict[str, str]]) -> None:
     kafka = services["kafka"]
     env = kafka["environment"]
     assert kafka["image"].startswith("apache/kafka:")
@@ -273,11 +324,12 @@ def test_bootstrap_is_an_advertised_kafka_listener(services: dict[str, Any], wor
     for name, address in advertised.items():  # advertised on the port it listens on
         assert address.rsplit(":", 1)[1] == listeners[name].rsplit(":", 1)[1], name
 
-    # The worker connects to the in-network listener: the kafka service's name and that listener's port.
-    bootstrap = worker_env["GNNSTREAM_BOOTSTRAP"]
-    assert bootstrap in advertised.values(), f"{bootstrap} is not advertised by kafka ({advertised})"
-    host = bootstrap.rsplit(":", 1)[0]
-    assert host in ("kafka", kafka.get("hostname"))
+    # Each worker connects to the in-network listener: the kafka service's name and that listener's port.
+    for name, worker_env in worker_envs.items():
+        bootstrap = worker_env["GNNSTREAM_BOOTSTRAP"]
+        assert bootstrap in advertised.values(), f"{name}: {bootstrap} is not advertised by kafka ({advertised})"
+        host = bootstrap.rsplit(":", 1)[0]
+        assert host in ("kafka", kafka.get("hostname")), name
     # Host clients (`gnnstream produce --bootstrap localhost:9092`) use the published one.
     assert "localhost:9092" in advertised.values()
     host_listener = next(n for n, a in advertised.items() if a == "localhost:9092")
@@ -296,25 +348,30 @@ def test_bootstrap_is_an_advertised_kafka_listener(services: dict[str, Any], wor
     assert re.fullmatch(r"[A-Za-z0-9_-]{22}", env["CLUSTER_ID"]), "CLUSTER_ID: 16 bytes, base64url"
     assert _mounts(kafka)[env["KAFKA_LOG_DIRS"]] == "kafka-data"
 
-    # The worker waits for a healthy broker and for the model.
-    deps = services["gnnstream"]["depends_on"]
-    assert deps["kafka"]["condition"] == "service_healthy"
-    assert deps["model-init"]["condition"] == "service_completed_successfully"
+    # Every worker waits for a healthy broker and for the model.
+    for name, worker in workers.items():
+        deps = worker["depends_on"]
+        assert deps["kafka"]["condition"] == "service_healthy", name
+        assert deps["model-init"]["condition"] == "service_completed_successfully", name
     assert "healthcheck" in kafka
 
 
-def test_state_and_model_volumes(compose: dict[str, Any], services: dict[str, Any], worker_env: dict[str, str]) -> None:
-    worker = services["gnnstream"]
-    mounts = _mounts(worker)
+def test_state_and_model_volumes(compose: dict[str, Any], services: dict[str, Any], workers: dict[str, Any],
+                                 worker_envs: dict[str, dict[str, str]]) -> None:
     dockerfile = DOCKERFILE.read_text()
     assert 'VOLUME ["/var/lib/gnnstream"]' in dockerfile
-    assert mounts["/var/lib/gnnstream"] == "gnnstream-state"
-    state = worker_env["GNNSTREAM_STATE"]
-    assert state.startswith("/var/lib/gnnstream/"), "the state must live on the state volume"
-    assert f"GNNSTREAM_STATE={state}" in dockerfile  # the image's default is the same
-    model = worker_env["GNNSTREAM_MODEL"]
-    assert model.startswith("/models/") and mounts["/models"] == "models"
-    assert "/models:ro" in " ".join(worker["volumes"])
+    assert _mounts(workers["gnnstream"])["/var/lib/gnnstream"] == "gnnstream-state"
+    for name, worker in workers.items():
+        mounts = _mounts(worker)
+        worker_env = worker_envs[name]
+        volume = mounts.get("/var/lib/gnnstream")
+        assert volume in compose["volumes"], f"{name}: mount a named volume of its own on /var/lib/gnnstream"
+        state = worker_env["GNNSTREAM_STATE"]
+        assert state.startswith("/var/lib/gnnstream/"), f"{name}: the state must live on the state volume"
+        assert f"GNNSTREAM_STATE={state}" in dockerfile  # the image's default is the same
+        model = worker_env["GNNSTREAM_MODEL"]
+        assert model.startswith("/models/") and mounts["/models"] == "models", name
+        assert "models:/models:ro" in worker["volumes"], f"{name}: mount the models read-only"
     assert _mounts(services["model-init"])["/models"] == "models"
     for volume in ("gnnstream-state", "models", "kafka-data"):
         assert volume in compose["volumes"]
@@ -327,10 +384,10 @@ def _model_init_script(services: dict[str, Any]) -> str:
     return script
 
 
-def test_model_init_creates_the_worker_model_once(services: dict[str, Any], worker_env: dict[str, str],
+def test_model_init_creates_the_worker_model_once(services: dict[str, Any], worker_envs: dict[str, dict[str, str]],
                                                   tmp_path: Path) -> None:
     script = _model_init_script(services)
-    model_dir = worker_env["GNNSTREAM_MODEL"]
+    (model_dir,) = {env["GNNSTREAM_MODEL"] for env in worker_envs.values()}  # every worker uses the one model
     words = shlex.split(script)
     i = words.index("init")
     assert words[i - 2: i + 2] == ["gnnstream", "model", "init", model_dir]
@@ -355,28 +412,29 @@ def test_model_init_creates_the_worker_model_once(services: dict[str, Any], work
     assert {p.name: p.read_bytes() for p in created.iterdir()} == weights
 
 
-def _healthcheck_argv(services: dict[str, Any]) -> list[str]:
-    test = services["gnnstream"]["healthcheck"]["test"]
+def _healthcheck_argv(worker: dict[str, Any]) -> list[str]:
+    test = worker["healthcheck"]["test"]
     assert test[0] == "CMD" and test[1] == "python"
     assert "/healthz" in test[-1] and "GNNSTREAM_METRICS_PORT" in test[-1]
     return [sys.executable, *test[2:]]
 
 
 @pytest.mark.parametrize("ok", [True, False])
-def test_worker_healthcheck_probes_healthz(services: dict[str, Any], ok: bool) -> None:
+def test_worker_healthcheck_probes_healthz(workers: dict[str, Any], ok: bool) -> None:
+    (argv,) = {tuple(_healthcheck_argv(worker)) for worker in workers.values()}  # one probe for every worker
     server = MetricsServer(WorkerMetrics(), 0, lambda: {"ok": ok}, host="127.0.0.1")
     try:
         env = dict(os.environ, GNNSTREAM_METRICS_PORT=str(server.port))
-        result = subprocess.run(_healthcheck_argv(services), capture_output=True, text=True, timeout=60, env=env)
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env)
     finally:
         server.close()
     assert (result.returncode == 0) is ok, result.stderr
     # and with nothing listening, the probe fails
     env = dict(os.environ, GNNSTREAM_METRICS_PORT=str(server.port))
-    assert subprocess.run(_healthcheck_argv(services), capture_output=True, timeout=60, env=env).returncode != 0
+    assert subprocess.run(argv, capture_output=True, timeout=60, env=env).returncode != 0
 
 
-def test_images_are_pinned(services: dict[str, Any]) -> None:
+def test_images_are_pinned(services: dict[str, Any], workers: dict[str, Any]) -> None:
     images = {name: s["image"] for name, s in services.items()}
     assert images["kafka"].startswith("apache/kafka:")
     assert images["prometheus"].startswith("prom/prometheus:v")
@@ -384,8 +442,69 @@ def test_images_are_pinned(services: dict[str, Any]) -> None:
     for name, image in images.items():
         repo, _, tag = image.rpartition(":")
         assert repo and re.fullmatch(r"v?\d+\.\d+\.\d+", tag), f"{name}: pin a version tag, not {image!r}"
-    assert services["gnnstream"]["build"]["context"] == "."
-    assert images["gnnstream"] == images["model-init"]
+    for name, worker in workers.items():  # every worker runs the image model-init runs, built from here
+        assert worker["build"] == services["model-init"]["build"], name
+        assert worker["build"]["context"] == ".", name
+        assert images[name] == images["model-init"], name
+
+
+def _merged(node: yaml.MappingNode) -> set[int]:
+    """The YAML nodes a mapping merges with ``<<`` (as ids: an alias is the anchored node itself)."""
+    out: set[int] = set()
+    for key, value in node.value:
+        if key.tag == "tag:yaml.org,2002:merge":
+            out |= {id(n) for n in value.value} if isinstance(value, yaml.SequenceNode) else {id(value)}
+    return out
+
+
+def _node(mapping: yaml.MappingNode, key: str) -> yaml.Node:
+    return next(v for k, v in mapping.value if k.value == key)
+
+
+def test_workers_form_one_group(compose: dict[str, Any], services: dict[str, Any], workers: dict[str, Any],
+                                worker_envs: dict[str, dict[str, str]]) -> None:
+    """The workers: one image, one group, one set of settings; their own name, state volume and host ports."""
+    names = sorted(workers)
+    # one group; a name of its own for each worker (it also names the worker's consumer of the events topic)
+    groups = {env["GNNSTREAM_GROUP"] for env in worker_envs.values()}
+    assert len(groups) == 1 and all(groups), f"every worker must be in one group (GNNSTREAM_GROUP: {groups})"
+    ids = [env["GNNSTREAM_WORKER_ID"] for env in worker_envs.values()]
+    assert all(ids) and len(set(ids)) == len(ids), f"each worker needs a GNNSTREAM_WORKER_ID of its own: {ids}"
+    # every other setting is the same: they read the same topics and compute with the same model
+    shared = {name: {k: v for k, v in env.items() if k != "GNNSTREAM_WORKER_ID"} for name, env in worker_envs.items()}
+    for name in names:
+        assert shared[name] == shared["gnnstream"], f"{name}'s settings differ from gnnstream's"
+    others = {name: {k: v for k, v in w.items() if k not in ("environment", "ports", "volumes")}
+              for name, w in workers.items()}
+    for name in names:
+        assert others[name] == others["gnnstream"], f"{name} differs from gnnstream beyond settings, ports, volumes"
+    # the output partitions split evenly between the workers
+    partitions = int(shared["gnnstream"]["GNNSTREAM_PARTITIONS"])
+    assert partitions % len(workers) == 0, f"{partitions} partitions do not split evenly among {len(workers)} workers"
+    # a state volume of its own for each worker, mounted by no other service
+    volumes = {name: _mounts(w)["/var/lib/gnnstream"] for name, w in workers.items()}
+    assert len(set(volumes.values())) == len(volumes), f"workers share a state volume: {volumes}"
+    for name, service in services.items():
+        if name not in workers:
+            assert not set(volumes.values()) & set(_mounts(service).values()), f"{name} mounts a worker's state"
+    # host ports: none taken twice in the whole stack; each worker publishes the same container ports
+    host_ports = [host for service in services.values() for host, _ in _port_pairs(service)]
+    assert len(host_ports) == len(set(host_ports)), f"a host port is published twice: {sorted(host_ports)}"
+    container_ports = {name: sorted(c for _, c in _port_pairs(w)) for name, w in workers.items()}
+    for name in names:
+        assert container_ports[name] == container_ports["gnnstream"], name
+    # Shared through YAML anchors, not copies: each worker service merges one common node, and its
+    # environment one common mapping of settings.
+    with open(COMPOSE) as fh:
+        root = yaml.compose(fh, Loader=yaml.SafeLoader)
+    service_nodes = _node(root, "services")
+    worker_nodes = [_node(service_nodes, name) for name in names]
+    assert set.intersection(*(_merged(n) for n in worker_nodes)), "merge one anchored worker definition (<<: *...)"
+    env_nodes = [_node(n, "environment") for n in worker_nodes]
+    assert set.intersection(*(_merged(n) for n in env_nodes)), "merge one anchored environment (<<: *...)"
+    for name, node in zip(names, env_nodes):
+        own = [k.value for k, _ in node.value if k.tag != "tag:yaml.org,2002:merge"]
+        assert own == ["GNNSTREAM_WORKER_ID"], f"{name}: set only GNNSTREAM_WORKER_ID beside the shared settings"
 
 
 # ---------------------------------------------------------------------- Prometheus and Grafana
@@ -424,6 +543,21 @@ def test_grafana_provisioning_matches_compose(services: dict[str, Any]) -> None:
             assert target["datasource"]["uid"] == datasource["uid"], panel["title"]
 
 
+def _sums(expr: str) -> list[tuple[str, str]]:
+    """Every ``sum`` aggregation in a PromQL expression as ``(by-clause labels, argument)``."""
+    out = []
+    for match in re.finditer(r"\bsum\s*(?:by\s*\(([^)]*)\)\s*)?\(", expr):
+        depth, start = 1, match.end()
+        for i in range(start, len(expr)):
+            depth += {"(": 1, ")": -1}.get(expr[i], 0)
+            if depth == 0:
+                break
+        else:
+            pytest.fail(f"unbalanced parentheses in {expr}")
+        out.append((match.group(1) or "", expr[start:i]))
+    return out
+
+
 def test_dashboard_uses_real_metrics_and_has_the_panels() -> None:
     known = _metric_names()
     dashboard = json.loads(DASHBOARD.read_text())
@@ -448,7 +582,7 @@ def test_dashboard_uses_real_metrics_and_has_the_panels() -> None:
         assert title in panels, f"missing panel {title!r}"
         return " ".join(t["expr"] for t in panels[title]["targets"])
 
-    assert "sum by (op) (rate(gnnstream_events_total[" in exprs("Events/s by op")
+    assert "max by (op) (rate(gnnstream_events_total[" in exprs("Events/s by op")
     assert "gnnstream_consumer_lag" in exprs("Consumer lag by partition")
     for title, metric in (("Embedding freshness p50 / p99", "gnnstream_embedding_freshness_seconds_bucket"),
                           ("Pipeline latency p50 / p99", "gnnstream_pipeline_latency_seconds_bucket")):
@@ -456,12 +590,25 @@ def test_dashboard_uses_real_metrics_and_has_the_panels() -> None:
         assert f"histogram_quantile(0.5, sum by (le) (rate({metric}[" in text
         assert f"histogram_quantile(0.99, sum by (le) (rate({metric}[" in text
     assert "by (layer)" in exprs("Dirty nodes per layer") and "gnnstream_dirty_nodes" in exprs("Dirty nodes per layer")
-    assert "sum by (reason) (rate(gnnstream_invalid_events_total[" in exprs("Dead letters/s by reason")
+    assert "max by (reason) (rate(gnnstream_invalid_events_total[" in exprs("Dead letters/s by reason")
     assert "rate(gnnstream_embeddings_published_total[" in exprs("Published embeddings/s")
     assert "histogram_quantile(0.99, sum by (le) (rate(gnnstream_recompute_seconds_bucket[" in \
         exprs("Batch latency p99 (recompute / apply / publish)")
     deferred = exprs("Deferred hubs and staleness")
     assert "gnnstream_deferred_hubs" in deferred and "gnnstream_deferred_staleness_seconds" in deferred
+    assert "gnnstream_owned_partitions" in exprs("Owned output partitions by worker")
+    assert "{{instance}}" in panels["Owned output partitions by worker"]["targets"][0]["legendFormat"]
+    # Every worker reads every event: what they count of the event stream must not be added up across
+    # workers (that counts each event once per worker); sum only within one worker (by instance).
+    per_stream = ("gnnstream_events_total", "gnnstream_consumer_lag", "gnnstream_invalid_events_total",
+                  "gnnstream_deferred_hubs")
+    for title, panel in panels.items():
+        for target in panel["targets"]:
+            expr = target["expr"]
+            for by, argument in _sums(expr):
+                for metric in per_stream:
+                    assert not (re.search(rf"\b{metric}\b", argument) and "instance" not in by), \
+                        f"panel {title!r} adds up {metric} across workers: {expr}"
     # every metric family of the worker is on the dashboard somewhere
     families = {re.sub(r"_(bucket|count|sum|created|total)$", "", n) for n in known}
     shown = {re.sub(r"_(bucket|count|sum|created|total)$", "", n) for n in used}
@@ -645,12 +792,23 @@ def test_install_promtool_fails_cleanly_without_root_or_apt(tmp_path: Path) -> N
     assert "install-promtool:" in result.stderr
 
 
-def test_docs_describe_the_stack() -> None:
+def test_docs_describe_the_stack(compose: dict[str, Any], workers: dict[str, Any],
+                                 worker_envs: dict[str, dict[str, str]]) -> None:
     text = DOCS.read_text()
     assert "docker compose up --build" in text
     assert "gnnstream produce --bootstrap localhost:9092 --format snap" in text
     assert "http://localhost:3000" in text and "admin" in text
-    assert "http://localhost:9090" in text and "http://localhost:9108/metrics" in text
+    assert "http://localhost:9090" in text
+    # every worker: its service, worker id, state volume and host ports
+    for name, worker in workers.items():
+        assert f"`{name}`" in text, f"docs/deployment.md does not list the worker service {name}"
+        assert f"`{worker_envs[name]['GNNSTREAM_WORKER_ID']}`" in text, name
+        assert f"`{_mounts(worker)['/var/lib/gnnstream']}`" in text, name
+        for host, container in _port_pairs(worker):
+            assert re.search(rf"\b{host}\b", text), f"docs/deployment.md does not give {name}'s host port {host}"
+            if container == int(worker_envs[name]["GNNSTREAM_METRICS_PORT"]):
+                assert f"http://localhost:{host}/metrics" in text, name
+    assert "--scale" in text, "say why `docker compose up --scale` is no way to add workers"
     for panel in json.loads(DASHBOARD.read_text())["panels"]:
         assert panel["title"] in text, f"docs/deployment.md does not list the panel {panel['title']!r}"
     for alert in _yaml(RULES)["groups"][0]["rules"]:
