@@ -56,6 +56,7 @@ _HEAD_COLUMNS = 8  # entries of a recomputed row compared first (one 32-byte rea
 _SMALL_LAYER = 1024  # a layer over fewer targets runs on one torch thread
 _OUTBOX_SEQ = b"outbox_seq"
 KEPT_META = b"kept_partitions"  # {"count", "kept"}: the output partitions whose final rows are current
+EPOCHS_META = b"partition_epochs"  # {partition: the highest epoch this state has held it at}
 EPOCH_SHIFT = 32  # a version is (the owner's epoch of the node's output partition << 32) + a count within it
 _LAYOUT = 4  # version of the embpages/layerpages layout: a store written with another one needs a backfill
 
@@ -315,8 +316,13 @@ class Engine:
             self._partition = np.zeros(0, dtype=np.int32)
             self._epochs = np.zeros(count, dtype=np.int64)
         self._partition_count = count
-        for p, epoch in (epochs or {}).items():
-            self._epochs[p] = epoch
+        if epochs:
+            for p, epoch in epochs.items():
+                self._epochs[p] = epoch
+            seen = self.epochs()
+            seen.update({p: max(e, seen.get(p, 0)) for p, e in epochs.items()})
+            value = json.dumps({str(p): e for p, e in sorted(seen.items())}).encode()
+            self.store.write([("meta", EPOCHS_META, value)])
         self._kept, self._published = self._mask(keep, count), self._mask(publish, count)
         # a partition dropped is recorded before anything else happens; one added, by take_over once done
         stored = self.kept_partitions()
@@ -335,6 +341,11 @@ class Engine:
             return None
         obj = json.loads(raw)
         return int(obj["count"]), set(obj["kept"])
+
+    def epochs(self) -> dict[int, int]:
+        """The highest epoch at which this state held each output partition (see :meth:`own`)."""
+        raw = self.store.column("meta").get(EPOCHS_META)
+        return {} if raw is None else {int(p): int(e) for p, e in json.loads(raw).items()}
 
     def _put_kept(self, puts: list, kept: "set[int]") -> None:
         value = {"count": self._partition_count, "kept": sorted(kept)}

@@ -724,10 +724,11 @@ class Worker:
         published as it is applied."""
         s = self.settings
         self._set_status("joining", f"joining group {s.group} for the partitions of topic {s.output_topic}")
-        self._ownership = own = Ownership(s.kafka_client, s.bootstrap, s.output_topic, s.group,
-                                          session_timeout_ms=s.session_timeout_ms)
         count = self._output_partitions
         stored = engine.kept_partitions()
+        floor = engine.epochs() if stored is None or stored[0] == count else {}
+        self._ownership = own = Ownership(s.kafka_client, s.bootstrap, s.output_topic, s.group,
+                                          session_timeout_ms=s.session_timeout_ms, floor=floor)
         if stored is None:  # every node's final row is current
             self._kept = set(range(count))
         elif stored[0] != count:  # the output topic has other partitions now: nodes map elsewhere
