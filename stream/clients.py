@@ -16,12 +16,14 @@ to notice a partition that now ends before its stored offset (a topic reset).
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Callable, Mapping, Optional, Sequence, Union
+from typing import Callable, Iterable, Mapping, Optional, Sequence, Union
 
-__all__ = ["Record", "PartitionKey", "Headers", "AssignHook", "ConsumerClient", "ProducerClient", "header_list"]
+__all__ = ["Record", "PartitionKey", "Headers", "AssignHook", "ConsumerClient", "ProducerClient", "header_list",
+           "wait_for_partitions"]
 
 PartitionKey = tuple[str, int]
 """``(topic, partition)``."""
@@ -55,6 +57,23 @@ def header_list(headers: Headers) -> list[tuple[str, bytes]] | None:
         return None
     pairs = headers.items() if isinstance(headers, Mapping) else headers
     return [(str(k), bytes(v)) for k, v in pairs]
+
+
+def wait_for_partitions(find: Callable[[], "Iterable[int] | None"], topic: str, timeout_s: float) -> set[int]:
+    """The partitions ``find()`` reports for ``topic``, asked again every 0.1 s until it reports some.
+
+    Raises:
+        StreamError: none within ``timeout_s`` (the topic does not exist).
+    """
+    from stream.exceptions import StreamError
+    deadline = time.monotonic() + timeout_s
+    while True:
+        found = find()
+        if found:
+            return set(found)
+        if time.monotonic() > deadline:
+            raise StreamError(f"topic {topic!r} has no partitions after {timeout_s:g} s (does it exist?)")
+        time.sleep(0.1)
 
 
 class ConsumerClient(ABC):

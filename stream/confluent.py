@@ -45,6 +45,7 @@ from stream.clients import (
     ProducerClient,
     Record,
     header_list,
+    wait_for_partitions,
 )
 from stream.exceptions import DeliveryError, StreamError
 
@@ -167,18 +168,13 @@ class ConfluentConsumer(ConsumerClient):
 
     def partitions_of(self, topic: str, timeout_s: float = 10.0) -> set[int]:
         """The partition numbers of ``topic``; StreamError if none are known within ``timeout_s``."""
-        deadline = time.monotonic() + timeout_s
-        while True:
+        def find() -> set[int] | None:
             try:
-                meta = self._client.list_topics(topic, timeout=max(deadline - time.monotonic(), 0.1))
-                found = meta.topics.get(topic)
-                if found is not None and found.error is None and found.partitions:
-                    return set(found.partitions)
+                found = self._client.list_topics(topic, timeout=1.0).topics.get(topic)
             except KafkaException:
-                pass
-            if time.monotonic() > deadline:
-                raise StreamError(f"topic {topic!r} has no partitions after {timeout_s:g} s (does it exist?)")
-            time.sleep(0.1)
+                return None
+            return set(found.partitions) if found is not None and found.error is None else None
+        return wait_for_partitions(find, topic, timeout_s)
 
     @property
     def _client(self) -> Consumer:

@@ -12,7 +12,6 @@ Clients are not thread-safe: one thread polls, one thread sends and flushes.
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from kafka import ConsumerRebalanceListener, KafkaConsumer, KafkaProducer, OffsetAndMetadata, TopicPartition
@@ -27,6 +26,7 @@ from stream.clients import (
     ProducerClient,
     Record,
     header_list,
+    wait_for_partitions,
 )
 from stream.exceptions import DeliveryError, StreamError, TopicSetupError
 
@@ -174,14 +174,7 @@ class EventConsumer(ConsumerClient):
 
     def partitions_of(self, topic: str, timeout_s: float = 10.0) -> set[int]:
         """The partition numbers of ``topic``; StreamError if none are known within ``timeout_s``."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            found = self._client.partitions_for_topic(topic)
-            if found:
-                return set(found)
-            if time.monotonic() > deadline:
-                raise StreamError(f"topic {topic!r} has no partitions after {timeout_s:g} s (does it exist?)")
-            time.sleep(0.1)
+        return wait_for_partitions(lambda: self._client.partitions_for_topic(topic), topic, timeout_s)
 
     @property
     def _client(self) -> KafkaConsumer:

@@ -6,7 +6,9 @@ JSON (the default) has exactly these keys, in this order::
      "event_ts":1700000000,"computed_at":1700000001.25,"mode":"full"}
 
 ``version`` is per node and strictly increasing: consumers keep the highest
-version per node, so at-least-once delivery is harmless. ``event_ts`` is the
+version per node, so at-least-once delivery is harmless. In a group of
+workers a version is ``epoch << 32`` plus a count, the epoch growing with
+every change of the node's owner (docs/scaling.md). ``event_ts`` is the
 latest event time (seconds) that contributed, ``computed_at`` the wall-clock
 time (seconds since the epoch) of the computation, ``mode`` how the embedding
 was obtained (``full``, ``cold_start``, ...). Readers ignore unknown keys.
