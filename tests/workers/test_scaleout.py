@@ -38,20 +38,19 @@ pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"),
               pytest.mark.xdist_group("scale-out")]  # several workers at once: one such test at a time
 
 PARTS = 6  # of the output topic (and the events topic)
-OTC_EVENTS = 15_000  # a prefix of the OTC stream (ratings and their feature updates)
 DEADLINE_S = 240.0
 
 
 # ---------------------------------------------------------------------- the stream
 def otc_stream(tmp_path: Path) -> tuple[list, list]:
-    """``(events, node deletes)``: a prefix of Bitcoin OTC with an edge delete after every 40th rating
-    (of the rating 300 events earlier: same key, so ordered after it in every worker), and 25 node deletes
-    to produce once everything before them was applied (a node delete races with edges keyed by other
-    nodes, docs/design.md)."""
+    """``(events, node deletes)``: the whole Bitcoin OTC stream (ratings and their feature updates) with an
+    edge delete after every 40th rating (of the rating 300 events earlier: same key, so ordered after it in
+    every worker), and 25 node deletes to produce once everything before them was applied (a node delete
+    races with edges keyed by other nodes, docs/design.md)."""
     from workers.cli import main
     path = tmp_path / "otc.jsonl"
     assert main(["events", "from-snap", str(DATA_DIR / "soc-sign-bitcoinotc.csv.gz"), "--out", str(path)]) == 0
-    base = [decode_event_json(line) for line in path.read_bytes().splitlines()[:OTC_EVENTS]]
+    base = [decode_event_json(line) for line in path.read_bytes().splitlines()]
     events: list = []
     upserts: list[EdgeUpsert] = []
     for ev in base:
