@@ -74,7 +74,7 @@ from stream.backends import open_consumer, open_producer
 from stream.clients import ConsumerClient, PartitionKey, ProducerClient, Record
 from stream.deadletter import DeadLetter, DeadLetterWriter
 from stream.delivery import Delivery, DeliveryProcess, UpdateColumns
-from stream.events import InvalidEvent, NodeUpsert, decode_event_json
+from stream.events import InvalidEvent, check_features, decode_event_json
 from stream.exceptions import StreamError, TopicSetupError
 from stream.kafka import ensure_topics
 from workers.heap import freeze_warm_heap
@@ -851,9 +851,7 @@ class Worker:
             offsets[(r.topic, r.partition)] = max(offsets.get((r.topic, r.partition), 0), r.offset + 1)
             try:
                 ev = decode_event_json(r.value, max_bytes=s.max_event_bytes)
-                if isinstance(ev, NodeUpsert) and len(ev.features) != in_dim:
-                    raise InvalidEvent("wrong_feature_length",
-                                       f"node {ev.id!r} has {len(ev.features)} features, the model expects {in_dim}")
+                check_features(ev, in_dim)
             except InvalidEvent as exc:
                 letters.append(DeadLetter.for_error(r, exc))
                 continue

@@ -405,6 +405,8 @@ def _bad_messages(rng: random.Random) -> list[tuple[str, bytes | None, bytes | N
         ("unknown_field", lambda i: j({"op": "edge_upsert", "src": f"b{i}", "dst": "c", "ts": 1, "colour": 3})),
         ("wrong_feature_length", lambda i: j({"op": "node_upsert", "id": f"b{i}", "ts": 1, "features": [0.5] * 3})),
         ("not_finite", lambda i: b'{"op":"edge_upsert","src":"b%d","dst":"c","ts":1,"weight":NaN}' % i),
+        # finite JSON, beyond float32: the store would refuse it, the worker must dead-letter it
+        ("not_finite", lambda i: j({"op": "node_upsert", "id": f"b{i}", "ts": 1, "features": [0.5] * 7 + [1e39]})),
         ("empty_id", lambda i: j({"op": "edge_upsert", "src": "", "dst": "c", "ts": 1})),
         ("oversize", lambda i: j({"op": "node_upsert", "id": f"b{i}", "ts": 1, "features": [0.123456789] * 200})),
         ("not_object", lambda i: j([{"op": "edge_upsert", "src": f"b{i}", "dst": "c", "ts": 1}])),
