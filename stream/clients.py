@@ -63,16 +63,16 @@ def wait_for_partitions(find: Callable[[], "Iterable[int] | None"], topic: str, 
     """The partitions ``find()`` reports for ``topic``, asked again every 0.1 s until it reports some.
 
     Raises:
-        StreamError: none within ``timeout_s`` (the topic does not exist).
+        NoPartitionsError: none within ``timeout_s`` (the topic does not exist).
     """
-    from stream.exceptions import StreamError
+    from stream.exceptions import NoPartitionsError
     deadline = time.monotonic() + timeout_s
     while True:
         found = find()
         if found:
             return set(found)
         if time.monotonic() > deadline:
-            raise StreamError(f"topic {topic!r} has no partitions after {timeout_s:g} s (does it exist?)")
+            raise NoPartitionsError(f"topic {topic!r} has no partitions after {timeout_s:g} s (does it exist?)")
         time.sleep(0.1)
 
 

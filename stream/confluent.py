@@ -343,12 +343,18 @@ class ConfluentConsumer(ConsumerClient):
             return True
         previous, self._commit_error = self._commit_error, None
         try:
-            self._client.commit(offsets=[TopicPartition(t, p, o) for (t, p), o in offsets.items()],
-                                asynchronous=not wait)
+            done = self._client.commit(offsets=[TopicPartition(t, p, o) for (t, p), o in offsets.items()],
+                                       asynchronous=not wait)
         except KafkaException as exc:  # lag reporting must never stop the worker
             logger.warning("offset commit failed: %r", exc)
             return False
-        return wait or previous is None
+        if wait:  # a synchronous commit reports each partition's own error in its result
+            failed = [tp for tp in done or () if tp.error is not None]
+            if failed:
+                logger.warning("offset commit failed for %s: %s", [(tp.topic, tp.partition) for tp in failed],
+                               failed[0].error)
+            return not failed
+        return previous is None
 
     def committed(self, partitions: Sequence[PartitionKey], timeout_s: float = 10.0) -> dict[PartitionKey, int | None]:
         try:

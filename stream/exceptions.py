@@ -39,6 +39,10 @@ class TopicSetupError(StreamError):
     """A topic could not be created or checked."""
 
 
+class NoPartitionsError(StreamError):
+    """A topic's partitions are not known (it does not exist yet, or the metadata did not come in time)."""
+
+
 class DeliveryError(StreamError):
     """Some produced records were not acknowledged by the broker.
 

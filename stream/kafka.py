@@ -278,7 +278,8 @@ class EventConsumer(ConsumerClient):
 
     def committed(self, partitions: Sequence[PartitionKey], timeout_s: float = 10.0) -> dict[PartitionKey, int | None]:
         try:
-            return {key: self._client.committed(TopicPartition(*key)) for key in partitions}
+            timeout_ms = int(timeout_s * 1000)
+            return {key: self._client.committed(TopicPartition(*key), timeout_ms=timeout_ms) for key in partitions}
         except KafkaError as exc:
             raise StreamError(f"committed offsets of {sorted(partitions)} unavailable: {exc!r}") from exc
 

@@ -10,13 +10,15 @@ consumer group ``group`` subscribed to the output topic. It reads no
 records (its partitions stay paused); the group protocol hands out the
 partitions, and moves them on join, leave and failure.
 
-Epochs: a worker that is assigned a partition reads the group's committed
-offset of that partition (or the highest epoch its state recorded, if
-higher), adds one, and commits it back before it publishes anything of it; that number is its *epoch* as the partition's
-owner, and every version it publishes for the partition's nodes is at least
-``epoch << 32`` (:meth:`workers.engine.Engine.own`). One owner at a time
-holds a partition, so epochs only grow, and a consumer that keeps the
-highest version per node ends with the newest owner's values.
+Epochs: a worker that is assigned partitions reads the group's committed
+offsets of every partition of the topic (and the highest epoch its state
+recorded), adds one to the largest, and commits that to the partitions it
+was assigned before it publishes anything of them. That number is its
+*epoch* as their owner, and every version it publishes for their nodes is
+at least ``epoch << 32`` (:meth:`workers.engine.Engine.own`). One owner at
+a time holds a partition, so each owner's epoch exceeds every earlier one's,
+and a consumer that keeps the highest version per node ends with the newest
+owner's values.
 
 A member polls from a thread of its own, so that the worker's long batches
 never delay a heartbeat or a rebalance. The worker takes the changes
@@ -54,19 +56,19 @@ class Ownership:
         session_timeout_ms: the member's session timeout (a dead worker's
             partitions move after about this long).
         revoke_wait_s: the longest a revocation waits for :meth:`done`.
-        floor: the highest epoch of each partition this worker's state has
-            seen: a claim goes above it even if the group's committed offsets
+        floor: the highest epoch this worker's state has held a partition
+            at: a claim goes above it even if the group's committed offsets
             were lost (a group left empty longer than the broker's
             ``offsets.retention.minutes``).
     """
 
     def __init__(self, client: str, bootstrap: str, topic: str, group: str, *, session_timeout_ms: int = 6000,
-                 revoke_wait_s: float = 10.0, floor: dict[int, int] | None = None, **config: Any):
+                 revoke_wait_s: float = 3.0, floor: int = 0, **config: Any):
         self.topic, self.group = topic, group
         self._open = lambda: open_consumer(client, bootstrap, topic, group, session_timeout_ms=session_timeout_ms,
                                            on_assign=self._assigned, on_revoke=self._revoked, paused=True, **config)
         self._revoke_wait_s = revoke_wait_s
-        self._floor = dict(floor or {})
+        self._floor = floor
         self._cond = threading.Condition()
         self._assignment: dict[int, int] | None = None  # the newest assignment not yet taken: epoch by partition
         self._claiming: set[int] | None = None  # assigned, epochs not yet committed (the member's thread)
@@ -107,13 +109,15 @@ class Ownership:
     def _claim(self, consumer: Any) -> None:
         """Commit the next epoch of each newly assigned partition, then hand the assignment to the worker."""
         mine = self._claiming or set()
-        keys = [(self.topic, p) for p in sorted(mine)]
-        committed = consumer.committed(keys) if keys else {}
-        epochs = {p: max(offset or 0, self._floor.get(p, 0)) + 1 for (_, p), offset in committed.items()}
-        if keys and not consumer.commit({(self.topic, p): e for p, e in epochs.items()}, wait=True):
-            raise RuntimeError(f"could not commit the epochs of partitions {sorted(mine)}")
+        epochs: dict[int, int] = {}
+        if mine:  # one epoch above every partition's: it still exceeds them if the topic gains partitions
+            every = [(self.topic, p) for p in sorted(consumer.partitions_of(self.topic) | mine)]
+            epoch = max([offset or 0 for offset in consumer.committed(every).values()] + [self._floor]) + 1
+            epochs = {p: epoch for p in mine}
+            if not consumer.commit({(self.topic, p): epoch for p in mine}, wait=True):
+                raise RuntimeError(f"could not commit the epochs of partitions {sorted(mine)}")
+            self._floor = epoch
         self._claiming = None
-        self._floor.update(epochs)
         with self._cond:
             self._assignment = epochs
         if mine:
@@ -127,6 +131,7 @@ class Ownership:
         if not mine:
             return
         with self._cond:
+            self._assignment = None  # one not taken yet is over: the next one replaces it
             self._removed |= mine
             self._asked += 1
             asked = self._asked

@@ -75,7 +75,7 @@ from stream.clients import ConsumerClient, PartitionKey, ProducerClient, Record
 from stream.deadletter import DeadLetter, DeadLetterWriter
 from stream.delivery import Delivery, DeliveryProcess, UpdateColumns
 from stream.events import InvalidEvent, check_features, decode_event_json
-from stream.exceptions import StreamError, TopicSetupError
+from stream.exceptions import NoPartitionsError, StreamError, TopicSetupError
 from stream.kafka import ensure_topics
 from workers.heap import freeze_warm_heap
 from workers.metrics import MetricsServer, WorkerMetrics
@@ -100,6 +100,7 @@ _FLUSH_TIMEOUT_S = 5.0  # one flush of the publisher thread; a failed one is ret
 _STOP_DELIVERY_S = 4.0  # on stop, the longest wait for the publisher to deliver what it holds
 _STOP_CLOSE_S = 1.0  # on stop, then the longest wait for each client to close (they close side by side)
 _RETRY_PAUSE_S = 1.0  # between failed deliveries of the publisher thread
+_TOPIC_CHECK_S = 30.0  # how often the loop looks for partitions added to the events topic
 _PUBLISH_LIMIT = 50_000  # messages per encoded batch (a batch holds whole outbox records)
 _op = operator.attrgetter("op")
 
@@ -190,7 +191,7 @@ class OutboxPublisher:
         self.resolve = resolve
         self.min_change = float(min_change)
         self._taken: bytes | None = None  # the last outbox key prepare() took and confirm() has not deleted
-        self._forget_sent()
+        self.forget_sent()
 
     def pending(self) -> int:
         return sum(1 for _ in self.store.column("outbox").keys())
@@ -261,7 +262,7 @@ class OutboxPublisher:
             mode[:have] = self._sent_mode
         self._sent_rows, self._sent_mode = rows, mode
 
-    def _forget_sent(self) -> None:
+    def forget_sent(self) -> None:
         """Forget every row kept for ``min_change``: each node's next update is published."""
         self._sent_rows = np.zeros((0, 0), dtype=np.float32)  # by iid: the row last handed over for sending
         self._sent_mode = np.zeros(0, dtype=np.int16)  # by iid: its mode code, -1 = none
@@ -284,7 +285,7 @@ class OutboxPublisher:
         at its next update.
         """
         self._taken = None
-        self._forget_sent()
+        self.forget_sent()
 
 
 class _Sender:
@@ -582,7 +583,10 @@ class Worker:
                 return
             clean = False
             try:
-                self._output_partitions = len(consumer.partitions_of(s.output_topic))
+                self._output_partitions = self._partition_count(consumer, s.output_topic)
+                if not self._output_partitions:  # stopped meanwhile
+                    self._drain_on_stop(engine, publisher)
+                    return
                 if not self._join(engine):
                     self._drain_on_stop(engine, publisher)
                     return
@@ -659,6 +663,9 @@ class Worker:
                 consumer = open_consumer(s.kafka_client, s.bootstrap, s.events_topic, f"{s.group}.{self.worker_id}",
                                          session_timeout_ms=s.session_timeout_ms, on_assign=self._stored_offsets,
                                          assign_all=True)
+            except NoPartitionsError as exc:  # metadata late: retry
+                self._recoverable("consumer", exc)
+                continue
             except StreamError:
                 raise
             except Exception as exc:  # Kafka went away again: retry
@@ -681,8 +688,9 @@ class Worker:
         s = self.settings
         idle_since = time.monotonic()
         last_lag = 0.0
+        last_topic_check = time.monotonic()
         while not self._stop.is_set():
-            self._sync_ownership(engine)
+            self._sync_ownership(engine, publisher)
             if self._rebalancing:  # no events until the group has assigned the partitions again
                 self._publish(publisher)
                 self._stop.wait(0.05)
@@ -705,7 +713,7 @@ class Worker:
                 self._process(records, producer, dlq, engine)
             elif engine.pending():
                 self._recompute(engine, None, None)
-            self._sync_ownership(engine)
+            self._sync_ownership(engine, publisher)
             self._idle = not records
             self._publish(publisher)
             if records and not self._stop.is_set():  # for lag tools only: not worth a stall when stopping
@@ -713,9 +721,21 @@ class Worker:
             if time.monotonic() - last_lag > 1.0:
                 last_lag = time.monotonic()
                 self._report_lag(consumer)
+            if time.monotonic() - last_topic_check > _TOPIC_CHECK_S:
+                last_topic_check = time.monotonic()
+                self._check_partitions(consumer)
             if max_idle_s is not None and not records and time.monotonic() - idle_since > max_idle_s \
                     and not engine.pending() and not publisher.pending() and self._settled():
                 break
+
+    def _partition_count(self, consumer: ConsumerClient, topic: str) -> int:
+        """How many partitions ``topic`` has (retrying while Kafka does not say); 0 if stopped meanwhile."""
+        while not self._stop.is_set():
+            try:
+                return len(consumer.partitions_of(topic))
+            except Exception as exc:  # metadata late, Kafka away: retry
+                self._recoverable("consumer", exc)
+        return 0
 
     # ------------------------------------------------------------------ ownership
     def _join(self, engine: Engine) -> bool:
@@ -726,9 +746,11 @@ class Worker:
         self._set_status("joining", f"joining group {s.group} for the partitions of topic {s.output_topic}")
         count = self._output_partitions
         stored = engine.kept_partitions()
-        floor = engine.epochs() if stored is None or stored[0] == count else {}
+        # a revocation waits for this loop at most half a session: longer, kafka-python would miss heartbeats
         self._ownership = own = Ownership(s.kafka_client, s.bootstrap, s.output_topic, s.group,
-                                          session_timeout_ms=s.session_timeout_ms, floor=floor)
+                                          session_timeout_ms=s.session_timeout_ms, floor=max(engine.epochs().values(),
+                                                                                             default=0),
+                                          revoke_wait_s=s.session_timeout_ms / 2000)
         if stored is None:  # every node's final row is current
             self._kept = set(range(count))
         elif stored[0] != count:  # the output topic has other partitions now: nodes map elsewhere
@@ -745,7 +767,7 @@ class Worker:
         own = self._ownership
         return own is not None and own.joined.is_set() and not self._rebalancing
 
-    def _sync_ownership(self, engine: Engine) -> None:
+    def _sync_ownership(self, engine: Engine, publisher: OutboxPublisher | None = None) -> None:
         """Act on the group's changes, between two batches.
 
         A revoked partition stops being published at once (the group hands
@@ -767,7 +789,13 @@ class Worker:
             own.done(ticket)
         if assignment is None:
             return
+        beyond = sorted(p for p in assignment if p >= count)
+        if beyond:
+            raise StreamError(f"topic {self.settings.output_topic!r} has more partitions than the {count} this worker "
+                              f"started with (it was assigned {beyond}): nodes map to other partitions now; restart "
+                              f"every worker of group {self.settings.group!r}")
         self._rebalancing = False
+        self._owned &= set(assignment)  # an eager assignment is whole
         parts = set(assignment) - self._owned
         computed = parts & self._kept
         self._kept = (self._kept & set(assignment)) | parts
@@ -776,6 +804,8 @@ class Worker:
         self.metrics.owned.set(len(self._owned))
         if not parts:
             return
+        if publisher is not None:  # every node of them goes out, whatever --min-change remembers of it
+            publisher.forget_sent()
         t0 = time.perf_counter()
         stats = engine.take_over(parts, computed)
         self._spent("takeover", time.perf_counter() - t0)
@@ -1021,6 +1051,19 @@ class Worker:
             latency = max(0.0, now - out.oldest_record_s)
             self.metrics.pipeline.observe(latency)
             self.latency_timeline.append((now, latency))
+
+    def _check_partitions(self, consumer: ConsumerClient) -> None:
+        """Stop, with the reason, when the events topic gained partitions: this worker reads those it found
+        when it started (a restart reads them all, new ones from their start)."""
+        topic = self.settings.events_topic
+        try:
+            found = consumer.partitions_of(topic, timeout_s=2.0)
+        except StreamError:  # metadata late: the next check
+            return
+        reading = {p for t, p in consumer.assignment() if t == topic}
+        if found - reading:
+            raise StreamError(f"topic {topic!r} has {len(found)} partitions now, this worker reads {len(reading)}: "
+                              f"restart it to read partitions {sorted(found - reading)} too")
 
     def _report_lag(self, consumer: ConsumerClient) -> None:
         try:
