@@ -45,7 +45,7 @@ from stream.delivery import UpdateColumns
 from stream.partitioning import partitions_for
 from workers.tables import EmbeddingTables, MetaTable, decode_legacy_final, encode_outbox
 
-__all__ = ["Engine", "RecomputeStats", "EngineError"]
+__all__ = ["Engine", "RecomputeStats", "EngineError", "kept_partitions"]
 
 logger = logging.getLogger(__name__)
 
@@ -56,8 +56,8 @@ _HEAD_COLUMNS = 8  # entries of a recomputed row compared first (one 32-byte rea
 _SMALL_LAYER = 1024  # a layer over fewer targets runs on one torch thread
 _OUTBOX_SEQ = b"outbox_seq"
 KEPT_META = b"kept_partitions"  # {"count", "kept"}: the output partitions whose final rows are current
-EPOCHS_META = b"partition_epochs"  # {partition: the highest epoch this state has held it at}
-EPOCH_SHIFT = 32  # a version is (the owner's epoch of the node's output partition << 32) + a count within it
+EPOCH_META = b"highest_epoch"  # the highest epoch this state has owned partitions at
+EPOCH_SHIFT = 32  # a version is (the owner's epoch << 32) + a count within it
 _LAYOUT = 4  # version of the embpages/layerpages layout: a store written with another one needs a backfill
 
 
@@ -126,6 +126,16 @@ class _CachedRows:
 
     def projected(self, iids: np.ndarray, project: Project) -> tuple[np.ndarray, np.ndarray, int]:
         return self.tables.projected(self.layer, iids, project)
+
+
+def kept_partitions(store: GraphStore) -> "tuple[int, set[int]] | None":
+    """``(count, partitions)``: the output partitions (of ``count``) whose final rows ``store`` holds
+    current, as last recorded by a worker of a group (None: every node's)."""
+    raw = store.column("meta").get(KEPT_META)
+    if raw is None:
+        return None
+    obj = json.loads(raw)
+    return int(obj["count"]), set(obj["kept"])
 
 
 class EngineError(RuntimeError):
@@ -221,13 +231,12 @@ class Engine:
         self._projects = [layer > 0 and self.gnn.projects(layer) for layer in range(self.num_layers)]
         self._deferred_since: float | None = None
         self._capped = 0
-        # the final layer is kept (and published) for owned nodes only: None = every node; else a mask over the
-        # output topic's partitions, a node being in the partition its id maps to (stream.partitioning)
-        # masks over the output partitions (see own): None = every node
+        # masks over the output topic's partitions (see own), a node being in the partition its id maps to
+        # (stream.partitioning); None = every node
         self._kept: np.ndarray | None = None  # final rows computed and stored
         self._published: np.ndarray | None = None  # changes also published
         self._partition_count = 0
-        self._epochs: np.ndarray | None = None  # by output partition: this worker's epoch as its owner
+        self._epoch = 0  # this worker's epoch as the owner of its partitions (0: no group)
         self._partition = np.zeros(0, dtype=np.int32)  # by iid: the node's output partition, -1 = not known yet
         self._deleted_code = self.meta.code(DELETED)
         self._mode_of: dict[int, int] = {}  # mode code by degree * 2 + has features (the policy is fixed)
@@ -276,21 +285,18 @@ class Engine:
         self._seq += 1
 
     # ------------------------------------------------------------------ versions and ownership
-    def _next_versions(self, old: np.ndarray, iids: np.ndarray) -> np.ndarray:
-        """Versions for new values of ``iids``, whose stored versions are ``old``.
+    def _next_versions(self, old: np.ndarray) -> np.ndarray:
+        """Versions for new values of nodes whose stored versions are ``old``.
 
-        One past the old version, and at least ``epoch << EPOCH_SHIFT`` where
-        ``epoch`` is this worker's epoch of the node's output partition
+        One past the old version, and at least ``epoch << EPOCH_SHIFT``
         (:meth:`own`): strictly increasing per node, and above every version
-        an earlier owner of the partition published, whose epoch was lower
-        (docs/scaling.md). Without a group the epoch is 0.
+        an earlier owner of the node's partition published, whose epoch was
+        lower (docs/scaling.md). Without a group the epoch is 0.
         """
-        if self._epochs is None or not len(iids):
-            return old + 1
-        return np.maximum(old + 1, self._epochs[self.partitions_of(iids)] << EPOCH_SHIFT)
+        return np.maximum(old + 1, self._epoch << EPOCH_SHIFT)
 
     def own(self, keep: "set[int] | None", publish: "set[int] | None" = None, count: int = 0,
-            epochs: "dict[int, int] | None" = None) -> None:
+            epoch: int | None = None) -> None:
         """Shard the final layer by the ``count`` partitions of the output topic (a node being in the partition
         its id maps to, :mod:`stream.partitioning`).
 
@@ -299,30 +305,27 @@ class Engine:
                 stored (None: every node, no sharding).
             publish: those of ``keep`` whose nodes' changes are also published
                 (None: all of ``keep``).
-            epochs: this worker's epoch of each partition it was assigned
-                (see :meth:`_next_versions`); partitions not named keep the
-                epoch they had.
+            epoch: this worker's epoch as the owner of the partitions it was
+                assigned (see :meth:`_next_versions`); None keeps the one it
+                had.
 
         A partition added to ``keep`` needs :meth:`take_over`: its nodes'
         final rows were not kept current before.
         """
         if keep is None:
-            self._kept = self._published = self._epochs = None
+            self._kept = self._published = None
+            self._epoch = 0
             return
         publish = set(keep) if publish is None else set(publish)
         if any(not 0 <= p < count for p in set(keep) | publish):
             raise ValueError(f"Expected partitions in [0, {count}) (got {sorted(set(keep) | publish)})")
         if count != self._partition_count:
             self._partition = np.zeros(0, dtype=np.int32)
-            self._epochs = np.zeros(count, dtype=np.int64)
         self._partition_count = count
-        if epochs:
-            for p, epoch in epochs.items():
-                self._epochs[p] = epoch
-            seen = self.epochs()
-            seen.update({p: max(e, seen.get(p, 0)) for p, e in epochs.items()})
-            value = json.dumps({str(p): e for p, e in sorted(seen.items())}).encode()
-            self.store.write([("meta", EPOCHS_META, value)])
+        if epoch is not None:
+            self._epoch = epoch
+            if epoch > self.highest_epoch():
+                self.store.write([("meta", EPOCH_META, keys.U64.pack(epoch))])
         self._kept, self._published = self._mask(keep, count), self._mask(publish, count)
         # a partition dropped is recorded before anything else happens; one added, by take_over once done
         stored = self.kept_partitions()
@@ -334,18 +337,13 @@ class Engine:
             self.store.write(puts)
 
     def kept_partitions(self) -> "tuple[int, set[int]] | None":
-        """``(count, partitions)`` whose final rows the store holds current, as last recorded (None: the
-        store's final rows are every node's, or none was recorded)."""
-        raw = self.store.column("meta").get(KEPT_META)
-        if raw is None:
-            return None
-        obj = json.loads(raw)
-        return int(obj["count"]), set(obj["kept"])
+        """:func:`kept_partitions` of this engine's store."""
+        return kept_partitions(self.store)
 
-    def epochs(self) -> dict[int, int]:
-        """The highest epoch at which this state held each output partition (see :meth:`own`)."""
-        raw = self.store.column("meta").get(EPOCHS_META)
-        return {} if raw is None else {int(p): int(e) for p, e in json.loads(raw).items()}
+    def highest_epoch(self) -> int:
+        """The highest epoch at which this state has owned partitions (see :meth:`own`; 0: never)."""
+        raw = self.store.column("meta").get(EPOCH_META)
+        return 0 if raw is None else keys.U64.unpack(raw)[0]
 
     def _put_kept(self, puts: list, kept: "set[int]") -> None:
         value = {"count": self._partition_count, "kept": sorted(kept)}
@@ -402,16 +400,16 @@ class Engine:
         if self._kept is None or not partitions:
             return stats
         every = np.fromiter((keys.decode_iid(k) for k in self.store.column("names").keys()), dtype=np.int64)
-        where = self.partitions_of(every)
-        every, where = every[np.isin(where, list(partitions))], where[np.isin(where, list(partitions))]
+        every = every[self._in(self._mask(partitions, self._partition_count), every)]
         alive = self.store.node_arrays(every)[0] >= 0
         targets, gone = every[alive], every[~alive]
+        current = self._in(self._mask(computed, self._partition_count), targets)  # rows kept current meanwhile
         layer = self.num_layers - 1
         step = min(self.chunk_nodes, 50_000)
         for start in range(0, len(targets), step):
             chunk = targets[start:start + step]
             rows, present = self.tables.get(self.num_layers, chunk)
-            fresh = ~present | ~np.isin(where[alive][start:start + step], list(computed))
+            fresh = ~present | ~current[start:start + step]
             if fresh.any():
                 rows = np.array(rows, dtype=np.float32)
                 rows[fresh], sampled = self.compute_layer(layer, chunk[fresh], _CachedRows(self.tables, layer))
@@ -548,8 +546,7 @@ class Engine:
             prev = _DenseRows(targets, h)
             if progress:
                 progress(layer + 1)
-        self._write_final(targets[owned], h[owned], publish=publish, stats=stats, event_ts=None, force=True,
-                          )
+        self._write_final(targets[owned], h[owned], publish=publish, stats=stats, event_ts=None, force=True)
         # rows of nodes that are gone (deleted before the marks that would withdraw them were processed)
         puts: list = []
         for layer, log in self.logs.items():
@@ -684,7 +681,7 @@ class Engine:
             ids = iids[start:start + chunk]
             old_version, _, _ = meta.get(ids)
             degree, flags, last_ts = self.store.node_arrays(ids)
-            versions = self._next_versions(old_version, ids)
+            versions = self._next_versions(old_version)
             times = np.maximum(last_ts, event_ts or 0.0)
             meta.set(ids, versions, times, self._mode_codes(degree, flags))
             puts.extend(meta.encode(ids, rows[start:start + chunk]))
@@ -866,7 +863,7 @@ class Engine:
         version, event_ts, mode = self.meta.get(gone)
         # the meta stays as a version floor, so a re-created node keeps counting up
         withdraw = np.ones(len(gone), dtype=bool) if again else (mode >= 0) & (mode != self._deleted_code)
-        ids, versions, times = gone[withdraw], self._next_versions(version[withdraw], gone[withdraw]), event_ts[withdraw]
+        ids, versions, times = gone[withdraw], self._next_versions(version[withdraw]), event_ts[withdraw]
         if not len(ids):
             return
         self.meta.set(ids, versions, times, np.full(len(ids), self._deleted_code, dtype=np.int16))

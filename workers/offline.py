@@ -696,12 +696,11 @@ def _kept_test(store: GraphStore) -> Callable[[int], bool]:
     """Whether the state holds a node's final row current: a worker of a group keeps only its output
     partitions' (``Engine.kept_partitions``); other states every node's."""
     from stream.partitioning import partition_for
-    from workers.engine import KEPT_META
-    raw = store.column("meta").get(KEPT_META)
-    if raw is None:
+    from workers.engine import kept_partitions
+    recorded = kept_partitions(store)
+    if recorded is None:
         return lambda iid: True
-    obj = json.loads(raw)
-    count, kept = int(obj["count"]), set(obj["kept"])
+    count, kept = recorded
     return lambda iid: count > 0 and partition_for(store.name(iid).encode(), count) in kept
 
 

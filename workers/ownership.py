@@ -70,14 +70,13 @@ class Ownership:
         self._revoke_wait_s = revoke_wait_s
         self._floor = floor
         self._cond = threading.Condition()
-        self._assignment: dict[int, int] | None = None  # the newest assignment not yet taken: epoch by partition
+        self._assignment: tuple[set[int], int] | None = None  # the newest assignment not yet taken, and its epoch
         self._claiming: set[int] | None = None  # assigned, epochs not yet committed (the member's thread)
         self._removed: set[int] = set()  # revoked since the last take()
         self._asked = 0  # revocations made
         self._done = 0  # revocations the worker has acted on
         self._closing = threading.Event()
         self.joined = threading.Event()  # set at the first assignment (even of no partitions)
-        self.partition_count: int | None = None  # the output topic's partitions, once known
         self._thread = threading.Thread(target=self._run, name="ownership", daemon=True)
         self._thread.start()
 
@@ -88,8 +87,6 @@ class Ownership:
             try:
                 if consumer is None:
                     consumer = self._open()
-                    if self.partition_count is None:
-                        self.partition_count = len(consumer.partitions_of(self.topic))
                 consumer.poll_batch(1, _POLL_S)
                 if self._claiming is not None:
                     self._claim(consumer)
@@ -107,22 +104,18 @@ class Ownership:
         return {}
 
     def _claim(self, consumer: Any) -> None:
-        """Commit the next epoch of each newly assigned partition, then hand the assignment to the worker."""
+        """Commit the next epoch to the newly assigned partitions, then hand the assignment to the worker."""
         mine = self._claiming or set()
-        epochs: dict[int, int] = {}
         if mine:  # one epoch above every partition's: it still exceeds them if the topic gains partitions
             every = [(self.topic, p) for p in sorted(consumer.partitions_of(self.topic) | mine)]
             epoch = max([offset or 0 for offset in consumer.committed(every).values()] + [self._floor]) + 1
-            epochs = {p: epoch for p in mine}
             if not consumer.commit({(self.topic, p): epoch for p in mine}, wait=True):
                 raise RuntimeError(f"could not commit the epochs of partitions {sorted(mine)}")
             self._floor = epoch
+            logger.info("group %s: now owns %s of %s (epoch %d)", self.group, sorted(mine), self.topic, epoch)
         self._claiming = None
         with self._cond:
-            self._assignment = epochs
-        if mine:
-            logger.info("group %s: now owns %s of %s (epochs %s)", self.group, sorted(mine), self.topic,
-                        [epochs[p] for p in sorted(mine)])
+            self._assignment = (mine, self._floor)
         self.joined.set()
 
     def _revoked(self, partitions: list[PartitionKey]) -> None:
@@ -143,11 +136,11 @@ class Ownership:
         logger.info("group %s: released %s of %s", self.group, sorted(mine), self.topic)
 
     # ------------------------------------------------------------------ the worker's side
-    def take(self) -> tuple[set[int], dict[int, int] | None, int]:
+    def take(self) -> tuple[set[int], tuple[set[int], int] | None, int]:
         """``(revoked, assignment, ticket)``: the partitions revoked since the last call, the newest whole
-        assignment made since (``{partition: epoch}``, None if none), and the ticket to pass to :meth:`done`
-        once the revoked partitions are no longer published. Revocations come before the assignment that
-        follows them."""
+        assignment made since and the epoch claimed for it (``(partitions, epoch)``, None if none), and the
+        ticket to pass to :meth:`done` once the revoked partitions are no longer published. Revocations come
+        before the assignment that follows them."""
         with self._cond:
             removed, assignment = self._removed, self._assignment
             self._removed, self._assignment = set(), None

@@ -30,7 +30,6 @@ answer is exact either way.
 from __future__ import annotations
 
 import heapq
-import json
 import logging
 import os
 from typing import Any, Callable, Iterator, Sequence
@@ -45,7 +44,7 @@ from model import load_model_dir
 from stream.events import (EdgeDelete, EdgeUpsert, Event, InvalidEvent, NodeDelete, NodeUpsert, check_features,
                            decode_event)
 from stream.partitioning import partition_for
-from workers.engine import KEPT_META
+from workers.engine import kept_partitions
 from workers.offline import MODEL_DIR_META
 from workers.tables import FrameReused, MetaTable
 from workers.train import HEAD_FILE, FraudHead, load_head
@@ -277,8 +276,7 @@ class QueryState:
         """None when the worker keeps ``name``'s final row current; else the output partition it is in (a
         worker of a group keeps only its own partitions', docs/scaling.md)."""
         if self._kept_raw is None:
-            raw = self.store.column("meta").get(KEPT_META)
-            self._kept_raw = (0, None) if raw is None else (json.loads(raw)["count"], set(json.loads(raw)["kept"]))
+            self._kept_raw = kept_partitions(self.store) or (0, None)
         count, partitions = self._kept_raw
         if partitions is None:
             return None

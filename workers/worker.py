@@ -748,8 +748,7 @@ class Worker:
         stored = engine.kept_partitions()
         # a revocation waits for this loop at most half a session: longer, kafka-python would miss heartbeats
         self._ownership = own = Ownership(s.kafka_client, s.bootstrap, s.output_topic, s.group,
-                                          session_timeout_ms=s.session_timeout_ms, floor=max(engine.epochs().values(),
-                                                                                             default=0),
+                                          session_timeout_ms=s.session_timeout_ms, floor=engine.highest_epoch(),
                                           revoke_wait_s=s.session_timeout_ms / 2000)
         if stored is None:  # every node's final row is current
             self._kept = set(range(count))
@@ -775,7 +774,7 @@ class Worker:
         next assignment says where it went, so that getting it back costs no
         recompute. Events are not read between a revocation and the next
         assignment (a rebalance). Assigned partitions are taken over at once,
-        at the epochs the group gave them (docs/scaling.md).
+        at the epoch claimed for them (docs/scaling.md).
         """
         own = self._ownership
         if own is None:
@@ -789,18 +788,19 @@ class Worker:
             own.done(ticket)
         if assignment is None:
             return
+        assignment, epoch = assignment
         beyond = sorted(p for p in assignment if p >= count)
         if beyond:
             raise StreamError(f"topic {self.settings.output_topic!r} has more partitions than the {count} this worker "
                               f"started with (it was assigned {beyond}): nodes map to other partitions now; restart "
                               f"every worker of group {self.settings.group!r}")
         self._rebalancing = False
-        self._owned &= set(assignment)  # an eager assignment is whole
-        parts = set(assignment) - self._owned
+        self._owned &= assignment  # an eager assignment is whole
+        parts = assignment - self._owned
         computed = parts & self._kept
-        self._kept = (self._kept & set(assignment)) | parts
+        self._kept = (self._kept & assignment) | parts
         self._owned |= parts
-        engine.own(self._kept, self._owned, count, epochs=assignment)
+        engine.own(self._kept, self._owned, count, epoch=epoch)
         self.metrics.owned.set(len(self._owned))
         if not parts:
             return

@@ -895,7 +895,7 @@ def test_sharded_final_layer_keeps_publishes_and_takes_over_by_partition(model_d
     events += [EdgeUpsert(rnd.choice(names), rnd.choice(names), 2 + i) for i in range(120)]
     with GraphStore(tmp_path / "s", seed=SEED) as store:
         engine = Engine(store, model)
-        engine.own({0}, {0}, 2, epochs={0: 3})
+        engine.own({0}, {0}, 2, epoch=3)
         pub = _Publisher()
         store.apply(events[:80])
         engine.recompute()
@@ -912,7 +912,7 @@ def test_sharded_final_layer_keeps_publishes_and_takes_over_by_partition(model_d
             if e.embedding is not None and e.version == metas[e.node].version:
                 np.testing.assert_allclose(e.embedding, want[e.node], rtol=0, atol=ATOL)
 
-        engine.own({0, 1}, {0, 1}, 2, epochs={1: 5})
+        engine.own({0, 1}, {0, 1}, 2, epoch=5)
         taken = engine.take_over({1})
         ones = {v for v in names if part[v] == 1}
         assert taken.recomputed == [len(ones)] and taken.published == len(ones)
@@ -928,12 +928,12 @@ def test_sharded_final_layer_keeps_publishes_and_takes_over_by_partition(model_d
         assert all(part[e.node] == 1 for e in pub.collect(engine)[before:])
         assert_embeddings_close(_final_stored(engine), _from_scratch(engine), what="stored after a revocation")
 
-        engine.own({0, 1}, {0, 1}, 2, epochs={0: 4})  # partition 0 back: nothing to compute, all republished
+        engine.own({0, 1}, {0, 1}, 2, epoch=6)  # partition 0 back: nothing to compute, all republished
         before = len(pub.entries)
         again = engine.take_over({0}, computed={0})
         back = pub.collect(engine)[before:]
         assert again.recomputed == [0]
         assert {e.node for e in back} == {v for v in names if part[v] == 0}
-        assert all(e.version >= 4 << 32 for e in back)
+        assert all(e.version >= 6 << 32 for e in back)
         assert_embeddings_close({e.node: e.embedding for e in back}, {v: r for v, r in _from_scratch(engine).items()
                                                                 if part[v] == 0}, what="taken back")
