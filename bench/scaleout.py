@@ -67,12 +67,18 @@ _WAIT_S = 900.0  # the longest any stage may take before the bench gives up
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--workers", default="1,2,3", help="comma-separated group sizes to run")
+    p.add_argument("--events", type=int, default=30_000, help="measured events")
+    p.add_argument("--warmup-events", type=int, default=5_000, help="events applied before the measured ones")
+    add_worker_args(p, partitions=6)
+    return p.parse_args(argv)
+
+
+def add_worker_args(p: argparse.ArgumentParser, *, partitions: int) -> None:
+    """The graph, topic and worker options of the benchmarks that run ``gnnstream run`` processes (:class:`Member`)."""
     p.add_argument("--nodes", type=int, default=FULL_NODES, help="synthetic graph nodes")
     p.add_argument("--edges", type=int, default=FULL_EDGES, help="synthetic graph distinct directed edges")
     p.add_argument("--fanouts", type=lambda t: [int(x) for x in t.split(",")], default=[25, 10])
-    p.add_argument("--events", type=int, default=30_000, help="measured events")
-    p.add_argument("--warmup-events", type=int, default=5_000, help="events applied before the measured ones")
-    p.add_argument("--partitions", type=int, default=6, help="partitions of the events and output topics")
+    p.add_argument("--partitions", type=int, default=partitions, help="partitions of the events and output topics")
     p.add_argument("--batch-size", type=int, default=1000, help="worker --batch-size")
     p.add_argument("--max-batch-size", type=int, default=10_000, help="worker --max-batch-size")
     p.add_argument("--kafka-client", default=WorkerSettings.kafka_client, choices=list(KAFKA_CLIENTS))
@@ -80,7 +86,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--store-cache", default=None,
                    help="directory keeping a loaded copy of the synthetic graph store between runs")
     p.add_argument("--workdir", default=None, help="directory for the temporary states (default: system temp)")
-    return p.parse_args(argv)
 
 
 def _free_port() -> int:

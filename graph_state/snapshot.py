@@ -40,7 +40,7 @@ import re
 import shutil
 import tempfile
 import time
-from typing import Any
+from typing import Any, Sequence
 
 from rocksdict import Cache, IngestExternalFileOptions, Options, ReadOptions, Rdict, SstFileWriter
 
@@ -48,7 +48,7 @@ from graph_state import keys
 from graph_state.exceptions import SnapshotTargetError, StateNotADirectoryError, StateNotFoundError
 from graph_state.store import MANIFEST_RECORD, GraphStore, _record_manifest
 
-__all__ = ["snapshot"]
+__all__ = ["snapshot", "read_meta"]
 
 # files of RocksDB itself (the copy gets its own), and of rocksdict and the store about them
 _ROCKSDB_FILE = re.compile(r"(?:\d+\.(?:sst|log|blob)|CURRENT|IDENTITY|LOCK|LOG(?:\.old\.\d+)?|MANIFEST-\d+|"
@@ -122,6 +122,28 @@ def snapshot(state: str | os.PathLike[str], out: str | os.PathLike[str]) -> dict
         "bytes": _size(target),
         "seconds": round(time.perf_counter() - t0, 3),
     }
+
+
+def read_meta(state: str | os.PathLike[str], names: Sequence[bytes]) -> dict[str, Any]:
+    """What a state records, read beside a worker that may be writing it: ``seed``, ``feature_dim`` and the
+    raw ``meta`` values of ``names`` (``None`` where absent).
+
+    Raises:
+        StateNotFoundError, StateNotADirectoryError: as :func:`snapshot`.
+    """
+    state = os.fspath(state)
+    _check_state(state)
+    scratch = tempfile.mkdtemp(prefix=".gnnstream-reader-")
+    try:
+        store = _follow(state, os.path.join(scratch, "secondary"))
+        try:
+            meta = store.column("meta")
+            return {"seed": store.seed, "feature_dim": store.feature_dim,
+                    **{name.decode(): meta.get(name) for name in names}}
+        finally:
+            store.close()
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 # ---------------------------------------------------------------------- checks

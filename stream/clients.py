@@ -138,8 +138,9 @@ class ProducerClient(ABC):
     """Sends records; :meth:`flush` is the delivery guarantee."""
 
     @abstractmethod
-    def send(self, topic: str, key: bytes | None, value: bytes | None, headers: Headers = None) -> None:
-        """Queue one record (``value=None`` is a tombstone)."""
+    def send(self, topic: str, key: bytes | None, value: bytes | None, headers: Headers = None,
+             partition: int | None = None) -> None:
+        """Queue one record (``value=None`` is a tombstone), to ``partition`` or the key's partition."""
 
     @abstractmethod
     def flush(self, timeout_s: float = 30.0) -> int:

@@ -488,7 +488,8 @@ class ConfluentProducer(ProducerClient):
             self._producer = _create(_RdProducer, {**self._settings, "on_delivery": window.report}, "producer")
         return self._producer
 
-    def send(self, topic: str, key: bytes | None, value: bytes | None, headers: Headers = None) -> None:
+    def send(self, topic: str, key: bytes | None, value: bytes | None, headers: Headers = None,
+             partition: int | None = None) -> None:
         """Queue one record.
 
         Raises:
@@ -496,6 +497,10 @@ class ConfluentProducer(ProducerClient):
                 for ``max_block_ms``, record too large, ...).
         """
         producer = self._producer if self._producer is not None else self._client()
+        if partition is not None:  # rare (rollout markers): no fast path
+            self._send_when_room(producer, topic, key, value, headers, partition)
+            self._sent += 1
+            return
         try:
             if headers:
                 producer.produce(topic, value, key, headers=header_list(headers))
@@ -511,12 +516,12 @@ class ConfluentProducer(ProducerClient):
             producer.poll(0)
 
     def _send_when_room(self, producer: _RdProducer, topic: str, key: bytes | None, value: bytes | None,
-                        headers: Headers) -> None:
+                        headers: Headers, partition: int = -1) -> None:
         deadline = time.monotonic() + self._max_block_s
         while True:
             producer.poll(0.005)  # serves reports; librdkafka frees queue space as batches are acknowledged
             try:
-                producer.produce(topic, value, key, headers=header_list(headers))
+                producer.produce(topic, value, key, partition=partition, headers=header_list(headers))
                 return
             except BufferError as exc:
                 if time.monotonic() >= deadline:

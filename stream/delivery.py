@@ -44,6 +44,7 @@ import numpy as np
 
 from stream.clients import ProducerClient
 from stream.exceptions import DeliveryError
+from stream.rollout import SERVING_HEADER
 from stream.updates import encode_updates, tombstone
 
 __all__ = ["UpdateColumns", "Delivery", "DeliveryProcess", "encode_columns", "WORKER_HEADER"]
@@ -135,8 +136,9 @@ class Delivery:
         self.producer, self.topic, self.model, self.fmt = producer, topic, model, fmt
         self._worker = [(WORKER_HEADER, worker.encode())] if worker else None
 
-    def deliver(self, columns: Sequence[UpdateColumns], timeout_s: float = 30.0) -> int:
-        """Encode, send and flush ``columns``; the number of messages.
+    def deliver(self, columns: Sequence[UpdateColumns], timeout_s: float = 30.0, serving: str | None = None) -> int:
+        """Encode, send and flush ``columns``; the number of messages. With ``serving``, every message carries
+        the header ``gnnstream.serving`` naming it (see :mod:`stream.rollout`).
 
         Raises:
             ValueError: the columns cannot be encoded (non-finite values are
@@ -149,11 +151,11 @@ class Delivery:
                     and math.isfinite(cols.computed_at)):
                 encode_columns([cols], self.model, self.fmt)  # raises, naming the nodes
         count = 0
-        worker = self._worker
+        extra = [*(self._worker or ()), *([(SERVING_HEADER, serving.encode())] if serving else ())] or None
         for cols in _chunks(columns, _CHUNK):
             for key, value, headers in encode_columns([cols], self.model, self.fmt):
-                if worker is not None:
-                    headers = worker if headers is None else [*headers, *worker]
+                if extra is not None:
+                    headers = extra if headers is None else [*headers, *extra]
                 send(topic, key, value, headers)
             count += len(cols)
         self.producer.flush(timeout_s)
@@ -233,9 +235,9 @@ class DeliveryProcess:
         finally:
             self._busy = False
 
-    def deliver(self, columns: Sequence[UpdateColumns], timeout_s: float = 30.0) -> int:
+    def deliver(self, columns: Sequence[UpdateColumns], timeout_s: float = 30.0, serving: str | None = None) -> int:
         """As :meth:`Delivery.deliver`, in the child (which bounds its flush by ``timeout_s``)."""
-        reply = self._call(("deliver", list(columns), timeout_s), "delivering", None)
+        reply = self._call(("deliver", list(columns), timeout_s, serving), "delivering", None)
         if reply[0] == "ok":
             return reply[1]
         if reply[0] == "refused":
@@ -282,9 +284,9 @@ def _serve(conn: Connection, delivery: Delivery) -> None:
             delivery.close(request[1])
             conn.send_bytes(pickle.dumps(("closed",)))
             return
-        _, columns, timeout_s = request
+        _, columns, timeout_s, serving = request
         try:
-            reply: tuple = ("ok", delivery.deliver(columns, timeout_s))
+            reply: tuple = ("ok", delivery.deliver(columns, timeout_s, serving))
         except ValueError as exc:
             reply = ("refused", str(exc))
         except DeliveryError as exc:

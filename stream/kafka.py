@@ -369,7 +369,8 @@ class Producer(ProducerClient):
             self._producer = KafkaProducer(**self._settings)
         return self._producer
 
-    def send(self, topic: str, key: bytes | None, value: bytes | None, headers: Headers = None) -> None:
+    def send(self, topic: str, key: bytes | None, value: bytes | None, headers: Headers = None,
+             partition: int | None = None) -> None:
         """Queue one record.
 
         Raises:
@@ -377,7 +378,8 @@ class Producer(ProducerClient):
                 within ``max_block_ms``, record too large, ...).
         """
         try:
-            future = self._client().send(topic, key=key, value=value, headers=header_list(headers))
+            future = self._client().send(topic, key=key, value=value, headers=header_list(headers),
+                                         partition=partition)
         except KafkaError as exc:
             raise DeliveryError(f"could not queue a record for {topic!r}: {exc}", failed=1, cause=exc) from exc
         self._pending.append(future)

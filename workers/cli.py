@@ -178,7 +178,17 @@ def _produce(args: argparse.Namespace) -> int:
 
 def _tail(args: argparse.Namespace) -> int:
     from workers.replay import tail_embeddings
-    tail_embeddings(args.bootstrap, topic=args.output_topic, from_beginning=args.from_beginning,
+    topic = args.output_topic
+    if not topic:
+        from stream.rollout import version_topic
+        from workers.rollout import RolloutError, status
+        model = args.model_id or status(bootstrap=args.bootstrap, control_topic=args.control_topic,
+                                        kafka_client=args.kafka_client).serving
+        if model is None:
+            raise RolloutError(f"no worker has recorded a version in topic {args.control_topic!r} yet; name one "
+                               f"with --model-id NAME:VERSION or the topic with --output-topic")
+        topic = version_topic(model)
+    tail_embeddings(args.bootstrap, topic=topic, from_beginning=args.from_beginning,
                     max_messages=args.max, idle_s=args.idle, kafka_client=args.kafka_client)
     return 0
 
@@ -187,15 +197,19 @@ def _train(args: argparse.Namespace) -> int:
     from workers.train import train_fraud_model
     _print(train_fraud_model(args.events, args.out, train_fraction=args.train_fraction, hidden=args.hidden,
                              out_dim=args.out_dim, fanouts=args.fanouts, seed=args.seed, epochs=args.epochs,
-                             overwrite=args.force))
+                             name=args.name, version=args.version, overwrite=args.force))
     return 0
 
 
 def _score(args: argparse.Namespace) -> int:
     import signal
     from workers.scorer import FraudScorer
-    scorer = FraudScorer(args.bootstrap, args.model, in_topic=args.output_topic, out_topic=args.scores_topic,
-                         group=args.scorer_group, kafka_client=args.kafka_client)
+    if args.output_topic and len(args.model) > 1:
+        raise ValueError(f"--output-topic reads one topic, for one --model (got {len(args.model)}); leave it out "
+                         f"to read each model's version topic")
+    scorer = FraudScorer(args.bootstrap, args.model, in_topic=args.output_topic or None, out_topic=args.scores_topic,
+                         canary=args.canary, canary_topic=args.canary_topic, group=args.scorer_group,
+                         control_topic=args.control_topic or None, kafka_client=args.kafka_client)
     signal.signal(signal.SIGTERM, scorer.stop)
     signal.signal(signal.SIGINT, scorer.stop)
     _print(scorer.run(max_idle_s=args.exit_when_idle))
@@ -339,6 +353,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the new state directory: must not exist, or be empty; not inside --state")
     p.set_defaults(func=_snapshot)
 
+    from workers.rollout import add_rollout_parser
+    add_rollout_parser(sub)
+
     ev = sub.add_parser("events", help="build event files")
     esub = ev.add_subparsers(dest="events_command", required=True, metavar="SUBCOMMAND")
     p = esub.add_parser("from-snap", help="turn a SNAP signed-network CSV into JSONL events with node features")
@@ -404,6 +421,20 @@ def _streaming_commands(sub: Any) -> None:
             raise argparse.ArgumentTypeError(f"expected at least 1 epoch (got {text!r})")
         return value
 
+    def _model_name(text: str) -> str:
+        from stream.rollout import version_topic
+        try:
+            version_topic(f"{text}:1")
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a name of letters, digits, '.', '_' or '-' like otc-sage "
+                                             f"(got {text!r})") from None
+        return text
+
+    def _model_version(text: str) -> int:
+        if not text.isdigit():
+            raise argparse.ArgumentTypeError(f"expected a non-negative whole number like 2 (got {text!r})")
+        return int(text)
+
     p = sub.add_parser("train", help="train a GraphSAGE model and a logistic fraud head on Bitcoin OTC")
     p.add_argument("--events", required=True, metavar="FILE.csv", help="SNAP signed-network CSV (Bitcoin OTC)")
     p.add_argument("--out", required=True, metavar="MODEL_DIR", help="model directory to write (servable by run)")
@@ -413,20 +444,57 @@ def _streaming_commands(sub: Any) -> None:
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--out-dim", type=int, default=32)
     p.add_argument("--fanouts", type=_fanouts, default=[25, 10])
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the initial weights and of the model's neighbour sampling (default 0)")
     p.add_argument("--epochs", type=_epochs, default=300, help="training epochs, at least 1 (default 300)")
+    p.add_argument("--name", type=_model_name, default="otc-sage",
+                   help="model name; the model is published as NAME:VERSION, to node-embeddings.NAME.vVERSION "
+                        "(default otc-sage)")
+    p.add_argument("--version", type=_model_version, default=1,
+                   help="model version, a non-negative integer (default 1); train the next version with a new "
+                        "--version (and e.g. another --seed) to roll it out beside the current one")
     p.set_defaults(func=_train)
 
-    p = sub.add_parser("score", help="fraud scorer: consume embeddings, publish fraud scores")
-    add_worker_arguments(p, only=("bootstrap", "kafka_client", "output_topic"))
-    p.add_argument("--model", required=True, metavar="DIR", help="model directory with head.json (gnnstream train)")
-    p.add_argument("--scores-topic", default="fraud-scores", help="topic scores are published to (default fraud-scores)")
-    p.add_argument("--scorer-group", default="gnnstream-fraud-scorer", help="consumer group of the scorer")
-    p.add_argument("--exit-when-idle", type=float, default=None, metavar="SECONDS")
+    def _canary(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a fraction of nodes between 0 and 1 like 0.05 "
+                                             f"(got {text!r})") from None
+        if not 0 <= value <= 1:
+            raise argparse.ArgumentTypeError(f"expected a fraction of nodes between 0 and 1 (got {text!r})")
+        return value
+
+    p = sub.add_parser("score", help="fraud scorer: consume embeddings, publish fraud scores",
+                       description="Score the serving embeddings of each model version given with --model "
+                                   "(read from its version topic, node-embeddings.NAME.vVERSION) with its fraud "
+                                   "head and publish one score per update; with --canary, also score the other "
+                                   "versions for a fraction of the nodes and report how the scores differ.")
+    add_worker_arguments(p, only=("bootstrap", "kafka_client", "control_topic"))
+    p.add_argument("--model", required=True, action="append", metavar="DIR",
+                   help="model directory with head.json (gnnstream train); repeat it for each version being "
+                        "rolled out (the scorer follows the serving one)")
+    p.add_argument("--output-topic", default=None, metavar="TOPIC",
+                   help="read embeddings from this topic instead of the model's version topic (one --model only)")
+    p.add_argument("--canary", type=_canary, default=0.0, metavar="FRACTION",
+                   help="fraction of nodes (0 to 1, by a hash of the node id) whose updates of every --model "
+                        "are scored, to compare the versions' scores (default 0: none)")
+    p.add_argument("--canary-topic", default=None, metavar="TOPIC",
+                   help="topic of every score of the canary nodes, tagged with model and role (default "
+                        "SCORES_TOPIC.canary)")
+    p.add_argument("--scores-topic", default="fraud-scores", metavar="TOPIC",
+                   help="topic the serving scores are published to (default fraud-scores)")
+    p.add_argument("--scorer-group", default="gnnstream-fraud-scorer",
+                   help="consumer group of the scorer (default gnnstream-fraud-scorer)")
+    p.add_argument("--exit-when-idle", type=float, default=None, metavar="SECONDS",
+                   help="stop (and print the summary) after this many seconds without an update (default: never)")
     p.set_defaults(func=_score)
 
     p = sub.add_parser("tail", help="print embedding updates readably")
-    add_worker_arguments(p, only=("bootstrap", "kafka_client", "output_topic"))
+    add_worker_arguments(p, only=("bootstrap", "kafka_client", "output_topic", "control_topic"))
+    p.add_argument("--model-id", default=None, metavar="NAME:VERSION",
+                   help="print that version's updates (its topic); default: the serving version's, as the rollout "
+                        "topic records it")
     p.add_argument("--from-beginning", action="store_true", help="start at the earliest update")
     p.add_argument("--max", type=int, default=0, help="stop after N updates (default: never)")
     p.add_argument("--idle", type=float, default=0.0, help="stop after this many idle seconds (default: never)")

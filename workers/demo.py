@@ -207,7 +207,7 @@ def run_demo(data: Path, out: Path, *, rate: float, limit: int = 0, epochs: int 
                                   metrics_port=0, batch_size=1000, batch_wait_ms=100, kafka_client=kafka_client,
                                   query_port=free_port())
         worker = Worker(settings)
-        scorer = FraudScorer(broker.bootstrap, model_dir, in_topic=settings.output_topic, kafka_client=kafka_client)
+        scorer = FraudScorer(broker.bootstrap, model_dir, kafka_client=kafka_client)
         summary: dict[str, Any] = {}
         produced: dict[str, Any] = {}
         # the scorer runs until it has read what the worker published (an idle limit alone could end it

@@ -1,33 +1,79 @@
-"""The fraud scorer: embeddings in, fraud scores out.
+"""The fraud scorer: embeddings in, fraud scores out, following the serving model version.
 
-Consumes ``node-embeddings``, applies the logistic head trained by
-``gnnstream train`` and publishes one score per update to ``fraud-scores``
-(key = node id)::
+Reads the embeddings of one or more model versions, each with its logistic
+head (trained by ``gnnstream train``; ``head.json``'s ``model`` is its
+``NAME:VERSION``), and publishes one score per serving update to
+``fraud-scores`` (key = node id)::
 
-    {"id":"a1","score":0.91,"embedding_version":7,"model":"otc-sage:1","event_ts":1700000000,"scored_at":1700000002.5}
+    {"id":"a1","score":0.91,"embedding_version":7,"model":"otc-sage:1","event_ts":1700000000,"scored_at":1700000002.5,
+     "role":"serving"}
 
-A deleted node's tombstone is passed on as a tombstone. Delivery is at least
-once, like the embeddings it scores.
+Input: one consumer (one group) over every head's version topic,
+:func:`stream.rollout.version_topic` of its model; or one explicit
+``in_topic`` with a single head (the head may then have no model tag, and
+scores updates of any model).
 
-An update that does not decode (or whose embedding is not the head's size) is
-skipped with a warning naming its topic, partition and offset, and counted as
-``invalid``; an update of a model other than the one the head was trained for
-(``head.json``'s ``model``) is skipped and counted as ``other_model``. The rest
-of the poll is scored and committed, so one bad message never stops the scorer.
+Serving: an update of model ``m`` is scored for ``fraud-scores`` when
+:func:`stream.rollout.is_serving` says it is the serving one (its
+``gnnstream.serving`` header names ``m``, or it has none). During a rollout
+each graph change thus gets exactly one serving score, whichever version's
+worker publishes first. A serving tombstone (a deleted node) is passed on as
+a tombstone; the other tombstones are dropped. Delivery is at least once,
+like the embeddings it scores.
 
-Per poll: the updates are decoded into columns (:func:`decode_updates`: one
-``orjson.loads`` per JSON message, one ``numpy`` matrix of all embeddings),
-scored with one :meth:`FraudHead.score` call and encoded with ``orjson``; a
-poll holding a bad message is decoded message by message instead.
+Canary (``canary`` > 0): a node is in the canary when ``zlib.crc32`` of its
+UTF-8 id divided by ``2**32`` is below ``canary``. For canary nodes the
+non-serving updates of models with a head are scored too and published to
+``canary_topic`` (default ``<out_topic>.canary``) with ``"role":"canary"``;
+their serving scores go there as well (``"role":"serving"``), so that topic
+holds every version's scores of the same nodes, each tagged with its
+``model``. Non-serving updates of other nodes are counted as ``not_serving``
+and not scored (as are non-serving tombstones).
+
+Canary report (:meth:`FraudScorer.canary_report`, :func:`compare_scores`):
+from the latest score of each canary node per model (a model's tombstone
+drops the node), per model ``nodes``, ``mean``, ``p10``/``p50``/``p90``; per
+pair of models (the serving one first: the model of the latest serving
+update) the ``nodes`` scored by both and, over those, the mean and maximum
+absolute difference and the two-sample Kolmogorov–Smirnov statistic. It is
+logged at INFO every ``report_every_s``, produced (JSON, key ``canary``) to
+``control_topic`` (default :data:`stream.rollout.CONTROL_TOPIC`; ``None``:
+not produced) and returned with :meth:`FraudScorer.run`'s summary, once more
+when the scorer stops.
+
+Summary of :meth:`FraudScorer.run`: ``scored`` (serving scores published),
+``canary_scored`` (non-serving updates scored for the canary),
+``not_serving``, ``deleted`` (serving tombstones passed on), ``invalid``,
+``other_model`` and, with a canary, ``canary`` (the report). A scorer of one
+explicit ``in_topic`` leaves ``canary_scored`` and ``not_serving`` out while
+they are 0.
+
+Bad input: an update that does not decode (or whose embedding is not its
+head's size) is skipped with a warning naming its topic, partition and
+offset, and counted as ``invalid``; an update of a model without a head is
+skipped and counted as ``other_model``. The rest of the poll is scored and
+committed, so one bad message never stops the scorer.
+
+A node's messages keep their order (a tombstone after an update of its node
+in the same poll is published after that update's score). Per poll and topic
+(split at such a tombstone): the updates are decoded into columns
+(:func:`decode_updates`: one ``orjson.loads`` per JSON message, one ``numpy``
+matrix of all embeddings), the serving and canary rows selected with boolean
+masks, each model's rows scored with one :meth:`FraudHead.score` call and
+encoded with ``orjson``; a poll holding a bad message is decoded message by
+message instead.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
+import operator
+import os
 import threading
 import time
-from typing import Any, Sequence
+import zlib
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import orjson
@@ -36,28 +82,99 @@ from stream.backends import DEFAULT_KAFKA_CLIENT, open_consumer, open_producer
 from stream.clients import Record
 from stream.exceptions import InvalidUpdate
 from stream.kafka import ensure_topics
+from stream.rollout import CONTROL_TOPIC, SERVING_HEADER, is_serving, version_topic
 from stream.updates import BINARY_MAGIC, decode_update
 from workers.train import FraudHead, load_head
 
-__all__ = ["FraudScorer", "encode_score", "encode_scores", "decode_updates", "DecodedUpdates"]
+__all__ = ["FraudScorer", "encode_score", "encode_scores", "decode_updates", "DecodedUpdates", "compare_scores",
+           "ks_statistic", "canary_mask"]
 
 logger = logging.getLogger(__name__)
 
 _NUMBERS = frozenset((int, float))
+_VALUE, _TOPIC, _HEADERS = operator.attrgetter("value"), operator.attrgetter("topic"), operator.attrgetter("headers")
+_QUANTILES = (("p10", 0.1), ("p50", 0.5), ("p90", 0.9))
 
 
-def encode_score(node: str, score: float, version: int, model: str, event_ts: float) -> bytes:
-    return encode_scores([node], np.asarray([score]), [version], [model], [event_ts], time.time())[0]
+def encode_score(node: str, score: float, version: int, model: str, event_ts: float,
+                 role: str | None = None) -> bytes:
+    return encode_scores([node], np.asarray([score]), [version], [model], [event_ts], time.time(), role)[0]
 
 
 def encode_scores(nodes: Sequence[str], scores: np.ndarray, versions: Sequence[int], models: Sequence[str],
-                  event_ts: Sequence[float], scored_at: float) -> list[bytes]:
-    """The score messages of many updates (``scores`` rounded to 6 decimals), one ``orjson.dumps`` each."""
+                  event_ts: Sequence[float], scored_at: float, role: str | None = None) -> list[bytes]:
+    """The score messages of many updates (``scores`` rounded to 6 decimals), one ``orjson.dumps`` each;
+    with ``role`` (``"serving"`` or ``"canary"``) each message carries it."""
     dumps = orjson.dumps
+    rounded = np.round(np.asarray(scores, dtype=np.float64), 6).tolist()
+    if role is None:
+        return [dumps({"id": node, "score": score, "embedding_version": version, "model": model, "event_ts": ts,
+                       "scored_at": scored_at})
+                for node, score, version, model, ts in zip(nodes, rounded, versions, models, event_ts)]
     return [dumps({"id": node, "score": score, "embedding_version": version, "model": model, "event_ts": ts,
-                   "scored_at": scored_at})
-            for node, score, version, model, ts in zip(nodes, np.round(np.asarray(scores, dtype=np.float64), 6)
-                                                       .tolist(), versions, models, event_ts)]
+                   "scored_at": scored_at, "role": role})
+            for node, score, version, model, ts in zip(nodes, rounded, versions, models, event_ts)]
+
+
+def canary_mask(ids: Sequence[str], fraction: float) -> np.ndarray:
+    """Which nodes are in a canary of ``fraction`` (0..1): ``crc32(id as UTF-8) / 2**32 < fraction``."""
+    if fraction <= 0:
+        return np.zeros(len(ids), dtype=bool)
+    crc = zlib.crc32
+    hashes = np.fromiter((crc(i.encode()) for i in ids), dtype=np.float64, count=len(ids))
+    return hashes < fraction * 2.0 ** 32
+
+
+def ks_statistic(a: Sequence[float] | np.ndarray, b: Sequence[float] | np.ndarray) -> float | None:
+    """The two-sample Kolmogorov–Smirnov statistic: the largest distance between the two empirical CDFs
+    (0: same distribution of values, 1: disjoint ranges); ``None`` when either sample is empty."""
+    a = np.sort(np.asarray(a, dtype=np.float64))
+    b = np.sort(np.asarray(b, dtype=np.float64))
+    if not len(a) or not len(b):
+        return None
+    points = np.concatenate([a, b])
+    cdf_a = np.searchsorted(a, points, side="right") / len(a)
+    cdf_b = np.searchsorted(b, points, side="right") / len(b)
+    return float(np.abs(cdf_a - cdf_b).max())
+
+
+def _distribution(scores: np.ndarray) -> dict[str, Any]:
+    if not len(scores):
+        return {"nodes": 0, "mean": None, **{name: None for name, _ in _QUANTILES}}
+    quantiles = np.quantile(scores, [q for _, q in _QUANTILES]).tolist()
+    return {"nodes": len(scores), "mean": float(scores.mean()),
+            **{name: value for (name, _), value in zip(_QUANTILES, quantiles)}}
+
+
+def compare_scores(latest: Mapping[str, Mapping[str, float]], serving: str | None = None) -> dict[str, Any]:
+    """How the score distributions of several models differ.
+
+    Args:
+        latest: ``{model: {node: score}}``, each node's latest score per model.
+        serving: the serving model (listed first; added with no nodes when missing from ``latest``).
+
+    Returns:
+        ``{"serving": serving, "models": {model: {"nodes", "mean", "p10", "p50", "p90"}}, "pairs": [{"models":
+        [a, b], "nodes", "mean_abs_diff", "max_abs_diff", "ks"}]}``: models serving first then by name, a
+        pair per two models (``a`` before ``b`` in that order); a pair's statistics are over the nodes both
+        scored (``None`` when there are none). Statistics of no nodes are ``None``.
+    """
+    names = sorted(set(latest) - {serving})
+    if serving is not None:
+        names.insert(0, serving)
+    models = {m: _distribution(np.fromiter(latest.get(m, {}).values(), dtype=np.float64)) for m in names}
+    pairs = []
+    for a, b in itertools.combinations(names, 2):
+        sa, sb = latest.get(a, {}), latest.get(b, {})
+        both = sa.keys() & sb.keys()
+        xa = np.fromiter((sa[n] for n in both), dtype=np.float64, count=len(both))
+        xb = np.fromiter((sb[n] for n in both), dtype=np.float64, count=len(both))
+        diff = np.abs(xa - xb)
+        pairs.append({"models": [a, b], "nodes": len(both),
+                      "mean_abs_diff": float(diff.mean()) if len(both) else None,
+                      "max_abs_diff": float(diff.max()) if len(both) else None,
+                      "ks": ks_statistic(xa, xb)})
+    return {"serving": serving, "models": models, "pairs": pairs}
 
 
 class DecodedUpdates:
@@ -72,6 +189,13 @@ class DecodedUpdates:
 
     def __len__(self) -> int:
         return len(self.ids)
+
+    def take(self, idx: Sequence[int] | np.ndarray) -> "DecodedUpdates":
+        """The rows ``idx`` (positions, in order)."""
+        idx = [int(i) for i in idx]
+        return DecodedUpdates([self.ids[i] for i in idx], [self.versions[i] for i in idx],
+                              [self.models[i] for i in idx], [self.event_ts[i] for i in idx],
+                              self.rows[idx] if idx else self.rows[:0])
 
 
 def decode_updates(values: Sequence[bytes]) -> DecodedUpdates:
@@ -120,39 +244,114 @@ def _decode_each(values: Sequence[bytes]) -> DecodedUpdates:
 
 
 class FraudScorer:
-    """Scores every embedding update it reads.
+    """Scores the serving embedding updates of one or more model versions, and a canary of the others.
 
     Args:
         bootstrap: Kafka bootstrap servers.
-        head: the logistic head (see :func:`workers.train.load_head`).
-        in_topic / out_topic: embeddings in, scores out.
+        heads: the logistic heads, one per model version (:class:`FraudHead` or a model directory, see
+            :func:`workers.train.load_head`), or a single one; no two for one model.
+        in_topic: read this topic instead of the heads' version topics (one head only; ``None`` or empty:
+            the version topics).
+        out_topic: the serving scores.
+        canary: the fraction of nodes (0..1) whose non-serving updates are scored too.
+        canary_topic: every score of the canary nodes (default ``<out_topic>.canary``).
+        control_topic: where the canary report is produced (``None``: only logged).
+        report_every_s: how often the canary report is logged and produced.
         group: consumer group id.
+        partitions: partitions of the topics the scorer creates (the control topic gets 1).
         kafka_client: one of :data:`stream.backends.KAFKA_CLIENTS`.
+
+    Raises:
+        ValueError: no head, two heads of one model, a head without a model tag (or several heads) without
+            ``in_topic``, a model tag that is not ``NAME:VERSION``, ``canary`` outside 0..1, or a canary
+            topic that is the output topic.
     """
 
-    def __init__(self, bootstrap: str, head: FraudHead | str, *, in_topic: str = "node-embeddings",
-                 out_topic: str = "fraud-scores", group: str = "gnnstream-fraud-scorer", partitions: int = 4,
+    def __init__(self, bootstrap: str, heads: FraudHead | str | os.PathLike | Sequence[FraudHead | str | os.PathLike],
+                 *, in_topic: str | None = None, out_topic: str = "fraud-scores", canary: float = 0.0,
+                 canary_topic: str | None = None, control_topic: str | None = CONTROL_TOPIC,
+                 report_every_s: float = 30.0, group: str = "gnnstream-fraud-scorer", partitions: int = 4,
                  kafka_client: str = DEFAULT_KAFKA_CLIENT):
         self.bootstrap = bootstrap
-        self.head = head if isinstance(head, FraudHead) else load_head(head)
-        self.in_topic, self.out_topic, self.group = in_topic, out_topic, group
+        in_topic = in_topic or None
+        if isinstance(heads, (FraudHead, str, os.PathLike)):
+            heads = [heads]
+        self.heads: tuple[FraudHead, ...] = tuple(h if isinstance(h, FraudHead) else load_head(h) for h in heads)
+        if not self.heads:
+            raise ValueError("the fraud scorer needs at least one head")
+        models = [h.model for h in self.heads]
+        if len(set(models)) < len(models):
+            raise ValueError(f"two heads for one model among {models}: give one head per model version")
+        if in_topic is not None and len(self.heads) > 1:
+            raise ValueError(f"an explicit input topic ({in_topic!r}) takes one head, not {len(self.heads)}: "
+                             f"without it the scorer reads each model's version topic")
+        if in_topic is None and None in models:
+            raise ValueError("a head without a model tag (trained before it was recorded) needs an explicit input "
+                             "topic: its version topic is unknown")
+        if not 0.0 <= canary <= 1.0:
+            raise ValueError(f"canary must be a fraction of nodes between 0 and 1 (got {canary!r})")
+        self.head = self.heads[0]
+        self._by_model: dict[str | None, FraudHead] = {h.model: h for h in self.heads}
+        self._untagged = self._by_model.get(None)
+        if in_topic is None:
+            self._topic_models: dict[str, str | None] = {version_topic(str(m)): m for m in models}
+        else:
+            self._topic_models = {in_topic: models[0]}
+        self.in_topic = in_topic
+        self.in_topics = list(self._topic_models)
+        self.out_topic, self.group = out_topic, group
+        self.canary = float(canary)
+        self.canary_topic = canary_topic or f"{out_topic}.canary"
+        if self.canary and self.canary_topic == out_topic:
+            raise ValueError(f"the canary topic must differ from the output topic ({out_topic!r})")
+        self.control_topic = control_topic
+        self.report_every_s = report_every_s
         self.partitions = partitions
         self.kafka_client = kafka_client
         self.scored = 0
+        self.canary_scored = 0
+        self.not_serving = 0
         self.deleted = 0
         self.invalid = 0
         self.other_model = 0
         self._other_models: set[str] = set()
+        self._serving_model: str | None = None
+        # the latest score of each canary node per model: {model: {node: (embedding version, score)}}
+        self._latest: dict[str, dict[str, tuple[int, float]]] = {m: {} for m in models if m is not None}
+        self._model_bytes: dict[str, bytes] = {}
         self._stop = threading.Event()
 
     def stop(self, *_: Any) -> None:
         self._stop.set()
 
-    def run(self, max_idle_s: float | None = None) -> dict[str, int]:
-        ensure_topics(self.bootstrap, {self.in_topic: self.partitions, self.out_topic: self.partitions})
-        consumer = open_consumer(self.kafka_client, self.bootstrap, self.in_topic, self.group)
+    def summary(self) -> dict[str, Any]:
+        """The counts (and the canary report) :meth:`run` returns; see the module doc."""
+        out: dict[str, Any] = {"scored": self.scored}
+        if self.in_topic is None or self.canary or self.canary_scored:
+            out["canary_scored"] = self.canary_scored
+        if self.in_topic is None or self.canary or self.not_serving:
+            out["not_serving"] = self.not_serving
+        out.update(deleted=self.deleted, invalid=self.invalid, other_model=self.other_model)
+        if self.canary:
+            out["canary"] = self.canary_report()
+        return out
+
+    def canary_report(self) -> dict[str, Any]:
+        """:func:`compare_scores` of the canary nodes' latest scores, with the canary ``fraction``."""
+        latest = {m: {node: score for node, (_, score) in scores.items()} for m, scores in self._latest.items()}
+        return {"fraction": self.canary, **compare_scores(latest, self._serving_model)}
+
+    def run(self, max_idle_s: float | None = None) -> dict[str, Any]:
+        topics = {t: self.partitions for t in (*self.in_topics, self.out_topic)}
+        reporting = bool(self.canary)
+        if reporting:
+            topics[self.canary_topic] = self.partitions
+            if self.control_topic is not None:
+                topics[self.control_topic] = 1
+        ensure_topics(self.bootstrap, topics)
+        consumer = open_consumer(self.kafka_client, self.bootstrap, self.in_topics, self.group)
         producer = open_producer(self.kafka_client, self.bootstrap)
-        idle_since = time.monotonic()
+        idle_since = last_report = time.monotonic()
         try:
             while not self._stop.is_set():
                 records = consumer.poll_batch(2000, 0.5)
@@ -160,88 +359,217 @@ class FraudScorer:
                     idle_since = time.monotonic()
                 elif max_idle_s is not None and time.monotonic() - idle_since > max_idle_s:
                     break
-                send, out_topic = producer.send, self.out_topic
-                updates = []
-                for r in records:
-                    if r.value is None:
-                        send(out_topic, r.key, None)
-                        self.deleted += 1
-                    else:
-                        updates.append(r)
-                cols = self._decode(updates) if updates else None
-                if cols:
-                    scores = self.head.score(cols.rows)
-                    messages = encode_scores(cols.ids, scores, cols.versions, cols.models, cols.event_ts,
-                                             time.time())
-                    for node, message in zip(cols.ids, messages):
-                        send(out_topic, node.encode(), message)
-                    self.scored += len(cols)
                 if records:
+                    self._score_poll(records, producer.send)
                     producer.flush(30.0)
                     consumer.commit()
+                if reporting and time.monotonic() - last_report >= self.report_every_s:
+                    last_report = time.monotonic()
+                    self._report(producer)
+            if reporting:
+                self._report(producer)
         finally:
             consumer.close()
             producer.close()
-        return {"scored": self.scored, "deleted": self.deleted, "invalid": self.invalid,
-                "other_model": self.other_model}
+        return self.summary()
+
+    def _report(self, producer: Any) -> None:
+        report = self.canary_report()
+        logger.info("canary report: %s", orjson.dumps(report).decode())
+        if self.control_topic is not None:
+            message = {"kind": "canary", **report, "group": self.group, "at": time.time()}
+            producer.send(self.control_topic, b"canary", orjson.dumps(message))
+            producer.flush(30.0)
+
+    def _score_poll(self, records: Sequence[Record], send: Any) -> None:
+        """Score, publish and count one poll, its updates batched per topic. A tombstone is handled where it
+        comes unless the batch pending holds an update of its node: that batch is scored first, so a node's
+        messages keep their order."""
+        if None not in map(_VALUE, records):  # no tombstone: the updates of each topic in one batch
+            topics = set(map(_TOPIC, records))
+            if len(topics) == 1:
+                self._score_batches({topics.pop(): records}, send)
+                return
+            by_topic: dict[str, list[Record]] = {t: [] for t in topics}
+            for r in records:
+                by_topic[r.topic].append(r)
+            self._score_batches(by_topic, send)
+            return
+        pending: dict[str, list[Record]] = {}
+        keys: set[bytes | None] = set()
+        for r in records:
+            if r.value is not None:
+                pending.setdefault(r.topic, []).append(r)
+                keys.add(r.key)
+                continue
+            if r.key in keys:
+                self._score_batches(pending, send)
+                pending, keys = {}, set()
+            self._tombstone(r, send)
+        self._score_batches(pending, send)
+
+    def _score_batches(self, by_topic: Mapping[str, Sequence[Record]], send: Any) -> None:
+        for group in by_topic.values():
+            for cols, kept in self._decode_rows(group):
+                if len(cols):
+                    self._score(cols, group if kept is None else [group[i] for i in kept], send)
+
+    def _tombstone(self, record: Record, send: Any) -> None:
+        model = self._topic_models.get(record.topic)
+        header = record.header(SERVING_HEADER)
+        if header is None or model is None or header == self._bytes(model):
+            send(self.out_topic, record.key, None)
+            self.deleted += 1
+        else:
+            self.not_serving += 1
+        if self.canary and model is not None and record.key:
+            self._latest.get(model, {}).pop(record.key.decode("utf-8", "replace"), None)
+
+    def _bytes(self, model: str) -> bytes:
+        encoded = self._model_bytes.get(model)
+        if encoded is None:
+            encoded = self._model_bytes[model] = model.encode()
+        return encoded
+
+    def _score(self, cols: DecodedUpdates, records: Sequence[Record], send: Any) -> None:
+        """Score the serving rows of ``cols`` (and the canary's), publish them and count the rest."""
+        n = len(cols)
+        models = cols.models
+        kinds = set(models)
+        all_headers = set(map(_HEADERS, records))
+        if len(kinds) == 1 and len(all_headers) == 1:  # the usual poll: one version, the same headers
+            serving = np.full(n, is_serving(models[0], all_headers.pop()))
+        else:
+            serving = np.fromiter((h is None or h == self._bytes(m)
+                                   for h, m in zip((r.header(SERVING_HEADER) for r in records), models)),
+                                  dtype=bool, count=n)
+        canary = canary_mask(cols.ids, self.canary)
+        wanted = serving | canary
+        self.not_serving += n - int(wanted.sum())
+        if not wanted.any():
+            return
+        scores = np.zeros(n, dtype=np.float64)
+        if len(kinds) == 1:
+            head = self._head_of(models[0])
+            if wanted.all():
+                scores = head.score(cols.rows)
+            else:
+                idx = np.flatnonzero(wanted)
+                scores[idx] = head.score(cols.rows[idx])
+        else:
+            model_array = np.asarray(models)
+            for m in kinds:
+                idx = np.flatnonzero(wanted & (model_array == m))
+                if len(idx):
+                    scores[idx] = self._head_of(m).score(cols.rows[idx])
+        scores = np.round(scores, 6)
+        now = time.time()
+        out_topic = self.out_topic
+        if serving.any():
+            served = cols if serving.all() else cols.take(np.flatnonzero(serving))
+            served_scores = scores if serving.all() else scores[serving]
+            messages = encode_scores(served.ids, served_scores, served.versions, served.models, served.event_ts, now,
+                                     "serving")
+            for node, message in zip(served.ids, messages):
+                send(out_topic, node.encode(), message)
+            self.scored += len(served)
+            self._serving_model = served.models[-1]
+        if canary.any():
+            self._publish_canary(cols, scores, serving & canary, "serving", now, send)
+            extra = canary & ~serving
+            self._publish_canary(cols, scores, extra, "canary", now, send)
+            self.canary_scored += int(extra.sum())
+
+    def _publish_canary(self, cols: DecodedUpdates, scores: np.ndarray, mask: np.ndarray, role: str, now: float,
+                        send: Any) -> None:
+        idx = np.flatnonzero(mask)
+        if not len(idx):
+            return
+        rows = cols.take(idx)
+        picked = scores[idx]
+        topic = self.canary_topic
+        for node, message in zip(rows.ids, encode_scores(rows.ids, picked, rows.versions, rows.models,
+                                                         rows.event_ts, now, role)):
+            send(topic, node.encode(), message)
+        latest = self._latest
+        for node, model, version, score in zip(rows.ids, rows.models, rows.versions, picked.tolist()):
+            per_model = latest.setdefault(model, {})
+            kept = per_model.get(node)
+            if kept is None or version >= kept[0]:
+                per_model[node] = (version, score)
+
+    def _head_of(self, model: str) -> FraudHead | None:
+        """The head that scores updates of ``model`` (the untagged head scores every model), ``None`` if none."""
+        return self._by_model.get(model, self._untagged)
 
     def _decode(self, records: Sequence[Record]) -> DecodedUpdates:
-        """The scorable updates of ``records`` (no tombstones): one :func:`decode_updates` call for the whole
-        poll, message by message when that fails; bad and other-model updates are counted and left out."""
-        dim = len(self.head.weights)
+        """The scorable updates of ``records`` with embeddings of one size (see :meth:`_decode_rows`)."""
+        chunks = self._decode_rows(records)
+        if len(chunks) > 1:
+            raise ValueError(f"updates of {len(chunks)} embedding sizes: use _decode_rows")
+        return chunks[0][0] if chunks else DecodedUpdates([], [], [], [], np.zeros((0, 0), dtype=np.float32))
+
+    def _decode_rows(self, records: Sequence[Record]) -> list[tuple[DecodedUpdates, list[int] | None]]:
+        """The scorable updates of ``records`` (no tombstones), one chunk per embedding size, each with the
+        positions in ``records`` it was read from (``None``: all of them): one :func:`decode_updates` call for
+        the whole batch, message by message when that fails; bad updates and those of a model without a head
+        are counted and left out."""
         try:
             cols = decode_updates([r.value for r in records])
         except InvalidUpdate:
-            kept: list[Any] = []
-            for r in records:
-                try:
-                    u = decode_update(r.value)
-                except InvalidUpdate as exc:
-                    self._skip_invalid(r, exc.reason, exc.detail)
-                    continue
-                if self._is_other_model(u.model):
-                    continue
-                if len(u.embedding) != dim:
-                    self._skip_invalid(r, "bad_dim", f"embedding of {len(u.embedding)} values, the fraud head "
-                                                     f"takes {dim}")
-                    continue
-                kept.append(u)
-            rows = (np.stack([np.asarray(u.embedding, dtype=np.float32) for u in kept]) if kept
-                    else np.zeros((0, dim), dtype=np.float32))
-            return DecodedUpdates([u.id for u in kept], [u.version for u in kept], [u.model for u in kept],
-                                 [u.event_ts for u in kept], rows)
-        model = self.head.model
-        keep = ([True] * len(cols) if model is None or set(cols.models) == {model}
-                else [m == model for m in cols.models])
-        for m, ok in zip(cols.models, keep):
-            if not ok:
-                self._is_other_model(m)
-        if cols.rows.shape[1] != dim:
-            for r, ok in zip(records, keep):
-                if ok:
-                    self._skip_invalid(r, "bad_dim", f"embedding of {cols.rows.shape[1]} values, the fraud head "
-                                                     f"takes {dim}")
-            keep = [False] * len(keep)
-        if all(keep):
-            return cols
-        idx = [i for i, ok in enumerate(keep) if ok]
-        return DecodedUpdates([cols.ids[i] for i in idx], [cols.versions[i] for i in idx],
-                             [cols.models[i] for i in idx], [cols.event_ts[i] for i in idx],
-                             cols.rows[idx] if idx else np.zeros((0, dim), dtype=np.float32))
+            return self._decode_each_record(records)
+        dim = cols.rows.shape[1]
+        kinds = set(cols.models)
+        if len(kinds) == 1:
+            head = self._head_of(cols.models[0])
+            if head is not None and len(head.weights) == dim:
+                return [(cols, None)]
+        kept: list[int] = []
+        for i, (r, m) in enumerate(zip(records, cols.models)):
+            head = self._head_of(m)
+            if head is None:
+                self._count_other_model(m, r.topic)
+            elif len(head.weights) != dim:
+                self._skip_invalid(r, "bad_dim", f"embedding of {dim} values, the fraud head of {m} takes "
+                                                 f"{len(head.weights)}")
+            else:
+                kept.append(i)
+        return [(cols.take(kept), kept)] if kept else []
+
+    def _decode_each_record(self, records: Sequence[Record]) -> list[tuple[DecodedUpdates, list[int]]]:
+        by_dim: dict[int, tuple[list[int], list[Any]]] = {}
+        for i, r in enumerate(records):
+            try:
+                u = decode_update(r.value)
+            except InvalidUpdate as exc:
+                self._skip_invalid(r, exc.reason, exc.detail)
+                continue
+            head = self._head_of(u.model)
+            if head is None:
+                self._count_other_model(u.model, r.topic)
+                continue
+            if len(u.embedding) != len(head.weights):
+                self._skip_invalid(r, "bad_dim", f"embedding of {len(u.embedding)} values, the fraud head of "
+                                                 f"{u.model} takes {len(head.weights)}")
+                continue
+            kept, updates = by_dim.setdefault(len(u.embedding), ([], []))
+            kept.append(i)
+            updates.append(u)
+        return [(DecodedUpdates([u.id for u in updates], [u.version for u in updates], [u.model for u in updates],
+                                [u.event_ts for u in updates],
+                                np.stack([np.asarray(u.embedding, dtype=np.float32) for u in updates])), kept)
+                for kept, updates in by_dim.values()]
 
     def _skip_invalid(self, record: Record, reason: str, detail: str) -> None:
         self.invalid += 1
         logger.warning("skipped an invalid update at %s partition %d offset %d (%s: %s); it is not scored",
                        record.topic, record.partition, record.offset, reason, detail)
 
-    def _is_other_model(self, model: str) -> bool:
-        """True (counted; warned once per model) when ``model`` is not the one the head was trained for."""
-        if self.head.model is None or model == self.head.model:
-            return False
+    def _count_other_model(self, model: str, topic: str) -> None:
+        """Count an update of a model without a head (warned once per model)."""
         self.other_model += 1
         if model not in self._other_models:
             self._other_models.add(model)
-            logger.warning("skipping updates of model %s on %s: the fraud head was trained for %s (retrain it with "
-                           "`gnnstream train`, or score with the head of %s)", model, self.in_topic,
-                           self.head.model, model)
-        return True
+            logger.warning("skipping updates of model %s on %s: the fraud scorer has heads for %s only (train a "
+                           "head for it with `gnnstream train`, or give the scorer the head of %s)", model, topic,
+                           ", ".join(str(h.model) for h in self.heads), model)

@@ -28,7 +28,8 @@ class WorkerSettings:
     state: str = "./state"
     model: str | None = None
     events_topic: str = "graph-events"
-    output_topic: str = "node-embeddings"
+    output_topic: str = ""
+    control_topic: str = "gnnstream-rollout"
     dlq_topic: str = "graph-events-dlq"
     group: str = "gnnstream"
     worker_id: str = ""
@@ -75,7 +76,10 @@ _HELP = {
     "state": "graph state directory (RocksDB), the source of truth",
     "model": "model directory (config.json + weights.pt); default: the one the state uses",
     "events_topic": "topic of graph events",
-    "output_topic": "topic embeddings are published to",
+    "output_topic": "topic embeddings are published to (default: the model version's own topic, "
+                    "node-embeddings.NAME.vVERSION; see docs/operations.md, Model rollout)",
+    "control_topic": "topic where workers record their progress and `gnnstream rollout` its steps, for "
+                     "`gnnstream rollout status` (empty = do not record)",
     "dlq_topic": "dead-letter topic for invalid events",
     "group": "the group of workers that share the output: a Kafka consumer group over the output topic's "
              "partitions; each worker of it keeps the whole graph and publishes the nodes of the partitions it is "
@@ -136,7 +140,8 @@ def add_worker_arguments(parser: argparse.ArgumentParser, only: tuple[str, ...] 
         if f.name in _CHOICES:
             extra["choices"] = list(_CHOICES[f.name])
         parser.add_argument(flag, dest=f.name, type=kind, default=default,
-                            help=f"{_HELP[f.name]} (env {env}; default {f.default})", **extra)
+                            help=f"{_HELP[f.name]} (env {env}; default {f.default if f.default != '' else 'unset'})",
+                            **extra)
 
 
 def settings_from_args(args: argparse.Namespace) -> WorkerSettings:

@@ -12,6 +12,11 @@ The output directory is a normal model directory (``config.json`` +
 tag of the model it was trained for, which the scorer checks every update
 against) and ``train.json`` (what was trained on, for the record). An existing
 non-empty output directory is refused unless ``overwrite`` is set.
+
+``name`` and ``version`` make the tag (default ``otc-sage:1``): a second
+version to roll out beside the first is trained with another ``version``
+(and, for other weights, another ``seed``); it publishes to its own topic
+(:func:`stream.rollout.version_topic`).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import torch
 
 from graph_state.store import GraphStore
 from model import GNN, ModelConfig, ModelDirExists, save_model_dir
+from stream.rollout import version_topic
 from workers.datasets import FEATURE_DIM, SnapRating, read_snap, snap_events
 
 __all__ = ["FraudHead", "distrust_labels", "train_fraud_model", "roc_auc", "roc_curve", "load_head"]
@@ -128,10 +134,14 @@ def train_fraud_model(csv: str | Path, out: str | Path, *, train_fraction: float
     """Train and save; returns a summary (sizes, training AUC).
 
     Raises:
-        ValueError: ``epochs`` < 1, ``train_fraction`` not in (0, 1), or ``csv``
-            holds no ratings (not a SNAP signed-network CSV) or too few to train on.
+        ValueError: ``epochs`` < 1, ``train_fraction`` not in (0, 1), ``name:version`` not a model id
+            (a name of letters, digits, ``.``, ``_`` or ``-``; a non-negative version), or ``csv`` holds no
+            ratings (not a SNAP signed-network CSV) or too few to train on.
         ModelDirExists: ``out`` exists and is not empty, and ``overwrite`` is false.
     """
+    if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+        raise ValueError(f"version must be a non-negative integer (got {version!r})")
+    version_topic(f"{name}:{version}")  # a model id whose version topic Kafka accepts
     if epochs < 1:
         raise ValueError(f"epochs must be at least 1 (got {epochs})")
     if not 0 < train_fraction < 1:

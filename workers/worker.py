@@ -77,6 +77,7 @@ from stream.delivery import Delivery, DeliveryProcess, UpdateColumns
 from stream.events import InvalidEvent, check_features, decode_event_json
 from stream.exceptions import NoPartitionsError, StreamError, TopicSetupError
 from stream.kafka import ensure_topics
+from stream.rollout import CONTROL_KEY, Marker, marker_of, version_topic
 from workers.heap import freeze_warm_heap
 from workers.metrics import MetricsServer, WorkerMetrics
 from workers.ownership import Ownership
@@ -102,6 +103,8 @@ _STOP_CLOSE_S = 1.0  # on stop, then the longest wait for each client to close (
 _RETRY_PAUSE_S = 1.0  # between failed deliveries of the publisher thread
 _TOPIC_CHECK_S = 30.0  # how often the loop looks for partitions added to the events topic
 _PUBLISH_LIMIT = 50_000  # messages per encoded batch (a batch holds whole outbox records)
+_REPORT_EVERY_S = 5.0  # how often the worker records its progress in the rollout topic
+_MARKER_WAIT_LOG_S = 60.0  # a warning when partitions wait this long at a rollout marker for the others
 _op = operator.attrgetter("op")
 
 
@@ -141,6 +144,7 @@ class Outgoing:
     oldest_record_s: float | None = None  # Kafka time of the oldest record of the batch that made it
     suppressed: int = 0
     count: int = 0  # messages (the nodes of ``columns``)
+    serving: str | None = None  # the serving version when they were computed (header gnnstream.serving)
 
     def __len__(self) -> int:
         return self.count
@@ -191,6 +195,7 @@ class OutboxPublisher:
         self.resolve = resolve
         self.min_change = float(min_change)
         self._taken: bytes | None = None  # the last outbox key prepare() took and confirm() has not deleted
+        self.serving: str | None = None  # stamped on what prepare() takes (see stream.rollout)
         self.forget_sent()
 
     def pending(self) -> int:
@@ -200,7 +205,7 @@ class OutboxPublisher:
         """The outbox records after the last one taken, up to about ``limit`` messages."""
         from workers.tables import decode_outbox
         taken = self._taken
-        out = Outgoing([], [], np.zeros(0, dtype=np.float64))
+        out = Outgoing([], [], np.zeros(0, dtype=np.float64), serving=self.serving)
         times = []
         for key, raw in self.store.column("outbox").items():
             if taken is not None and key <= taken:
@@ -270,7 +275,7 @@ class OutboxPublisher:
     def deliver(self, out: Outgoing, flush_timeout_s: float = 30.0) -> None:
         """Encode, send and flush ``out`` (raises on delivery failure: then all of it counts as unsent;
         ValueError when it cannot be encoded)."""
-        self.delivery.deliver(out.columns, flush_timeout_s)
+        self.delivery.deliver(out.columns, flush_timeout_s, out.serving)
 
     def confirm(self, out: Outgoing) -> None:
         """Delete the outbox records of a delivered ``out``."""
@@ -459,6 +464,14 @@ class Worker:
         # revoked ones until the next assignment)
         self._rebalancing = False  # partitions were revoked and the next assignment has not come
         self._output_partitions = 0
+        self.output_topic = settings.output_topic  # the model's version topic unless set (resolved at start)
+        self.serving: str | None = None  # the version serving as of the last marker passed (stream.rollout)
+        self.rollout = 0  # the number of the last rollout marker passed
+        self.retired: Marker | None = None  # the marker that retired this worker's version
+        self._held: dict[PartitionKey, tuple[int, Marker]] = {}  # partitions held at a marker: its offset, itself
+        self._held_since: float | None = None
+        self._skipped: dict[PartitionKey, int] = {}  # past markers passed before, stored with the next batch
+        self._last_report = 0.0
 
     # ------------------------------------------------------------------ lifecycle
     def stop(self, *_: Any) -> None:
@@ -490,7 +503,8 @@ class Worker:
                 "kafka_attempts": h.kafka_attempts, "last_error": h.last_error,
                 "pending_marks": h.pending_marks, "pending_outbox": h.pending_outbox,
                 "position": sum(self._expected.values()), "worker": self.worker_id,
-                "owned_partitions": sorted(self._owned),
+                "owned_partitions": sorted(self._owned), "serving": self.serving, "rollout": self.rollout,
+                "held_at_marker": sorted(p for _, p in self._held),
                 "final_recomputed": h.final_recomputed, "takeovers": h.takeovers,
                 "seconds": {k: round(v, 3) for k, v in h.seconds.items()}, "changed": h.changed,
                 "uptime_s": round(now - h.started, 3)}
@@ -529,14 +543,20 @@ class Worker:
         finally:
             if server:
                 server.close()
-        self._set_status("stopped", "stopped")
+        if self.retired is not None:
+            self._set_status("retired", f"{self.retired.retire} was retired at rollout marker {self.retired.rollout}")
+        else:
+            self._set_status("stopped", "stopped")
         return self.health_info()
 
     def _run(self, store: GraphStore, max_idle_s: float | None) -> None:
         from workers.offline import open_engine
         s = self.settings
+        from workers.rollout import stored_rollout
         engine = self.engine = open_engine(store, s.model, hub_bound=s.hub_bound,
                                            max_deferred_age=s.max_staleness_s)
+        self.output_topic = s.output_topic or version_topic(engine.model_tag)
+        self.serving, self.rollout = stored_rollout(store, engine.model_tag)
         # nothing is published before the group's assignment (_sync_ownership); the final rows the state holds
         # current are kept current meanwhile (every node's when it records no partitions: a state not yet
         # sharded)
@@ -565,10 +585,11 @@ class Worker:
         s = self.settings
         freeze_warm_heap()
         # the updates go out through a process of their own; the dead letters through this thread's producer
-        delivery = DeliveryProcess(s.kafka_client, s.bootstrap, s.output_topic, engine.model_tag, s.output_format,
-                                   worker=self.worker_id)
+        delivery = DeliveryProcess(s.kafka_client, s.bootstrap, self.output_topic, engine.model_tag,
+                                   s.output_format, worker=self.worker_id)
         dlq_producer = open_producer(s.kafka_client, s.bootstrap)
         publisher = OutboxPublisher(store, delivery, engine.outbox_columns, min_change=s.min_change)
+        publisher.serving = self.serving
         dlq = DeadLetterWriter(dlq_producer, s.dlq_topic)
         sender: _Sender | None = None
         try:
@@ -583,7 +604,7 @@ class Worker:
                 return
             clean = False
             try:
-                self._output_partitions = self._partition_count(consumer, s.output_topic)
+                self._output_partitions = self._partition_count(consumer, self.output_topic)
                 if not self._output_partitions:  # stopped meanwhile
                     self._drain_on_stop(engine, publisher)
                     return
@@ -622,7 +643,8 @@ class Worker:
             TopicSetupError: not reachable within ``broker_wait_s`` (when not 0).
         """
         s = self.settings
-        topics = {s.events_topic: s.partitions, s.output_topic: s.partitions, s.dlq_topic: 1}
+        topics = {s.events_topic: s.partitions, self.output_topic: s.partitions, s.dlq_topic: 1,
+                  **({s.control_topic: 1} if s.control_topic else {})}
         self._set_status("waiting_for_kafka", f"waiting for Kafka at {s.bootstrap}")
         t0 = time.monotonic()
         delay = _BACKOFF_FIRST_S
@@ -707,12 +729,18 @@ class Worker:
             self.health.polls += 1
             self._resize(len(records))
             records = self._check_offsets(consumer, records)
+            if records and any(r.key == CONTROL_KEY for r in records):
+                records = self._hold_at_markers(consumer, records)
+                if self._skipped and not records:  # nothing of the poll to apply: store the offsets past them
+                    self._store_offsets(dict(self._skipped))
             if records or not consumer.assignment():  # idle time counts once partitions are assigned
                 idle_since = time.monotonic()
             if records:
                 self._process(records, producer, dlq, engine)
             elif engine.pending():
                 self._recompute(engine, None, None)
+            if self._held:
+                self._pass_markers(consumer, publisher, engine)
             self._sync_ownership(engine, publisher)
             self._idle = not records
             self._publish(publisher)
@@ -721,12 +749,17 @@ class Worker:
             if time.monotonic() - last_lag > 1.0:
                 last_lag = time.monotonic()
                 self._report_lag(consumer)
+            if s.control_topic and time.monotonic() - self._last_report > _REPORT_EVERY_S:
+                self._last_report = time.monotonic()
+                self._report_progress(producer, consumer)
             if time.monotonic() - last_topic_check > _TOPIC_CHECK_S:
                 last_topic_check = time.monotonic()
                 self._check_partitions(consumer)
             if max_idle_s is not None and not records and time.monotonic() - idle_since > max_idle_s \
                     and not engine.pending() and not publisher.pending() and self._settled():
                 break
+        if s.control_topic:  # the last word: how it stopped
+            self._report_progress(producer, consumer)
 
     def _partition_count(self, consumer: ConsumerClient, topic: str) -> int:
         """How many partitions ``topic`` has (retrying while Kafka does not say); 0 if stopped meanwhile."""
@@ -737,17 +770,137 @@ class Worker:
                 self._recoverable("consumer", exc)
         return 0
 
+    # ------------------------------------------------------------------ rollout markers
+    def _hold_at_markers(self, consumer: ConsumerClient, records: list[Record]) -> list[Record]:
+        """The records of a poll that precede the rollout markers (stream.rollout) of their partitions.
+
+        A partition that reaches a new marker is held there: its records from
+        the marker on are left out and it is sought back to the marker, which
+        every later poll reads again until :meth:`_pass_markers` moves past
+        it. A marker this worker passed before (a repeated command) is left
+        out; a record with the marker key that does not decode as one goes on
+        to the dead letters like any invalid event.
+        """
+        held, seek, out = self._held, {}, []
+        for r in records:
+            tp = (r.topic, r.partition)
+            if tp in held and r.offset >= held[tp][0]:
+                continue
+            marker = None
+            if r.key == CONTROL_KEY:
+                try:
+                    marker = marker_of(r.key, r.value, r.headers)
+                except ValueError:
+                    marker = None
+                if marker is not None and marker.rollout <= self.rollout:  # a command run again
+                    self._skipped[tp] = max(self._skipped.get(tp, 0), r.offset + 1)
+                    continue
+            if marker is None:
+                out.append(r)
+                continue
+            held[tp] = (r.offset, marker)
+            seek[tp] = r.offset
+            if self._held_since is None:
+                self._held_since = time.monotonic()
+                logger.info("rollout marker %d (%s serves%s) reached in %s; holding it until every partition has "
+                            "reached it", marker.rollout, marker.serving,
+                            f", {marker.retire} retires" if marker.retire else "", sorted(held))
+        if seek:
+            consumer.seek_to(seek)
+        return out
+
+    def _pass_markers(self, consumer: ConsumerClient, publisher: OutboxPublisher, engine: Engine) -> None:
+        """Once every partition is held at a marker: finish and publish everything computed before them, then
+        record the serving version and the offsets past them in one write (or stop, when the marker retires
+        this worker's version). Markers of an earlier number than another partition's (a command that did
+        not reach every partition) are passed over."""
+        assigned = set(consumer.assignment())
+        if not assigned or not assigned <= set(self._held):
+            if self._held_since is not None and time.monotonic() - self._held_since > _MARKER_WAIT_LOG_S:
+                self._held_since = time.monotonic()
+                logger.warning("partitions %s wait at rollout marker %d for partitions %s, which have not reached "
+                               "it; if a `gnnstream rollout` command failed, run it again",
+                               sorted(self._held), max(m.rollout for _, m in self._held.values()),
+                               sorted(assigned - set(self._held)))
+            return
+        top = max(m.rollout for _, m in self._held.values())
+        orphans = {tp: offset + 1 for tp, (offset, m) in self._held.items() if m.rollout < top}
+        if orphans:
+            logger.warning("passing over rollout markers in %s: other partitions' next marker is %d (an earlier "
+                           "command did not reach every partition)", sorted(orphans), top)
+            for tp in orphans:
+                del self._held[tp]
+            consumer.seek_to(orphans)
+            return
+        marker = next(iter(self._held.values()))[1]
+        if not self._publish_all(engine, publisher):
+            return  # stopped meanwhile: the next start reads the markers again
+        if marker.retire == engine.model_tag:
+            self.retired = marker
+            self._set_status("retired", f"{marker.retire} was retired at rollout marker {marker.rollout}")
+            logger.warning("%s is retired by rollout marker %d: stopping (its state stays as it is at the marker; "
+                           "a restart stops there again)", engine.model_tag, marker.rollout)
+            self._stop.set()
+            return
+        from workers.rollout import rollout_puts
+        past = {tp: offset + 1 for tp, (offset, _) in self._held.items()}
+        self._store_offsets(past, rollout_puts(marker))
+        consumer.seek_to(past)
+        self._held.clear()
+        self._held_since = None
+        self.serving = publisher.serving = marker.serving
+        self.rollout = marker.rollout
+        logger.warning("passed rollout marker %d: %s serves from here on (this worker computes %s)",
+                       marker.rollout, marker.serving, engine.model_tag)
+
+    def _store_offsets(self, offsets: dict[PartitionKey, int], puts: Iterable[tuple[str, bytes, bytes]] = ()) -> None:
+        """Store next offsets past markers (with ``puts``, in one write); the stored skips are done."""
+        assert self.store is not None
+        self.store.write([*(("offsets", keys.offset_key(*tp), keys.U64.pack(o)) for tp, o in offsets.items()),
+                          *puts])
+        self._expected.update(offsets)
+        for tp in offsets:
+            self._skipped.pop(tp, None)
+
+    def _publish_all(self, engine: Engine, publisher: OutboxPublisher) -> bool:
+        """Finish deferred hub work and deliver the whole outbox; False if stopped first."""
+        while engine.pending() and not self._stop.is_set():
+            self._recompute(engine, None, None, drain=True)
+        sender = self._sender
+        while not self._stop.is_set() and sender is not None:
+            self._publish(publisher)
+            if not sender.in_flight() and not publisher.pending():
+                return True
+            sender.wait(0.2)
+        return False
+
+    def _report_progress(self, producer: ProducerClient, consumer: ConsumerClient) -> None:
+        """Record this worker's progress in the rollout topic (what `gnnstream rollout status` shows)."""
+        from workers.rollout import worker_report
+        s = self.settings
+        try:
+            lag = sum(consumer.lag().values())
+        except Exception:
+            lag = None
+        key, value = worker_report(self, lag)
+        try:
+            producer.send(s.control_topic, key, value)
+        except Exception as exc:
+            logger.debug("could not record progress in %s: %r", s.control_topic, exc)
+
     # ------------------------------------------------------------------ ownership
     def _join(self, engine: Engine) -> bool:
         """Join the group that shares out the output topic; wait for the first assignment (False if stopped
         meanwhile). The events are read only from then on: what they change in the assigned partitions is
         published as it is applied."""
         s = self.settings
-        self._set_status("joining", f"joining group {s.group} for the partitions of topic {s.output_topic}")
+        self._set_status("joining", f"joining group {s.group} for the partitions of topic {self.output_topic}")
         count = self._output_partitions
         stored = engine.kept_partitions()
         # a revocation waits for this loop at most half a session: longer, kafka-python would miss heartbeats
-        self._ownership = own = Ownership(s.kafka_client, s.bootstrap, s.output_topic, s.group,
+        # one group per version: a version's workers joining or leaving never move another version's partitions
+        self._ownership = own = Ownership(s.kafka_client, s.bootstrap, self.output_topic,
+                                          version_topic(engine.model_tag, s.group),
                                           session_timeout_ms=s.session_timeout_ms, floor=engine.highest_epoch(),
                                           revoke_wait_s=s.session_timeout_ms / 2000)
         if stored is None:  # every node's final row is current
@@ -791,7 +944,7 @@ class Worker:
         assignment, epoch = assignment
         beyond = sorted(p for p in assignment if p >= count)
         if beyond:
-            raise StreamError(f"topic {self.settings.output_topic!r} has more partitions than the {count} this worker "
+            raise StreamError(f"topic {self.output_topic!r} has more partitions than the {count} this worker "
                               f"started with (it was assigned {beyond}): nodes map to other partitions now; restart "
                               f"every worker of group {self.settings.group!r}")
         self._rebalancing = False
@@ -877,6 +1030,9 @@ class Worker:
         letters: list[DeadLetter] = []
         offsets: dict[tuple[str, int], int] = {}
         oldest_ms = min(r.timestamp_ms for r in records)
+        for tp, offset in self._skipped.items():  # markers passed before, read again (a repeated command)
+            offsets[tp] = offset
+        self._skipped = {}
         for r in records:
             offsets[(r.topic, r.partition)] = max(offsets.get((r.topic, r.partition), 0), r.offset + 1)
             try:

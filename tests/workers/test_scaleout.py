@@ -73,6 +73,19 @@ def make_model(path: Path) -> str:
 
 
 # ---------------------------------------------------------------------- the group
+def wait_for(cond: Any, what: str, workers: dict[str, Proc], deadline_s: float) -> Any:
+    """``cond()`` once it is true (polled every 0.2 s); a failure with the workers' log tails after
+    ``deadline_s``."""
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        value = cond()
+        if value:
+            return value
+        time.sleep(0.2)
+    tails = "\n".join(f"--- {name}\n{proc.tail()[-1500:]}" for name, proc in workers.items())
+    pytest.fail(f"timed out waiting for {what}:\n{tails}")
+
+
 class Group:
     """Workers of one group: ``gnnstream run`` processes with their own states and health ports."""
 
@@ -113,14 +126,7 @@ class Group:
         return owned if len(owned) == PARTS else None
 
     def wait(self, cond: Any, what: str) -> Any:
-        deadline = time.monotonic() + DEADLINE_S
-        while time.monotonic() < deadline:
-            value = cond()
-            if value:
-                return value
-            time.sleep(0.2)
-        tails = "\n".join(f"--- {name}\n{proc.tail()[-1500:]}" for name, (proc, _, _) in self.workers.items())
-        pytest.fail(f"timed out waiting for {what}:\n{tails}")
+        return wait_for(cond, what, {name: proc for name, (proc, _, _) in self.workers.items()}, DEADLINE_S)
 
     def stable(self, size: int) -> dict[int, str]:
         """Wait until ``size`` workers share the partitions, each owning some."""
