@@ -44,7 +44,6 @@ import numpy as np
 
 from stream.clients import ProducerClient
 from stream.exceptions import DeliveryError
-from stream.rollout import SERVING_HEADER
 from stream.updates import encode_updates, tombstone
 
 __all__ = ["UpdateColumns", "Delivery", "DeliveryProcess", "encode_columns", "WORKER_HEADER"]
@@ -136,9 +135,10 @@ class Delivery:
         self.producer, self.topic, self.model, self.fmt = producer, topic, model, fmt
         self._worker = [(WORKER_HEADER, worker.encode())] if worker else None
 
-    def deliver(self, columns: Sequence[UpdateColumns], timeout_s: float = 30.0, serving: str | None = None) -> int:
-        """Encode, send and flush ``columns``; the number of messages. With ``serving``, every message carries
-        the header ``gnnstream.serving`` naming it (see :mod:`stream.rollout`).
+    def deliver(self, columns: Sequence[UpdateColumns], timeout_s: float = 30.0,
+                headers: list[tuple[str, bytes]] | None = None) -> int:
+        """Encode, send and flush ``columns``; the number of messages. Every message carries ``headers`` too
+        (the serving version and marker number, :func:`stream.rollout.stamp_headers`).
 
         Raises:
             ValueError: the columns cannot be encoded (non-finite values are
@@ -151,7 +151,7 @@ class Delivery:
                     and math.isfinite(cols.computed_at)):
                 encode_columns([cols], self.model, self.fmt)  # raises, naming the nodes
         count = 0
-        extra = [*(self._worker or ()), *([(SERVING_HEADER, serving.encode())] if serving else ())] or None
+        extra = [*(self._worker or ()), *(headers or ())] or None
         for cols in _chunks(columns, _CHUNK):
             for key, value, headers in encode_columns([cols], self.model, self.fmt):
                 if extra is not None:
@@ -235,9 +235,10 @@ class DeliveryProcess:
         finally:
             self._busy = False
 
-    def deliver(self, columns: Sequence[UpdateColumns], timeout_s: float = 30.0, serving: str | None = None) -> int:
+    def deliver(self, columns: Sequence[UpdateColumns], timeout_s: float = 30.0,
+                headers: list[tuple[str, bytes]] | None = None) -> int:
         """As :meth:`Delivery.deliver`, in the child (which bounds its flush by ``timeout_s``)."""
-        reply = self._call(("deliver", list(columns), timeout_s, serving), "delivering", None)
+        reply = self._call(("deliver", list(columns), timeout_s, headers), "delivering", None)
         if reply[0] == "ok":
             return reply[1]
         if reply[0] == "refused":
@@ -284,9 +285,9 @@ def _serve(conn: Connection, delivery: Delivery) -> None:
             delivery.close(request[1])
             conn.send_bytes(pickle.dumps(("closed",)))
             return
-        _, columns, timeout_s, serving = request
+        _, columns, timeout_s, headers = request
         try:
-            reply: tuple = ("ok", delivery.deliver(columns, timeout_s, serving))
+            reply: tuple = ("ok", delivery.deliver(columns, timeout_s, headers))
         except ValueError as exc:
             reply = ("refused", str(exc))
         except DeliveryError as exc:

@@ -16,14 +16,21 @@ scorer acts on) is decided in the events stream itself:
 * Every worker, whatever its version, ends a batch exactly at the markers
   (it holds back each partition at its marker until all partitions reach
   theirs), publishes what it computed before them, and only then moves past
-  them. Each embedding message carries the header ``gnnstream.serving``: the
-  serving version when its batch was computed.
+  them. Each embedding message carries the headers ``gnnstream.serving``,
+  the serving version when its batch was computed, and ``gnnstream.rollout``,
+  the number of the last marker passed then (:func:`stamp_headers`).
 
 So a message is the serving one when its ``gnnstream.serving`` header names
 its own ``model`` (:func:`is_serving`): for every change of the graph
 exactly one version's message is, the old version's before the markers and
 the new one's after, whichever worker runs faster. A message without the
-header (a producer other than the worker) counts as serving.
+header (a producer other than the worker) counts as serving. The versions'
+topics are not ordered against each other: a consumer of several orders a
+node's serving messages by ``(gnnstream.rollout, version)``.
+
+Two commands that race for one number put two different markers under it;
+every worker follows the one :func:`marker_rank` puts last among those it
+holds (the first marker of each partition), so all agree.
 """
 
 from __future__ import annotations
@@ -34,12 +41,14 @@ from typing import Any
 
 import orjson
 
-__all__ = ["CONTROL_HEADER", "CONTROL_KEY", "SERVING_HEADER", "CONTROL_TOPIC", "DEFAULT_OUTPUT_BASE", "Marker",
-           "version_topic", "marker_of", "encode_marker", "is_serving"]
+__all__ = ["CONTROL_HEADER", "CONTROL_KEY", "SERVING_HEADER", "ROLLOUT_HEADER", "CONTROL_TOPIC",
+           "DEFAULT_OUTPUT_BASE", "Marker", "version_topic", "marker_of", "marker_rank", "encode_marker",
+           "stamp_headers", "rollout_of", "is_serving"]
 
 CONTROL_HEADER = "gnnstream.control"  # on a marker in the events topic: b"rollout"
 CONTROL_KEY = b"gnnstream.rollout"  # the key of a marker
 SERVING_HEADER = "gnnstream.serving"  # on every embedding message: the serving version when it was computed
+ROLLOUT_HEADER = "gnnstream.rollout"  # on every embedding message: the number of the last marker passed then
 CONTROL_TOPIC = "gnnstream-rollout"  # where the rollout commands and the workers record what they did
 DEFAULT_OUTPUT_BASE = "node-embeddings"
 
@@ -70,6 +79,24 @@ class Marker:
 
     def to_json(self) -> dict[str, Any]:
         return {"rollout": self.rollout, "serving": self.serving, "retire": self.retire, "at": self.at}
+
+
+def marker_rank(marker: Marker) -> tuple[int, float, str, str]:
+    """The order among markers: by number, then (two commands that raced for one number) by time and content."""
+    return marker.rollout, marker.at, marker.serving, marker.retire or ""
+
+
+def stamp_headers(serving: str, rollout: int) -> list[tuple[str, bytes]]:
+    """The headers of an embedding message computed while ``serving`` served, after marker ``rollout``."""
+    return [(SERVING_HEADER, serving.encode()), (ROLLOUT_HEADER, str(rollout).encode())]
+
+
+def rollout_of(headers: Any) -> int:
+    """The ``gnnstream.rollout`` number of a message (0 without the header)."""
+    for k, v in reversed(list(headers or ())):
+        if k == ROLLOUT_HEADER:
+            return int(v)
+    return 0
 
 
 def encode_marker(marker: Marker) -> tuple[bytes, bytes, list[tuple[str, bytes]]]:

@@ -41,7 +41,7 @@ import numpy as np
 import orjson
 
 from stream.backends import DEFAULT_KAFKA_CLIENT, open_consumer, open_producer
-from stream.rollout import CONTROL_TOPIC, Marker, encode_marker, version_topic
+from stream.rollout import CONTROL_TOPIC, Marker, encode_marker, marker_rank, version_topic
 
 if TYPE_CHECKING:
     from graph_state.store import GraphStore
@@ -52,6 +52,7 @@ __all__ = ["RolloutError", "RolloutView", "stored_rollout", "rollout_puts", "wor
 
 logger = logging.getLogger(__name__)
 
+_LIVE_REPORT_S = 60.0  # promote and rollback want a report of a consuming worker of the version this recent
 SERVING_META = b"serving"  # meta: the serving version as of the last marker passed
 ROLLOUT_META = b"rollout"  # meta: the number of that marker
 _LATENCY_WINDOW_S = 60.0  # the latency a worker reports: batches published within this window
@@ -163,7 +164,10 @@ class RolloutView:
         for r in records:
             kind, model = r.get("kind"), r.get("model")
             if kind == "marker":
-                view.markers.append(r)
+                same = [m for m in view.markers if m.get("rollout") == r.get("rollout")]
+                if same and _rank(same[0]) >= _rank(r):  # two commands raced for a number: workers follow the last
+                    continue
+                view.markers = [m for m in view.markers if m not in same] + [r]
                 if r.get("retire") and r["retire"] in view.versions:
                     view.versions[r["retire"]].retired = r.get("rollout")
             elif kind in ("worker", "backfill") and isinstance(model, str):
@@ -179,11 +183,13 @@ class RolloutView:
 
     @property
     def serving(self) -> str | None:
-        """The serving version: the last marker's; before any, what the most recent worker report says."""
-        if self.markers:
-            return self.markers[-1]["serving"]
+        """The serving version: the last marker's; what the workers report when they passed a later one (a
+        command that appended its markers and failed before recording them) or none is recorded."""
         reports = [w for v in self.versions.values() for w in v.workers.values()]
-        return max(reports, key=lambda w: w.get("at", 0)).get("serving") if reports else None
+        ahead = max(reports, key=lambda w: (w.get("rollout") or 0, w.get("at", 0)), default=None)
+        if self.markers and (ahead is None or (ahead.get("rollout") or 0) <= self.markers[-1]["rollout"]):
+            return self.markers[-1]["serving"]
+        return ahead.get("serving") if ahead else None
 
     @property
     def next_rollout(self) -> int:
@@ -227,8 +233,6 @@ def start(live_state: str, state: str, model_dir: str, *, bootstrap: str | None 
     version_topic(config.model_id)
     if os.path.lexists(state) and (not os.path.isdir(state) or os.listdir(state)):
         raise RolloutError(f"{state!r} exists; name a new directory for the state of {config.model_id}")
-    serving = facts[SERVING_META.decode()]
-    marker = Marker(int(facts[ROLLOUT_META.decode()] or 0), serving.decode() if serving else live_model)
     topic = version_topic(config.model_id)
     report = _Reporter(bootstrap, kafka_client, control_topic, config.model_id, topic, state, live_model)
     t0 = time.perf_counter()
@@ -239,8 +243,10 @@ def start(live_state: str, state: str, model_dir: str, *, bootstrap: str | None 
     try:
         with open_store(partial, create=False, model_dir=model_dir) as store:
             engine = open_engine(store, model_dir, switch_model=True)
-            # the copy's serving version is the live one's; the live worker's undelivered updates are its own
-            store.write(rollout_puts(marker), clear=("outbox",))
+            # the copy serves what the live state served when copied (its own model before any marker); the live
+            # worker's undelivered updates are its own
+            serving, number = stored_rollout(store, live_model)
+            store.write(rollout_puts(Marker(number, serving)), clear=("outbox",))
             nodes = None
             report(phase="backfill", layer=0, layers=engine.num_layers, nodes=nodes)
             with _bar(engine.num_layers, f"backfill {config.model_id}", unit="layer") as bar:
@@ -257,7 +263,7 @@ def start(live_state: str, state: str, model_dir: str, *, bootstrap: str | None 
     seconds = round(time.perf_counter() - t0, 3)
     nodes = stats.recomputed[0] if stats.recomputed else 0
     report(phase="done", layer=engine.num_layers, layers=engine.num_layers, nodes=nodes, seconds=seconds)
-    return {"model": config.model_id, "from": live_model, "serving": marker.serving, "state": state,
+    return {"model": config.model_id, "from": live_model, "serving": serving, "state": state,
             "topic": topic, "offsets": copied["offsets"], "nodes": nodes, "seconds": seconds,
             "next": f"gnnstream run --state {state} --model {model_dir}"}
 
@@ -276,19 +282,21 @@ class _Reporter:
                     {**self.base, **fields, "at": time.time()})
 
 
+def _rank(record: dict[str, Any]) -> tuple[int, float, str, str]:
+    return marker_rank(Marker(int(record.get("rollout", 0)), str(record.get("serving")), record.get("retire"),
+                              float(record.get("at", 0.0))))
+
+
 def _append_marker(bootstrap: str, kafka_client: str, events_topic: str, control_topic: str, marker: Marker,
                    previous: str | None) -> dict[str, Any]:
-    """Record ``marker`` in the rollout topic, then append it to every partition of the events topic."""
+    """Append ``marker`` to every partition of the events topic, then record it in the rollout topic (a
+    command that fails between the two is run again: the workers follow the later marker of the number)."""
     from stream.kafka import ensure_topics
     consumer = open_consumer(kafka_client, bootstrap, events_topic, "gnnstream-rollout-reader", assign_all=True)
     try:
         partitions = sorted(consumer.partitions_of(events_topic))
     finally:
         consumer.close()
-    record = {"kind": "marker", **marker.to_json(), "previous": previous, "events_topic": events_topic,
-              "partitions": len(partitions)}
-    _record(bootstrap, kafka_client, control_topic, "marker", record)
-    ensure_topics(bootstrap, {events_topic: len(partitions)})
     producer = open_producer(kafka_client, bootstrap)
     try:
         key, value, headers = encode_marker(marker)
@@ -297,11 +305,25 @@ def _append_marker(bootstrap: str, kafka_client: str, events_topic: str, control
         producer.flush(30.0)
     finally:
         producer.close()
+    record = {"kind": "marker", **marker.to_json(), "previous": previous, "events_topic": events_topic,
+              "partitions": len(partitions)}
+    _record(bootstrap, kafka_client, control_topic, "marker", record)
     return record
 
 
 def _view(bootstrap: str, kafka_client: str, control_topic: str) -> RolloutView:
     return RolloutView.of(read_rollout(bootstrap, topic=control_topic, kafka_client=kafka_client))
+
+
+def _running(view: RolloutView, model: str, force: bool, now: float | None = None) -> None:
+    """Refuse to make ``model`` serve while no worker of it consumes (unless ``force``)."""
+    now = time.time() if now is None else now
+    live = [w for w in view.versions[model].workers.values()
+            if w.get("status") == "consuming" and now - w.get("at", 0) <= _LIVE_REPORT_S]
+    if not live and not force:
+        raise RolloutError(f"no worker of {model} has reported consuming in the last {_LIVE_REPORT_S:g} s: "
+                           f"start it (`gnnstream run` on its state) and wait for it, or pass --force to switch now "
+                           f"(nothing is scored until a worker of it reaches the marker)")
 
 
 def _known(view: RolloutView, model: str) -> None:
@@ -315,11 +337,12 @@ def _known(view: RolloutView, model: str) -> None:
 
 
 def promote(model: str, *, bootstrap: str, events_topic: str = "graph-events", control_topic: str = CONTROL_TOPIC,
-            kafka_client: str = DEFAULT_KAFKA_CLIENT) -> dict[str, Any]:
+            kafka_client: str = DEFAULT_KAFKA_CLIENT, force: bool = False) -> dict[str, Any]:
     """Make ``model`` the serving version from a marker appended now.
 
     Raises:
-        RolloutError: ``model`` is unknown, retired or serving already, or still backfilling.
+        RolloutError: ``model`` is unknown, retired or serving already, or (without ``force``) no worker of
+            it consumes.
     """
     version_topic(model)
     view = _view(bootstrap, kafka_client, control_topic)
@@ -327,16 +350,13 @@ def promote(model: str, *, bootstrap: str, events_topic: str = "graph-events", c
     serving = view.serving
     if serving == model:
         raise RolloutError(f"{model} serves already")
-    backfill = view.versions[model].backfill
-    if backfill is not None and backfill.get("phase") != "done":
-        raise RolloutError(f"{model} is still being prepared ({backfill.get('phase')}); wait for "
-                           f"`gnnstream rollout start` to finish")
+    _running(view, model, force)
     marker = Marker(view.next_rollout, model, None, time.time())
     return _append_marker(bootstrap, kafka_client, events_topic, control_topic, marker, serving)
 
 
 def rollback(*, bootstrap: str, events_topic: str = "graph-events", control_topic: str = CONTROL_TOPIC,
-             kafka_client: str = DEFAULT_KAFKA_CLIENT) -> dict[str, Any]:
+             kafka_client: str = DEFAULT_KAFKA_CLIENT, force: bool = False) -> dict[str, Any]:
     """Make the version that served before the last switch the serving one again.
 
     Raises:
@@ -351,6 +371,7 @@ def rollback(*, bootstrap: str, events_topic: str = "graph-events", control_topi
         raise RolloutError(f"the last switch (to {switches[-1]['serving']}) is no longer in force; promote the "
                            f"version you want explicitly")
     _known(view, previous)
+    _running(view, previous, force)
     marker = Marker(view.next_rollout, previous, None, time.time())
     return _append_marker(bootstrap, kafka_client, events_topic, control_topic, marker, view.serving)
 
@@ -459,11 +480,15 @@ def add_rollout_parser(sub: Any) -> None:
     q.add_argument("--json", action="store_true", help="print the whole view as JSON")
     kafka(q, events=False)
     q.set_defaults(func=_status)
+    force = ("switch even when no worker of the version reports consuming (nothing is scored until one reaches "
+             "the marker)")
     q = steps.add_parser("promote", help="make MODEL the serving version from now on in the stream")
     q.add_argument("model", metavar="MODEL", help="NAME:VERSION")
+    q.add_argument("--force", action="store_true", help=force)
     kafka(q)
     q.set_defaults(func=_promote)
     q = steps.add_parser("rollback", help="make the version that served before the last promote serve again")
+    q.add_argument("--force", action="store_true", help=force)
     kafka(q)
     q.set_defaults(func=_rollback)
     q = steps.add_parser("retire", help="stop computing MODEL (its workers stop at a marker); not the serving one")
@@ -494,12 +519,12 @@ def _marker_args(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _promote(args: argparse.Namespace) -> int:
-    _print(promote(args.model, **_marker_args(args)))
+    _print(promote(args.model, force=args.force, **_marker_args(args)))
     return 0
 
 
 def _rollback(args: argparse.Namespace) -> int:
-    _print(rollback(**_marker_args(args)))
+    _print(rollback(force=args.force, **_marker_args(args)))
     return 0
 
 

@@ -6,7 +6,11 @@ head (trained by ``gnnstream train``; ``head.json``'s ``model`` is its
 ``fraud-scores`` (key = node id)::
 
     {"id":"a1","score":0.91,"embedding_version":7,"model":"otc-sage:1","event_ts":1700000000,"scored_at":1700000002.5,
-     "role":"serving"}
+     "role":"serving","rollout":0}
+
+``rollout`` is the update's ``gnnstream.rollout`` number: the version topics
+are not ordered against each other, so a consumer orders a node's scores by
+``(rollout, embedding_version)``.
 
 Input: one consumer (one group) over every head's version topic,
 :func:`stream.rollout.version_topic` of its model; or one explicit
@@ -82,7 +86,7 @@ from stream.backends import DEFAULT_KAFKA_CLIENT, open_consumer, open_producer
 from stream.clients import Record
 from stream.exceptions import InvalidUpdate
 from stream.kafka import ensure_topics
-from stream.rollout import CONTROL_TOPIC, SERVING_HEADER, is_serving, version_topic
+from stream.rollout import CONTROL_TOPIC, SERVING_HEADER, is_serving, rollout_of, version_topic
 from stream.updates import BINARY_MAGIC, decode_update
 from workers.train import FraudHead, load_head
 
@@ -102,11 +106,18 @@ def encode_score(node: str, score: float, version: int, model: str, event_ts: fl
 
 
 def encode_scores(nodes: Sequence[str], scores: np.ndarray, versions: Sequence[int], models: Sequence[str],
-                  event_ts: Sequence[float], scored_at: float, role: str | None = None) -> list[bytes]:
+                  event_ts: Sequence[float], scored_at: float, role: str | None = None,
+                  rollouts: Sequence[int] | None = None) -> list[bytes]:
     """The score messages of many updates (``scores`` rounded to 6 decimals), one ``orjson.dumps`` each;
-    with ``role`` (``"serving"`` or ``"canary"``) each message carries it."""
+    with ``role`` (``"serving"`` or ``"canary"``) and ``rollouts`` (the updates' ``gnnstream.rollout``
+    numbers) each message carries them."""
     dumps = orjson.dumps
     rounded = np.round(np.asarray(scores, dtype=np.float64), 6).tolist()
+    if rollouts is not None:
+        return [dumps({"id": node, "score": score, "embedding_version": version, "model": model, "event_ts": ts,
+                       "scored_at": scored_at, "role": role, "rollout": rollout})
+                for node, score, version, model, ts, rollout in zip(nodes, rounded, versions, models, event_ts,
+                                                                    rollouts)]
     if role is None:
         return [dumps({"id": node, "score": score, "embedding_version": version, "model": model, "event_ts": ts,
                        "scored_at": scored_at})
@@ -316,6 +327,7 @@ class FraudScorer:
         self.other_model = 0
         self._other_models: set[str] = set()
         self._serving_model: str | None = None
+        self._serving_rollout = -1
         # the latest score of each canary node per model: {model: {node: (embedding version, score)}}
         self._latest: dict[str, dict[str, tuple[int, float]]] = {m: {} for m in models if m is not None}
         self._model_bytes: dict[str, bytes] = {}
@@ -443,6 +455,7 @@ class FraudScorer:
             serving = np.fromiter((h is None or h == self._bytes(m)
                                    for h, m in zip((r.header(SERVING_HEADER) for r in records), models)),
                                   dtype=bool, count=n)
+        rollouts = np.fromiter(map(rollout_of, map(_HEADERS, records)), dtype=np.int64, count=n)
         canary = canary_mask(cols.ids, self.canary)
         wanted = serving | canary
         self.not_serving += n - int(wanted.sum())
@@ -468,12 +481,15 @@ class FraudScorer:
         if serving.any():
             served = cols if serving.all() else cols.take(np.flatnonzero(serving))
             served_scores = scores if serving.all() else scores[serving]
+            served_rollouts = rollouts[serving].tolist()
             messages = encode_scores(served.ids, served_scores, served.versions, served.models, served.event_ts, now,
-                                     "serving")
+                                     "serving", served_rollouts)
             for node, message in zip(served.ids, messages):
                 send(out_topic, node.encode(), message)
             self.scored += len(served)
-            self._serving_model = served.models[-1]
+            newest = int(np.argmax(served_rollouts))  # the topics are not ordered: the highest marker tells
+            if served_rollouts[newest] >= self._serving_rollout:
+                self._serving_rollout, self._serving_model = served_rollouts[newest], served.models[newest]
         if canary.any():
             self._publish_canary(cols, scores, serving & canary, "serving", now, send)
             extra = canary & ~serving

@@ -77,7 +77,7 @@ from stream.delivery import Delivery, DeliveryProcess, UpdateColumns
 from stream.events import InvalidEvent, check_features, decode_event_json
 from stream.exceptions import NoPartitionsError, StreamError, TopicSetupError
 from stream.kafka import ensure_topics
-from stream.rollout import CONTROL_KEY, Marker, marker_of, version_topic
+from stream.rollout import CONTROL_KEY, Marker, marker_of, marker_rank, version_topic
 from workers.heap import freeze_warm_heap
 from workers.metrics import MetricsServer, WorkerMetrics
 from workers.ownership import Ownership
@@ -144,7 +144,7 @@ class Outgoing:
     oldest_record_s: float | None = None  # Kafka time of the oldest record of the batch that made it
     suppressed: int = 0
     count: int = 0  # messages (the nodes of ``columns``)
-    serving: str | None = None  # the serving version when they were computed (header gnnstream.serving)
+    headers: list[tuple[str, bytes]] | None = None  # on every message: the serving version and marker number
 
     def __len__(self) -> int:
         return self.count
@@ -195,7 +195,7 @@ class OutboxPublisher:
         self.resolve = resolve
         self.min_change = float(min_change)
         self._taken: bytes | None = None  # the last outbox key prepare() took and confirm() has not deleted
-        self.serving: str | None = None  # stamped on what prepare() takes (see stream.rollout)
+        self._stamp: list[tuple[str, bytes]] | None = None  # headers of what prepare() takes (stream.rollout)
         self.forget_sent()
 
     def pending(self) -> int:
@@ -205,7 +205,7 @@ class OutboxPublisher:
         """The outbox records after the last one taken, up to about ``limit`` messages."""
         from workers.tables import decode_outbox
         taken = self._taken
-        out = Outgoing([], [], np.zeros(0, dtype=np.float64), serving=self.serving)
+        out = Outgoing([], [], np.zeros(0, dtype=np.float64), headers=self._stamp)
         times = []
         for key, raw in self.store.column("outbox").items():
             if taken is not None and key <= taken:
@@ -267,6 +267,12 @@ class OutboxPublisher:
             mode[:have] = self._sent_mode
         self._sent_rows, self._sent_mode = rows, mode
 
+    def stamp(self, serving: str, rollout: int) -> None:
+        """What the batches prepared from now on were computed under: the serving version and the number of
+        the last marker passed (headers, :func:`stream.rollout.stamp_headers`)."""
+        from stream.rollout import stamp_headers
+        self._stamp = stamp_headers(serving, rollout)
+
     def forget_sent(self) -> None:
         """Forget every row kept for ``min_change``: each node's next update is published."""
         self._sent_rows = np.zeros((0, 0), dtype=np.float32)  # by iid: the row last handed over for sending
@@ -275,7 +281,7 @@ class OutboxPublisher:
     def deliver(self, out: Outgoing, flush_timeout_s: float = 30.0) -> None:
         """Encode, send and flush ``out`` (raises on delivery failure: then all of it counts as unsent;
         ValueError when it cannot be encoded)."""
-        self.delivery.deliver(out.columns, flush_timeout_s, out.serving)
+        self.delivery.deliver(out.columns, flush_timeout_s, out.headers)
 
     def confirm(self, out: Outgoing) -> None:
         """Delete the outbox records of a delivered ``out``."""
@@ -589,7 +595,7 @@ class Worker:
                                    s.output_format, worker=self.worker_id)
         dlq_producer = open_producer(s.kafka_client, s.bootstrap)
         publisher = OutboxPublisher(store, delivery, engine.outbox_columns, min_change=s.min_change)
-        publisher.serving = self.serving
+        publisher.stamp(self.serving, self.rollout)
         dlq = DeadLetterWriter(dlq_producer, s.dlq_topic)
         sender: _Sender | None = None
         try:
@@ -729,7 +735,7 @@ class Worker:
             self.health.polls += 1
             self._resize(len(records))
             records = self._check_offsets(consumer, records)
-            if records and any(r.key == CONTROL_KEY for r in records):
+            if records and (self._held or any(r.key == CONTROL_KEY for r in records)):
                 records = self._hold_at_markers(consumer, records)
                 if self._skipped and not records:  # nothing of the poll to apply: store the offsets past them
                     self._store_offsets(dict(self._skipped))
@@ -775,16 +781,17 @@ class Worker:
         """The records of a poll that precede the rollout markers (stream.rollout) of their partitions.
 
         A partition that reaches a new marker is held there: its records from
-        the marker on are left out and it is sought back to the marker, which
-        every later poll reads again until :meth:`_pass_markers` moves past
-        it. A marker this worker passed before (a repeated command) is left
-        out; a record with the marker key that does not decode as one goes on
-        to the dead letters like any invalid event.
+        the marker on are left out of every poll and it is sought back to the
+        marker whenever a poll brought any, until :meth:`_pass_markers` moves
+        past it. A marker this worker passed before (a repeated command) is
+        left out; a record with the marker key that does not decode as one
+        goes on to the dead letters like any invalid event.
         """
         held, seek, out = self._held, {}, []
         for r in records:
             tp = (r.topic, r.partition)
             if tp in held and r.offset >= held[tp][0]:
+                seek[tp] = held[tp][0]
                 continue
             marker = None
             if r.key == CONTROL_KEY:
@@ -797,6 +804,8 @@ class Worker:
                     continue
             if marker is None:
                 out.append(r)
+                continue
+            if tp in held:  # a second new marker in one poll: the first holds the partition
                 continue
             held[tp] = (r.offset, marker)
             seek[tp] = r.offset
@@ -832,7 +841,11 @@ class Worker:
                 del self._held[tp]
             consumer.seek_to(orphans)
             return
-        marker = next(iter(self._held.values()))[1]
+        chosen = {m for _, m in self._held.values()}
+        marker = max(chosen, key=marker_rank)  # two commands raced for one number: every worker picks the same
+        if len(chosen) > 1:
+            logger.warning("partitions reached different rollout markers numbered %d (two commands at once); "
+                           "following the latest, %s serves", top, marker.serving)
         if not self._publish_all(engine, publisher):
             return  # stopped meanwhile: the next start reads the markers again
         if marker.retire == engine.model_tag:
@@ -848,14 +861,17 @@ class Worker:
         consumer.seek_to(past)
         self._held.clear()
         self._held_since = None
-        self.serving = publisher.serving = marker.serving
-        self.rollout = marker.rollout
+        self.serving, self.rollout = marker.serving, marker.rollout
+        publisher.stamp(self.serving, self.rollout)
+        publisher.forget_sent()  # --min-change: what the old serving version was sent is no basis any more
         logger.warning("passed rollout marker %d: %s serves from here on (this worker computes %s)",
                        marker.rollout, marker.serving, engine.model_tag)
 
     def _store_offsets(self, offsets: dict[PartitionKey, int], puts: Iterable[tuple[str, bytes, bytes]] = ()) -> None:
-        """Store next offsets past markers (with ``puts``, in one write); the stored skips are done."""
+        """Store next offsets past markers (with ``puts``, in one write); the stored skips are done. A stored
+        offset never moves back."""
         assert self.store is not None
+        offsets = {tp: max(o, self._expected.get(tp, 0)) for tp, o in offsets.items()}
         self.store.write([*(("offsets", keys.offset_key(*tp), keys.U64.pack(o)) for tp, o in offsets.items()),
                           *puts])
         self._expected.update(offsets)

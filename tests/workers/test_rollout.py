@@ -239,7 +239,7 @@ def test_rollout_promote_rollback_retire_under_stream(broker: EmbeddedBroker, tm
     bootstrap = broker.bootstrap
     ensure_topics(bootstrap, {n["events"]: PARTS, n["dlq"]: 1, n["control"]: 1})
     v1, v2 = make_models(tmp_path, name)
-    events = otc_stream(tmp_path)[0][:12_000]
+    events = otc_stream(tmp_path)[0][:14_000]
     ro = Rollout(bootstrap, tmp_path, procs, n)
     s1, s2 = str(tmp_path / "state-v1"), str(tmp_path / "state-v2")
     feeder = Feeder(bootstrap, n["events"], events)
@@ -273,31 +273,33 @@ def test_rollout_promote_rollback_retire_under_stream(broker: EmbeddedBroker, tm
 
         # 2. v2 catches up (killed on the way, restarted), publishing both versions
         ro.run("v2", s2, v2)
-        ro.wait(lambda: ro.health("v2").get("applied", 0) > 500, "v2 to apply 500 events")
+        feeder.allow(8000)  # each step below comes with more events, produced while it takes effect
+        ro.wait(lambda: ro.health("v2").get("applied", 0) > 300, "v2 to apply 300 events")
         ro.kill("v2")
         ro.run("v2", s2, v2)
         ro.wait(lambda: ro.health("v2").get("status") == "consuming", "v2 to consume again")
-        ro.wait(feeder.done, "the feeder to produce 6000 events")
-        feeder.allow(8000)  # each switch below comes with more events, produced while it takes effect
+        ro.wait(feeder.done, "the feeder to produce 8000 events")
+        feeder.allow(10_000)
 
         # 3. promote v2; kill v1 and restart it; roll back; promote again
         refused = ro.command("rollout", "retire", m1, *ro.kafka(), "--events-topic", n["events"], ok=False)
         assert refused.returncode == 2 and refused.stderr.count("\n") == 1 and "serving version" in refused.stderr
         marker = ro.marker("promote", m2)
         assert (marker["rollout"], marker["serving"], marker["previous"]) == (1, m2, m1), marker
-        ro.wait(lambda: feeder.sent >= 7000, "the feeder to produce 1000 events after the promote")
+        ro.wait(lambda: feeder.sent >= 9000, "the feeder to produce 1000 events after the promote")
         ro.kill("v1")
         ro.run("v1", s1, v1)
-        ro.wait(feeder.done, "the feeder to produce 8000 events")
-        feeder.allow(10_000)
-        marker = ro.marker("rollback")
-        assert (marker["rollout"], marker["serving"]) == (2, m1), marker
+        ro.wait(lambda: ro.health("v1").get("status") == "consuming", "v1 to consume again")
         ro.wait(feeder.done, "the feeder to produce 10000 events")
         feeder.allow(12_000)
+        marker = ro.marker("rollback")
+        assert (marker["rollout"], marker["serving"]) == (2, m1), marker
+        ro.wait(feeder.done, "the feeder to produce 12000 events")
+        feeder.allow(14_000)
         marker = ro.marker("promote", m2)
         assert (marker["rollout"], marker["serving"]) == (3, m2), marker
-        repeat_marker(bootstrap, n["events"], Marker(3, m2))  # a command run again: passed over
-        ro.wait(feeder.done, "the feeder to produce 12000 events")
+        repeat_marker(bootstrap, n["events"], Marker(3, m2, at=marker["at"]))  # the same marker again: passed over
+        ro.wait(feeder.done, "the feeder to produce 14000 events")
         refused = ro.command("rollout", "retire", m2, *ro.kafka(), "--events-topic", n["events"], ok=False)
         assert refused.returncode == 2 and "serving version" in refused.stderr, refused.stderr
 
@@ -393,3 +395,95 @@ def test_rollout_start_refuses_a_model_that_does_not_fit(tmp_path: Path) -> None
     done = subprocess.run(gnnstream_command("verify", "--state", tmp_path / "new", "--model", model),
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and json.loads(done.stdout)["ok"], done.stdout + done.stderr
+
+
+# ---------------------------------------------------------------------- a partition held at its marker
+def test_a_partition_held_at_its_marker_applies_nothing_past_it(broker: EmbeddedBroker, tmp_path: Path,
+                                                                procs: list[Proc]) -> None:
+    """Partition 0 reaches the marker long before partition 1: the events after it in partition 0 wait, over
+    many polls, and are applied (and stamped with the new serving version) only once partition 1 got there."""
+    from kafka import KafkaProducer
+
+    from stream.events import EdgeUpsert, event_key
+    from stream.partitioning import partition_for
+    from tests.workers.test_worker_kafka import free_port
+    from tests.workers.test_worker_start import make_model, produce, random_graph
+    tag = uuid.uuid4().hex[:8]
+    events, output, control = f"ev-{tag}", f"emb-{tag}", f"ctl-{tag}"
+    ensure_topics(broker.bootstrap, {events: 2, output: 2, control: 1})
+    model = make_model(tmp_path / "model")  # model:1
+    port = free_port()
+    proc = Proc(gnnstream_command("run", "--bootstrap", broker.bootstrap, "--state", tmp_path / "state", "--model",
+                                  model, "--events-topic", events, "--output-topic", output, "--dlq-topic",
+                                  f"dlq-{tag}", "--control-topic", control, "--group", f"g-{tag}", "--partitions",
+                                  2, "--metrics-port", port, "--batch-size", "20"), tmp_path / "worker.log")
+    procs.append(proc)
+
+    def health() -> dict[str, Any]:
+        got = healthz(port)
+        return got[1] if got else {}
+    before = random_graph("a", 30, 80, seed=2)
+    produce(broker.bootstrap, events, before)
+    proc.wait_for(lambda: health().get("applied") == len(before), "the first events")
+    producer = KafkaProducer(bootstrap_servers=broker.bootstrap, acks="all", client_id="test-marker")
+    key, value, headers = encode_marker(Marker(1, "other:2"))
+    producer.send(events, key=key, value=value, headers=headers, partition=0).get(30)
+    proc.wait_for(lambda: health().get("held_at_marker") == [0], "partition 0 to be held at its marker")
+    late = [f"late{i}" for i in range(200) if partition_for(f"late{i}".encode(), 2) == 0][:20]
+    after = [EdgeUpsert(v, f"late-dst{i}", 10.0 + i) for i, v in enumerate(late)]
+    assert {partition_for(event_key(ev), 2) for ev in after} == {0}
+    produce(broker.bootstrap, events, after)
+    polls = health()["polls"]
+    proc.wait_for(lambda: health().get("polls", 0) > polls + 20, "20 more polls")
+    h = health()
+    assert h["applied"] == len(before) and h["held_at_marker"] == [0] and h["rollout"] == 0, h
+    producer.send(events, key=key, value=value, headers=headers, partition=1).get(30)
+    producer.close(5)
+    total = len(before) + len(after) + 2
+    proc.wait_for(lambda: health().get("position") == total and health().get("applied") == len(before) + len(after),
+                  "the marker passed and the late events applied")
+    assert health()["rollout"] == 1 and health()["serving"] == "other:2"
+    records = Topic(broker.bootstrap, output, 2)
+    try:
+        deadline = time.monotonic() + DEADLINE_S
+        late_nodes = set(late) | {f"late-dst{i}" for i in range(len(late))}
+        while time.monotonic() < deadline:
+            seen = {r.key.decode() for r in records.poll()}
+            if late_nodes <= seen:
+                break
+            time.sleep(0.2)
+        stamps = {(r.key.decode() in late_nodes, dict(r.headers)[SERVING_HEADER].decode(),
+                   dict(r.headers)["gnnstream.rollout"].decode()) for r in records.records}
+    finally:
+        records.close()
+    assert stamps == {(False, "model:1", "0"), (True, "other:2", "1")}, stamps
+
+
+# ---------------------------------------------------------------------- the view of the rollout topic
+def test_rollout_view_follows_what_the_workers_follow() -> None:
+    """Raced numbers resolve as the workers resolve them; workers ahead of the records win; promote wants a
+    live worker of the version."""
+    from workers.rollout import RolloutError, RolloutView, _running
+
+    def report(model: str, rollout: int, serving: str, at: float, status: str = "consuming") -> dict[str, Any]:
+        return {"kind": "worker", "model": model, "worker": "w", "topic": version_topic(model), "status": status,
+                "serving": serving, "rollout": rollout, "at": at}
+
+    def marker(number: int, serving: str, at: float) -> dict[str, Any]:
+        return {"kind": "marker", "rollout": number, "serving": serving, "retire": None, "at": at,
+                "previous": None}
+    base = [report("m:1", 0, "m:1", 100.0), report("m:2", 0, "m:1", 101.0)]
+    assert RolloutView.of(base).serving == "m:1" and RolloutView.of(base).next_rollout == 1
+    raced = base + [marker(1, "m:2", 110.0), marker(1, "m:1", 105.0)]  # recorded out of order: the later wins
+    view = RolloutView.of(raced)
+    assert view.serving == "m:2" and [m["serving"] for m in view.markers] == ["m:2"] and view.next_rollout == 2
+    assert RolloutView.of(raced + [marker(1, "m:1", 120.0)]).serving == "m:1"
+    ahead = raced + [report("m:1", 2, "m:1", 130.0)]  # marker 2 appended, its record lost
+    assert RolloutView.of(ahead).serving == "m:1" and RolloutView.of(ahead).next_rollout == 3
+    view = RolloutView.of(base)
+    _running(view, "m:2", force=False, now=150.0)
+    with pytest.raises(RolloutError, match="no worker of m:2 has reported consuming"):
+        _running(view, "m:2", force=False, now=200.0)
+    _running(view, "m:2", force=True, now=200.0)
+    with pytest.raises(RolloutError, match="no worker of m:1"):
+        _running(RolloutView.of([report("m:1", 0, "m:1", 100.0, status="joining")]), "m:1", force=False, now=101.0)
