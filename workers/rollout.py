@@ -21,9 +21,10 @@
 
 The rollout topic (``gnnstream-rollout``, one partition) is a log of JSON
 records keyed ``worker/MODEL/WORKER`` (a worker's progress, every few
-seconds), ``backfill/MODEL`` (``start``'s progress), ``marker`` (each marker
-appended) and ``canary`` (the scorer's report). It only informs: the markers
-in the events topic decide.
+seconds), ``backfill/MODEL`` (``start``'s progress), ``marker/N`` (each marker
+appended) and ``canary`` (the scorer's report): only the latest record of a
+key counts, so the topic may be compacted. It only informs: the markers in
+the events topic decide.
 """
 
 from __future__ import annotations
@@ -307,7 +308,7 @@ def _append_marker(bootstrap: str, kafka_client: str, events_topic: str, control
         producer.close()
     record = {"kind": "marker", **marker.to_json(), "previous": previous, "events_topic": events_topic,
               "partitions": len(partitions)}
-    _record(bootstrap, kafka_client, control_topic, "marker", record)
+    _record(bootstrap, kafka_client, control_topic, f"marker/{marker.rollout}", record)
     return record
 
 
