@@ -449,13 +449,17 @@ class FraudScorer:
         models = cols.models
         kinds = set(models)
         all_headers = set(map(_HEADERS, records))
+        if len(all_headers) == 1:  # the usual poll: one worker, one marker
+            rollouts = np.full(n, rollout_of(next(iter(all_headers))), dtype=np.int64)
+        else:
+            number = {h: rollout_of(h) for h in all_headers}
+            rollouts = np.fromiter(map(number.__getitem__, map(_HEADERS, records)), dtype=np.int64, count=n)
         if len(kinds) == 1 and len(all_headers) == 1:  # the usual poll: one version, the same headers
-            serving = np.full(n, is_serving(models[0], all_headers.pop()))
+            serving = np.full(n, is_serving(models[0], next(iter(all_headers))))
         else:
             serving = np.fromiter((h is None or h == self._bytes(m)
                                    for h, m in zip((r.header(SERVING_HEADER) for r in records), models)),
                                   dtype=bool, count=n)
-        rollouts = np.fromiter(map(rollout_of, map(_HEADERS, records)), dtype=np.int64, count=n)
         canary = canary_mask(cols.ids, self.canary)
         wanted = serving | canary
         self.not_serving += n - int(wanted.sum())

@@ -77,10 +77,11 @@ from stream.delivery import Delivery, DeliveryProcess, UpdateColumns
 from stream.events import InvalidEvent, check_features, decode_event_json
 from stream.exceptions import NoPartitionsError, StreamError, TopicSetupError
 from stream.kafka import ensure_topics
-from stream.rollout import CONTROL_KEY, Marker, marker_of, marker_rank, version_topic
+from stream.rollout import CONTROL_KEY, Marker, marker_of, marker_rank, stamp_headers, version_topic
 from workers.heap import freeze_warm_heap
 from workers.metrics import MetricsServer, WorkerMetrics
 from workers.ownership import Ownership
+from workers.rollout import rollout_puts, stored_rollout, worker_report
 from workers.settings import WorkerSettings
 
 if TYPE_CHECKING:  # torch-backed modules are imported by Worker.run, after /healthz is up
@@ -270,7 +271,6 @@ class OutboxPublisher:
     def stamp(self, serving: str, rollout: int) -> None:
         """What the batches prepared from now on were computed under: the serving version and the number of
         the last marker passed (headers, :func:`stream.rollout.stamp_headers`)."""
-        from stream.rollout import stamp_headers
         self._stamp = stamp_headers(serving, rollout)
 
     def forget_sent(self) -> None:
@@ -558,7 +558,6 @@ class Worker:
     def _run(self, store: GraphStore, max_idle_s: float | None) -> None:
         from workers.offline import open_engine
         s = self.settings
-        from workers.rollout import stored_rollout
         engine = self.engine = open_engine(store, s.model, hub_bound=s.hub_bound,
                                            max_deferred_age=s.max_staleness_s)
         self.output_topic = s.output_topic or version_topic(engine.model_tag)
@@ -855,7 +854,6 @@ class Worker:
                            "a restart stops there again)", engine.model_tag, marker.rollout)
             self._stop.set()
             return
-        from workers.rollout import rollout_puts
         past = {tp: offset + 1 for tp, (offset, _) in self._held.items()}
         self._store_offsets(past, rollout_puts(marker))
         consumer.seek_to(past)
@@ -892,7 +890,6 @@ class Worker:
 
     def _report_progress(self, producer: ProducerClient, consumer: ConsumerClient) -> None:
         """Record this worker's progress in the rollout topic (what `gnnstream rollout status` shows)."""
-        from workers.rollout import worker_report
         s = self.settings
         try:
             lag = sum(consumer.lag().values())
@@ -910,13 +907,13 @@ class Worker:
         meanwhile). The events are read only from then on: what they change in the assigned partitions is
         published as it is applied."""
         s = self.settings
-        self._set_status("joining", f"joining group {s.group} for the partitions of topic {self.output_topic}")
+        # one group per version: a version's workers joining or leaving never move another version's partitions
+        group = version_topic(engine.model_tag, s.group)
+        self._set_status("joining", f"joining group {group} for the partitions of topic {self.output_topic}")
         count = self._output_partitions
         stored = engine.kept_partitions()
         # a revocation waits for this loop at most half a session: longer, kafka-python would miss heartbeats
-        # one group per version: a version's workers joining or leaving never move another version's partitions
-        self._ownership = own = Ownership(s.kafka_client, s.bootstrap, self.output_topic,
-                                          version_topic(engine.model_tag, s.group),
+        self._ownership = own = Ownership(s.kafka_client, s.bootstrap, self.output_topic, group,
                                           session_timeout_ms=s.session_timeout_ms, floor=engine.highest_epoch(),
                                           revoke_wait_s=s.session_timeout_ms / 2000)
         if stored is None:  # every node's final row is current
