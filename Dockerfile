@@ -24,19 +24,12 @@ RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml
     && pip install -r /tmp/requirements.txt \
     && rm /tmp/requirements.txt
 
-# 3. The package itself (a regular, non-editable install), then drop the sources.
-#    gcc is there only while the graph store's C event loop is compiled; the
-#    import check fails the build if it was not.
+# 3. The package itself (a regular, non-editable install; pure Python), then drop the sources.
 COPY stream ./stream
 COPY graph_state ./graph_state
 COPY model ./model
 COPY workers ./workers
-RUN apt-get update \
-    && apt-get install -y --no-install-recommends gcc libc6-dev \
-    && pip install . \
-    && cd / && python -c "import graph_state._eventloop" \
-    && apt-get purge -y --auto-remove gcc libc6-dev \
-    && rm -rf /var/lib/apt/lists/* /tmp/gnnstream-src
+RUN pip install . && rm -rf /tmp/gnnstream-src
 
 # Unprivileged user; /var/lib/gnnstream (graph state) and /models (model
 # directories) belong to it, so fresh named volumes mounted there do too.

@@ -6,7 +6,7 @@ STAMP   = $(VENV)/.installed
 
 .PHONY: test demo bench venv clean
 
-$(STAMP): pyproject.toml graph_state/_eventloop.c
+$(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet torch==2.13.0

@@ -86,8 +86,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--hub-batch", type=int, default=1_000, help="events per measured hub / degree-10 batch")
     p.add_argument("--hub-window", type=int, default=5, help="leaves kept attached by the rolling upsert/delete")
     p.add_argument("--no-verify", action="store_true", help="skip the from-scratch exactness check after the stream")
-    p.add_argument("--interpreted", action="store_true",
-                   help="apply events with the store's interpreted event loop even where the compiled one is built")
     p.add_argument("--verify-hub", action="store_true",
                    help="also check exactness after the hub test (a from-scratch pass over 1.1 M nodes, ~1 min)")
     p.add_argument("--profile", action="store_true",
@@ -377,8 +375,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     tune_collector()  # as the gnnstream command does
     if args.threads:
         torch.set_num_threads(args.threads)
-    if args.interpreted:
-        GraphStore.compiled = False
     work = Path(tempfile.mkdtemp(prefix="gnnstream-bench-engine-", dir=args.workdir))
     result: dict[str, Any] = {"benchmark": "engine", "config": {
         "arch": "sage", "layers": len(FANOUTS), "fanouts": list(FANOUTS), "dim": args.dim,
@@ -387,7 +383,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "node_upsert": round(1 - args.p_upsert - args.p_delete, 6)},
         "endpoints": "edge upserts: src ~ out-weights, dst ~ in-weights of the graph's power law; "
                      "deletes: uniform over existing edges; feature updates: uniform over nodes",
-        "torch_threads": torch.get_num_threads(), "profiled": args.profile, "compiled_event_loop": GraphStore.compiled,
+        "torch_threads": torch.get_num_threads(), "profiled": args.profile,
         "engine": {"hub_bound": 50_000, "max_deferred_age": 5.0, "chunk_nodes": 32_768},
     }, "code": code_fingerprint(), "machine_load_at_start": machine_load()}
     prof = cProfile.Profile() if args.profile else None

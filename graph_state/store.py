@@ -34,10 +34,6 @@ from graph_state.idsets import unique_ids
 from graph_state.exceptions import OffsetRegressionError, StateCorrupted, StoreConfigError, StoreLockedError
 from graph_state.sampler import check_fanout, seeded_rank_bytes
 
-try:  # the per-event update compiled (built by ``pip install``); the interpreted loop below does the same
-    from graph_state import _eventloop
-except ImportError:  # pragma: no cover - only without a C compiler at install time
-    _eventloop = None
 
 __all__ = ["GraphStore", "ApplyResult", "Family", "grow_columns", "check_iterator", "state_corrupted", "is_corruption",
            "REMEDY", "MANIFEST_RECORD", "DIRTY_INPUT", "DIRTY_SAMPLE", "DIRTY_COUNT", "DIRTY_DEGREE"]
@@ -1225,29 +1221,14 @@ class GraphStore:
         touches.append((b, change(b, b_name, a, a_name, bn, batch)))
         result.degree_changed.update((a, b))
 
-    compiled = _eventloop is not None
-    """Whether batches run their events through the compiled loop (``graph_state._eventloop``); set it to
-    False on an instance to use the interpreted one."""
-
     def _run_events(self, events: Sequence[Any], batch: _Batch, result: ApplyResult) -> None:
         """Apply each event of a validated batch in order.
 
         An edge upsert between two nodes already read (the common case after
         :meth:`_prefetch`) runs inline with its lookups bound once a batch;
-        anything else goes through the ``_apply_<op>`` handlers. The compiled
-        loop, when built, does the same on the same objects.
+        anything else goes through the ``_apply_<op>`` handlers.
         """
         handlers = {op: getattr(self, "_apply_" + op) for op in ("edge_upsert", "edge_delete", "node_upsert", "node_delete")}
-        if self.compiled:
-            def slow(ev: Any, touches: list) -> None:
-                handlers[ev.op](ev, batch, result, touches)
-
-            result.max_ts = _eventloop.run_events(
-                events, self._iid, self._nodes, batch.nodes, batch.edges, batch.stored_edges, self._edge_exists,
-                batch.wb.put, batch.handles["edges"], batch.nbrs_family, self._top, self._top_of, batch.initial_top,
-                batch.initial_degree, self._samples, batch.pending_nbr, self._rank, self._top_size,
-                result.event_touches, result.degree_changed, slow, float(result.max_ts))
-            return
         append = result.event_touches.append
         iid_of, node_of, put_node = self._iid.get, self._nodes.get, batch.nodes.add
         edges, stored = batch.edges, batch.stored_edges.get
@@ -1420,10 +1401,6 @@ class GraphStore:
         differ after the batch, those ids before and after as ``[len(ids), width]`` matrices padded with -1, and
         ``(v, degree before, degree after)`` rows of every node whose degree changed."""
         nodes, tops, degree0 = self._nodes, self._top, batch.initial_degree
-        if self.compiled:
-            parts = _eventloop.prefix_changes(batch.initial_top, degree0, nodes, tops, width)
-            ids, before_m, after_m, deg = (np.frombuffer(p, dtype=np.int64) for p in parts)
-            return ids, before_m.reshape(len(ids), width), after_m.reshape(len(ids), width), deg.reshape(-1, 3)
         changed: list[int] = []
         before_ids: list[int] = []  # the first ``width`` neighbour ids of every changed prefix, flattened
         after_ids: list[int] = []
