@@ -48,7 +48,7 @@ from bench.common import (  # noqa: E402
 from graph_state.store import GraphStore  # noqa: E402
 from workers.engine import Engine  # noqa: E402
 from workers.heap import tune_collector  # noqa: E402
-from workers.tables import read_final_rows  # noqa: E402
+from graph_state.embeddings import read_final_rows  # noqa: E402
 
 FANOUTS = (25, 10)
 

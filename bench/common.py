@@ -164,7 +164,7 @@ def code_fingerprint() -> dict[str, Any]:
     except (OSError, subprocess.SubprocessError):
         out["git_head"] = None
     hashes = {}
-    for rel in ("graph_state/store.py", "graph_state/keys.py", "workers/engine.py", "workers/tables.py",
+    for rel in ("graph_state/store.py", "graph_state/keys.py", "workers/engine.py", "graph_state/embeddings.py",
                 "model/sage.py", "model/aggregate.py", "model/network.py"):
         path = ROOT / rel
         if path.exists():

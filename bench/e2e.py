@@ -422,7 +422,7 @@ def clone_state(src: Path, dst: Path) -> None:
 def final_rows(state: Path, model: str) -> dict[str, np.ndarray]:
     """Every node's stored final embedding in ``state``, by name."""
     from workers.offline import open_engine, open_store
-    from workers.tables import read_final_rows
+    from graph_state.embeddings import read_final_rows
     with open_store(state, create=False, model_dir=model) as store:
         engine = open_engine(store, model)
         iids = np.fromiter(store.node_iids(), dtype=np.int64)

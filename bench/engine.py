@@ -58,7 +58,7 @@ from bench.common import (  # noqa: E402
 from graph_state.store import GraphStore  # noqa: E402
 from workers.engine import Engine, RecomputeStats  # noqa: E402
 from workers.heap import freeze_warm_heap, tune_collector  # noqa: E402
-from workers.tables import read_final_rows  # noqa: E402
+from graph_state.embeddings import read_final_rows  # noqa: E402
 
 FANOUTS = (25, 10)
 TARGET_UPDATES_REQUIRED = 10_000

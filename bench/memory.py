@@ -9,7 +9,7 @@ Two measurements, printed as one JSON object:
    hands out memory lazily, pages the guest has never used (or gave back)
    cost far more the first time than pages it reuses.
 2. Row-file frames (the final-embedding log's ``_FrameFile``): write
-   ``--frames`` frames of :data:`workers.tables.PAGE_ROWS` rows of ``--dim``
+   ``--frames`` frames of :data:`graph_state.embeddings.PAGE_ROWS` rows of ``--dim``
    floats into a fresh file, release them all, and write them again, twice.
    The first pass grows the file into fresh page-cache pages with ``pwrite``;
    the second rewrites those cached pages through the file's mapping, which
@@ -34,7 +34,7 @@ import numpy as np
 
 from common import code_fingerprint, emit, log, machine_load  # also puts the repo root on sys.path
 
-from workers.tables import PAGE_ROWS, _FrameFile  # noqa: E402
+from graph_state.embeddings import PAGE_ROWS, _FrameFile  # noqa: E402
 
 _PAGE = 4096
 

@@ -50,7 +50,7 @@ __all__ += ["StateNotFoundError", "StateNotADirectoryError", "StateSeedMismatch"
             "StateNoEmbeddings", "StateReadOnlyError"]
 
 
-# ---------------------------------------------------------------------- damaged state (graph_state.store)
+# ---------------------------------------------------------------------- damaged state (graph_state.db)
 class StateCorrupted(GraphStateError):
     """RocksDB found a state directory's files damaged (a checksum mismatch, a truncated MANIFEST): a read
     cannot be trusted to be complete. The message is one line naming the damaged file and what to do."""

@@ -34,7 +34,7 @@ Column families and layouts::
                                                       iid, version, event_ts, mode, the frame of the
                                                       row file holding their float32[d] rows and a sum
                                                       of those rows (older
-                                                      stores: the rows inline; workers.tables.encode_pages);
+                                                      stores: the rows inline; graph_state.embeddings.encode_pages);
                                                       the newest page holding a node is its current state
     layerpages layer >B, page seq >Q               -> a page of h^layer rows (1 <= layer < L), laid out as
                                                       embpages (version, event_ts and mode unused)

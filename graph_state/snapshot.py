@@ -25,7 +25,7 @@ copied after that point, while the writer may still be writing them: a frame
 can hold the rows of a later page, or be cut half-way. Each page record keeps
 a sum of its rows; an engine opening the copy checks every live frame against
 it and recomputes the nodes of the frames that fail
-(:meth:`workers.tables.MetaTable.damaged`), so once the copy's pending work is
+(:meth:`graph_state.embeddings.MetaTable.damaged`), so once the copy's pending work is
 done its embeddings are exact for the offsets it holds.
 
 The copy is built in a temporary directory beside ``out`` and renamed to
@@ -46,7 +46,8 @@ from rocksdict import Cache, IngestExternalFileOptions, Options, ReadOptions, Rd
 
 from graph_state import keys
 from graph_state.exceptions import SnapshotTargetError, StateNotADirectoryError, StateNotFoundError
-from graph_state.store import MANIFEST_RECORD, GraphStore, _record_manifest
+from graph_state.db import MANIFEST_RECORD, family_options, record_manifest
+from graph_state.store import GraphStore
 
 __all__ = ["snapshot", "read_meta"]
 
@@ -93,7 +94,7 @@ def snapshot(state: str | os.PathLike[str], out: str | os.PathLike[str]) -> dict
             files = _copy_files(state, staging)
         finally:
             store.close()
-        _record_manifest(staging)
+        record_manifest(staging)
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(staging, 0o777 & ~umask)  # what mkdir would have created
@@ -222,7 +223,7 @@ def _families(state: str) -> list[str]:
 def _copy_database(store: GraphStore, dest: str, scratch: str) -> int:
     """Every record of every column family of ``store`` into a new database at ``dest``; returns the count."""
     cache = Cache(8 << 20)
-    options = {name: GraphStore._family_options(cache, name) for name in keys.COLUMN_FAMILIES}
+    options = {name: family_options(cache, name) for name in keys.COLUMN_FAMILIES}
     db_opts = Options(raw_mode=True)
     db_opts.create_if_missing(True)
     db_opts.create_missing_column_families(True)

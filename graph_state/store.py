@@ -18,585 +18,35 @@ import bisect
 import gc
 import json
 import logging
-import math
 import os
-import re
 import time
 from collections import defaultdict
-from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
-from rocksdict import AccessType, BlockBasedOptions, Cache, DBCompressionType, Options, Rdict, WriteBatch, WriteOptions
+from rocksdict import Rdict, WriteBatch, WriteOptions
 
 from graph_state import keys
+from graph_state.batch import ApplyResult, Batch, validate_events
+from graph_state.db import (Family, check_iterator, is_corruption, open_db, open_follower, record_manifest,
+                            state_corrupted)
+from graph_state.exceptions import OffsetRegressionError, StoreConfigError
 from graph_state.idsets import unique_ids
-from graph_state.exceptions import OffsetRegressionError, StateCorrupted, StoreConfigError, StoreLockedError
+from graph_state.marks import (DIRTY_COUNT, DIRTY_DEGREE, DIRTY_INPUT, DIRTY_SAMPLE, DirtyMarks, combine, mark_records,
+                               or_reduce, split)
+from graph_state.prefixes import GONE, DenseNodes, DenseSamples, Node, Prefix, prefix_changes
+from graph_state.sampled import (FOLD_PAIRS, MAX_INDEXED_IDS, PAIR_BITS, SNAPSHOT_PAIRS, SampledIndex, member,
+                                 sample_pairs, stored_pairs)
 from graph_state.sampler import check_fanout, seeded_rank_bytes
 
-
-__all__ = ["GraphStore", "ApplyResult", "Family", "grow_columns", "check_iterator", "state_corrupted", "is_corruption",
-           "REMEDY", "MANIFEST_RECORD", "DIRTY_INPUT", "DIRTY_SAMPLE", "DIRTY_COUNT", "DIRTY_DEGREE"]
+__all__ = ["GraphStore", "ApplyResult"]
 
 logger = logging.getLogger(__name__)
 
-_FLOAT_FAMILIES = ("feats", "emb", "embmeta", "embpages")
-
-# Dirty-mark flags. Layer 0 marks say a node's input h^0 changed; layer l >= 1
-# marks say the sample S_{k_l} of the node changed (so h^l must be recomputed)
-# and whether its size changed (GCN normalisation of its dependents).
-DIRTY_INPUT = 1
-DIRTY_SAMPLE = 2
-DIRTY_COUNT = 4
-DIRTY_DEGREE = 8
-
 _MIN_TOP = 32
-_BLOCK_CACHE_BYTES = 256 << 20
-_PAIR_BITS = 32  # the in-memory sampled-by index packs (u, v) as u << 32 | v
-_SAMPLED_KEY = keys.SAMPLED_KEY_RECORD
 _SAMPLED_DELTA = keys.SAMPLED_DELTA_RECORD
-_SNAPSHOT_PAIRS = 1 << 20  # pairs per sampled-by snapshot record
-_MAX_INDEXED_IDS = 1 << (_PAIR_BITS - 1)  # u << 32 | v must stay a non-negative int64
-_FOLD_PAIRS = 1 << 20  # sampled-by changes replayed at load before they are folded into a new snapshot
-_F32_MAX = float(np.finfo(np.float32).max)
-_PLAIN_NUMBERS = {float, int}
 _PACK_U64 = keys.U64.pack
 _UNREAD = object()  # a node record not read yet (``_nodes`` holds None for an absent node)
-
-
-# ---------------------------------------------------------------------- damage
-REMEDY = ("restore a snapshot of the state directory, or rebuild it with `gnnstream graph load` and "
-          "`gnnstream backfill`")
-"""What to do about a damaged state, as every :class:`StateCorrupted` message says."""
-MANIFEST_RECORD = "gnnstream-manifest.json"
-"""The file in a state directory recording the name and size of the MANIFEST a clean close left."""
-_DAMAGED_FILE = re.compile(r"[^\s:'\"()]*(?:\d+\.(?:sst|log|blob)|MANIFEST-\d+|CURRENT)")
-
-
-def state_corrupted(path: str, error: BaseException | str) -> StateCorrupted:
-    """The one-line error for the damaged state ``path``, naming the file RocksDB's ``error`` names."""
-    detail = " ".join(str(error).split())
-    found = _DAMAGED_FILE.search(detail)
-    where = f": {found.group(0)} is damaged" if found else " is damaged"
-    return StateCorrupted(f"state {path!r}{where} (RocksDB: {detail}); {REMEDY}")
-
-
-def is_corruption(error: BaseException) -> bool:
-    """Whether a rocksdict error (a plain ``Exception``) is RocksDB's report of damaged files."""
-    return str(error).startswith("Corruption")
-
-
-def check_iterator(it: Any, path: str) -> None:
-    """Raise :class:`StateCorrupted` if the RocksDB iterator ``it`` stopped on an error (call it once
-    ``it.valid()`` is False: an iterator that meets a damaged block just becomes invalid)."""
-    try:
-        it.status()
-    except Exception as exc:  # rocksdict raises plain Exception
-        raise state_corrupted(path, exc) from exc
-
-
-def _positioned(view: Rdict, from_key: bytes | None, backwards: bool, read_opt: Any) -> Any:
-    it = view.iter() if read_opt is None else view.iter(read_opt)
-    if from_key is None:
-        it.seek_to_last() if backwards else it.seek_to_first()
-    elif backwards:
-        it.seek_for_prev(from_key)
-    else:
-        it.seek(from_key)
-    return it
-
-
-def _scan_items(it: Any, backwards: bool, path: str) -> Iterator[tuple[bytes, bytes]]:
-    valid, key, value, step = it.valid, it.key, it.value, it.prev if backwards else it.next
-    while valid():
-        yield key(), value()
-        step()
-    check_iterator(it, path)
-
-
-def _scan_keys(it: Any, backwards: bool, path: str) -> Iterator[bytes]:
-    valid, key, step = it.valid, it.key, it.prev if backwards else it.next
-    while valid():
-        yield key()
-        step()
-    check_iterator(it, path)
-
-
-def _scan_values(it: Any, backwards: bool, path: str) -> Iterator[bytes]:
-    valid, value, step = it.valid, it.value, it.prev if backwards else it.next
-    while valid():
-        yield value()
-        step()
-    check_iterator(it, path)
-
-
-class Family:
-    """One column family of a :class:`GraphStore`, as :meth:`GraphStore.column` hands it out.
-
-    Scans (:meth:`items`, :meth:`keys`, :meth:`values`, with rocksdict's
-    arguments) check the iterator's status when it runs out, so a damaged
-    block raises :class:`StateCorrupted` instead of ending the scan early.
-    Point reads and writes (``get``, ``put``, ``delete``, ``delete_range``)
-    are the rocksdict view's own methods, with no call in between (a point
-    read of a damaged block raises by itself); ``iter()`` is the view's raw
-    iterator, which its user checks with :func:`check_iterator`. Anything
-    else goes to the view.
-    """
-
-    def __init__(self, view: Rdict, path: str):
-        self.view = view
-        self.path = path
-        self.get, self.put, self.delete, self.delete_range = view.get, view.put, view.delete, view.delete_range
-
-    def __getattr__(self, name: str) -> Any:
-        if name == "view":  # not set yet (or any more): no recursion
-            raise AttributeError(name)
-        return getattr(self.view, name)
-
-    def __getitem__(self, key: bytes) -> Any:
-        return self.view[key]
-
-    def __setitem__(self, key: bytes, value: bytes) -> None:
-        self.view[key] = value
-
-    def __delitem__(self, key: bytes) -> None:
-        del self.view[key]
-
-    def __contains__(self, key: bytes) -> bool:
-        return key in self.view
-
-    def items(self, backwards: bool = False, from_key: bytes | None = None,
-              read_opt: Any = None) -> Iterator[tuple[bytes, bytes]]:
-        """``(key, value)`` in key order (reversed with ``backwards``), from ``from_key`` when given."""
-        return _scan_items(_positioned(self.view, from_key, backwards, read_opt), backwards, self.path)
-
-    def keys(self, backwards: bool = False, from_key: bytes | None = None, read_opt: Any = None) -> Iterator[bytes]:
-        """The keys, as :meth:`items`."""
-        return _scan_keys(_positioned(self.view, from_key, backwards, read_opt), backwards, self.path)
-
-    def values(self, backwards: bool = False, from_key: bytes | None = None,
-               read_opt: Any = None) -> Iterator[bytes]:
-        """The values, as :meth:`items`."""
-        return _scan_values(_positioned(self.view, from_key, backwards, read_opt), backwards, self.path)
-
-    def __iter__(self) -> Iterator[bytes]:
-        return self.keys()
-
-
-def _check_manifest(path: str) -> None:
-    """Refuse a state whose MANIFEST is shorter than its last clean close left it (:data:`MANIFEST_RECORD`),
-    or whose table files are there without the CURRENT file naming their MANIFEST, before RocksDB opens it
-    (and deletes the table files it no longer knows)."""
-    try:
-        with open(os.path.join(path, "CURRENT")) as fh:
-            current = fh.read().strip()
-    except FileNotFoundError:
-        try:
-            entries = list(os.scandir(path))
-        except OSError:
-            return  # a new state (or not a directory: RocksDB says so)
-        # RocksDB writes CURRENT before any table file or write-ahead log record: without it, it would start
-        # an empty state here and delete these
-        if any(e.name.endswith(".sst") or (e.name.endswith(".log") and e.stat().st_size) for e in entries):
-            raise StateCorrupted(f"state {path!r}: {os.path.join(path, 'CURRENT')} is missing, beside the "
-                                 f"state's table files; {REMEDY}") from None
-        return
-    except OSError:
-        return  # RocksDB reports what it cannot read
-    try:
-        with open(os.path.join(path, MANIFEST_RECORD)) as fh:
-            record = json.load(fh)
-        name, size = record["manifest"], int(record["bytes"])
-        now = os.path.getsize(os.path.join(path, name))
-    except (OSError, ValueError, KeyError, TypeError):
-        return  # no record (an older state, or a crash before the last close), or another MANIFEST by now
-    if name == current and now < size:
-        raise StateCorrupted(f"state {path!r}: {os.path.join(path, name)} is damaged (cut to {now} bytes; the "
-                             f"state's last close left {size}); {REMEDY}")
-
-
-def _record_manifest(path: str) -> None:
-    """Write :data:`MANIFEST_RECORD` for the MANIFEST a close left (only when it changed, so a session that
-    wrote nothing leaves the directory as it was)."""
-    target = os.path.join(path, MANIFEST_RECORD)
-    try:
-        with open(os.path.join(path, "CURRENT")) as fh:
-            current = fh.read().strip()
-        record = {"manifest": current, "bytes": os.path.getsize(os.path.join(path, current))}
-        try:
-            with open(target) as fh:
-                if json.load(fh) == record:
-                    return
-        except (OSError, ValueError):
-            pass
-        tmp = target + ".tmp"
-        with open(tmp, "w") as fh:
-            json.dump(record, fh)
-        os.replace(tmp, target)
-    except OSError as exc:
-        logger.warning("state %s: could not record the size of its MANIFEST (%s); a MANIFEST cut short "
-                       "later will not be noticed at open", path, exc)
-
-
-def _finite_features(feats: Sequence[Any]) -> bool:
-    """Every entry a real number (not a bool) within float32 range."""
-    if not set(map(type, feats)) <= _PLAIN_NUMBERS:
-        if not all(_is_finite_number(x) for x in feats):
-            return False
-    arr = np.fromiter(feats, dtype=np.float64, count=len(feats))
-    return not len(arr) or bool(np.abs(arr).max() <= _F32_MAX)  # NaN compares false
-
-
-def _is_finite_number(x: Any) -> bool:
-    return not isinstance(x, bool) and isinstance(x, (int, float, np.floating, np.integer)) and math.isfinite(x)
-
-
-@dataclass(slots=True)
-class _Node:
-    degree: int
-    flags: int
-    last_ts: float
-
-    @classmethod
-    def decode(cls, raw: bytes | None) -> "_Node | None":
-        """The record stored under a node's key (None: the node does not exist)."""
-        return None if raw is None else cls(*keys.NODE_RECORD.unpack(raw))
-
-
-_GONE = _Node(-1, 0, 0.0)  # stands for a deleted node's record in the columns written at the end of a batch
-
-
-class _Prefix:
-    """The first :attr:`GraphStore.top_size` entries of a neighbour list in rank order: the index keys and
-    the neighbour ids side by side (the ids of a sample are a slice, without unpacking entries)."""
-
-    __slots__ = ("keys", "ids")
-
-    def __init__(self) -> None:
-        self.keys: list[bytes] = []
-        self.ids: list[int] = []
-
-
-@dataclass
-class ApplyResult:
-    """What one applied batch changed.
-
-    Attributes:
-        fanouts: the fanouts the sample changes are reported for.
-        event_touches: per event, ``(iid, position)`` pairs: the node whose
-            neighbour list changed and the rank position the change hit.
-        sample_changed: per fanout, the iids whose ``S_k`` differs before and
-            after the batch.
-        count_changed: per fanout, the iids whose ``|S_k|`` changed.
-        features_changed: iids whose input features changed (set, cleared,
-            created or deleted).
-        degree_changed: iids whose neighbour count changed.
-        created / deleted: iids of nodes that came into / went out of existence.
-        max_ts: the latest event time in the batch (0 for an empty batch).
-        phases: seconds spent per phase (validate, prefetch, events, finish, write, caches).
-    """
-
-    fanouts: tuple[int, ...]
-    event_touches: list[list[tuple[int, int]]] = field(default_factory=list)
-    sample_changed: dict[int, set[int]] = field(default_factory=dict)
-    count_changed: dict[int, set[int]] = field(default_factory=dict)
-    features_changed: set[int] = field(default_factory=set)
-    degree_changed: set[int] = field(default_factory=set)
-    created: set[int] = field(default_factory=set)
-    deleted: set[int] = field(default_factory=set)
-    max_ts: float = 0.0
-    phases: dict[str, float] = field(default_factory=dict)
-    rows_written: int = 0  # puts and deletes in the batch's WriteBatch
-
-    def lap(self, phase: str, since: float) -> float:
-        """Add the time from ``since`` to now to ``phase`` (seconds); return now."""
-        now = time.perf_counter()
-        self.phases[phase] = self.phases.get(phase, 0.0) + now - since
-        return now
-
-    def event_sample_changes(self, index: int, k: int) -> set[int]:
-        """The iids whose ``S_k`` was changed by event ``index`` of the batch."""
-        return {iid for iid, pos in self.event_touches[index] if pos < k}
-
-
-class _DenseSamples:
-    """``S_k`` of many nodes as a padded iid matrix (-1 where the sample is short).
-
-    Rows are filled on first read and dropped whenever the node's rank-ordered
-    prefix changes, so a valid row always equals :meth:`GraphStore.sample_iids`.
-    """
-
-    def __init__(self, k: int):
-        self.k = k
-        self.mat = np.full((0, k), -1, dtype=np.int64)
-        self.valid = np.zeros(0, dtype=bool)
-
-    def grow(self, size: int) -> None:
-        have = len(self.valid)
-        if size <= have:
-            return
-        new = max(size, 2 * have, 1024)
-        mat = np.full((new, self.k), -1, dtype=np.int64)
-        mat[:have] = self.mat
-        valid = np.zeros(new, dtype=bool)
-        valid[:have] = self.valid
-        self.mat, self.valid = mat, valid
-
-
-def _member(sorted_arr: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """Which entries of ``x`` are in the sorted array ``sorted_arr``."""
-    if not len(sorted_arr) or not len(x):
-        return np.zeros(len(x), dtype=bool)
-    pos = np.minimum(np.searchsorted(sorted_arr, x), len(sorted_arr) - 1)
-    return sorted_arr[pos] == x
-
-
-def _merge(sorted_arr: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """The sorted union of ``sorted_arr`` and the sorted ``x`` (disjoint from it), in linear time."""
-    return np.insert(sorted_arr, np.searchsorted(sorted_arr, x), x) if len(x) else sorted_arr
-
-
-def _slices(arr: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    """The entries of ``arr`` in the slices ``[lo, hi)``, concatenated."""
-    counts = hi - lo
-    total = int(counts.sum())
-    if total == 0:
-        return arr[:0]
-    starts = np.repeat(lo - np.concatenate(([0], np.cumsum(counts)[:-1])), counts)
-    return arr[starts + np.arange(total)]
-
-
-class _SampledIndex:
-    """The sampled-by relation of one fanout in memory: sorted ``u << 32 | v`` pairs.
-
-    ``sampled_by_k(u)`` is one contiguous slice, found by binary search, and
-    its size is known without reading it (a hub costs the same as a leaf).
-    Changes collect in two small sorted arrays (added, removed) that are
-    merged into the base every few tens of thousands of changes, so a batch
-    does not rewrite millions of pairs.
-    """
-
-    compact_at = 1 << 16  # pending changes merged once above this (or 1/32 of the base)
-
-    def __init__(self, pairs: np.ndarray):
-        self.base = pairs
-        self.added = pairs[:0]
-        self.removed = pairs[:0]
-
-    def update(self, removed: np.ndarray, added: np.ndarray) -> None:
-        removed, added = unique_ids(removed), unique_ids(added)
-        if len(removed):
-            pending = _member(self.added, removed)
-            self.added = self.added[~_member(removed, self.added)]
-            drop = removed[~pending]
-            self.removed = _merge(self.removed, drop[_member(self.base, drop) & ~_member(self.removed, drop)])
-        if len(added):
-            back = _member(self.removed, added)
-            self.removed = self.removed[~_member(added, self.removed)]
-            new = added[~back]
-            self.added = _merge(self.added, new[~_member(self.base, new) & ~_member(self.added, new)])
-        if len(self.added) + len(self.removed) > max(self.compact_at, len(self.base) >> 5):
-            self.base = self.pairs()
-            self.added, self.removed = self.base[:0], self.base[:0]
-
-    def pairs(self) -> np.ndarray:
-        """Every pair of the relation, sorted."""
-        return _merge(np.delete(self.base, np.searchsorted(self.base, self.removed)), self.added)
-
-    def lookup(self, sources: np.ndarray, bound: int | None) -> tuple[np.ndarray, np.ndarray]:
-        """``(v of every pair of sources with at most bound dependents, sources with more)``."""
-        lo_key, hi_key = sources << _PAIR_BITS, (sources + 1) << _PAIR_BITS
-        ranges = [(arr, np.searchsorted(arr, lo_key), np.searchsorted(arr, hi_key))
-                  for arr in (self.base, self.removed, self.added)]
-        (base, blo, bhi), (_, rlo, rhi), (added, alo, ahi) = ranges
-        keep = np.ones(len(sources), dtype=bool)
-        if bound is not None:
-            keep = (bhi - blo) - (rhi - rlo) + (ahi - alo) <= bound
-        pairs = _slices(base, blo[keep], bhi[keep])
-        if len(self.removed):
-            pairs = pairs[~_member(self.removed, pairs)]
-        pairs = np.concatenate([pairs, _slices(added, alo[keep], ahi[keep])])
-        return pairs & ((1 << _PAIR_BITS) - 1), sources[~keep]
-
-
-def grow_columns(owner: Any, names: Sequence[str], size: int) -> int | None:
-    """Grow the equally long 1-D arrays ``owner.<name>`` to hold ``size`` entries (new ones zero).
-
-    Capacity at least doubles. Returns the old length, or None when they were long enough.
-    """
-    have = len(getattr(owner, names[0]))
-    if size <= have:
-        return None
-    new = max(size, 2 * have, 1024)
-    for name in names:
-        old = getattr(owner, name)
-        arr = np.zeros(new, dtype=old.dtype)
-        arr[:have] = old
-        setattr(owner, name, arr)
-    return have
-
-
-class _DenseNodes:
-    """Node records as arrays, for reading thousands of them at once.
-
-    ``degree`` is -1 for an absent node; ``known`` says which entries are filled.
-    Entries are written through at the end of every applied batch.
-    """
-
-    def __init__(self) -> None:
-        self.degree = np.zeros(0, dtype=np.int64)
-        self.flags = np.zeros(0, dtype=np.uint8)
-        self.last_ts = np.zeros(0, dtype=np.float64)
-        self.known = np.zeros(0, dtype=bool)
-
-    def grow(self, size: int) -> None:
-        grow_columns(self, ("degree", "flags", "last_ts", "known"), size)
-
-    def set(self, iid: int, node: "_Node | None") -> None:
-        if iid >= len(self.known):
-            self.grow(iid + 1)
-        if node is None:
-            self.degree[iid], self.flags[iid], self.last_ts[iid] = -1, 0, 0.0
-        else:
-            self.degree[iid], self.flags[iid], self.last_ts[iid] = node.degree, node.flags, node.last_ts
-        self.known[iid] = True
-
-    def set_many(self, iids: Sequence[int], degree: Sequence[int], flags: Sequence[int],
-                 last_ts: Sequence[float]) -> None:
-        """:meth:`set` for many nodes, given column by column (degree -1 for an absent node), with one numpy
-        assignment per column."""
-        if not len(iids):
-            return
-        idx = np.fromiter(iids, dtype=np.int64, count=len(iids))
-        self.grow(int(idx.max()) + 1)
-        self.degree[idx], self.flags[idx], self.last_ts[idx] = degree, flags, last_ts
-        self.known[idx] = True
-
-
-_TAG_SHIFT = 48  # an in-memory mark is tag << 48 | iid
-
-
-class _Marks:
-    """The ``dirty`` family in memory: marks as ``tag << 48 | iid`` with flags.
-
-    Marks arrive in chunks (one per written block); flags of the same mark are
-    OR-combined when read, and the reduced set replaces the chunks.
-    """
-
-    def __init__(self) -> None:
-        self.chunks: list[tuple[np.ndarray, np.ndarray]] = []
-        self.next_seq = 0  # the next block key's sequence number
-        self._reduced: tuple[np.ndarray, np.ndarray] | None = None
-
-    def add(self, marks: np.ndarray, flags: np.ndarray) -> None:
-        if len(marks):
-            self.chunks.append((marks.astype(np.uint64, copy=False), flags.astype(np.uint8, copy=False)))
-            self._reduced = None
-
-    def add_stored(self, key: bytes, value: bytes) -> None:
-        """Take in one record of the ``dirty`` family: a block of packed marks or a single mark."""
-        if len(key) == 1 + keys.U64.size:
-            rec = np.frombuffer(value, dtype=keys.DIRTY_MARK_RECORD)
-            self.add(_combine(rec["tag"], rec["iid"]), rec["flags"])
-            self.next_seq = max(self.next_seq, keys.decode_iid(key[1:]) + 1)
-        else:
-            k, iid = keys.decode_dirty_key(key)
-            self.add(_combine([k], [iid]), np.asarray([value[0]], dtype=np.uint8))
-
-    def clear(self) -> None:
-        self.chunks.clear()
-        self._reduced = None
-
-    def reduced(self) -> tuple[np.ndarray, np.ndarray]:
-        """``(distinct marks in order, their OR-combined flags)``."""
-        if self._reduced is None:
-            marks, flags = _or_reduce(self.chunks)
-            self.chunks = [(marks, flags)] if len(marks) else []
-            self._reduced = marks, flags
-        return self._reduced
-
-
-def _combine(tags: np.ndarray, iids: np.ndarray) -> np.ndarray:
-    return (np.asarray(tags, dtype=np.uint64) << np.uint64(_TAG_SHIFT)) | np.asarray(iids, dtype=np.uint64)
-
-
-def _or_reduce(chunks: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
-    """Distinct marks of the chunks in order, with the OR of each mark's flags."""
-    marks = np.concatenate([m for m, _ in chunks]) if chunks else np.zeros(0, dtype=np.uint64)
-    flags = np.concatenate([f for _, f in chunks]) if chunks else np.zeros(0, dtype=np.uint8)
-    if not len(marks):
-        return marks, flags
-    order = np.argsort(marks, kind="stable")
-    marks, flags = marks[order], flags[order]
-    first = np.flatnonzero(np.concatenate(([True], marks[1:] != marks[:-1])))
-    return marks[first], np.bitwise_or.reduceat(flags, first)
-
-
-def _pairs_of(chunks: list[np.ndarray] | None, legacy: list[bytes], k: int) -> np.ndarray:
-    """The stored sampled-by pairs of fanout ``k``: its snapshot, else its keys in the per-pair layout."""
-    if chunks:
-        return np.concatenate(chunks).astype(np.int64)
-    prefix = k.to_bytes(2, "big")
-    rec = np.frombuffer(b"".join(key for key in legacy if len(key) == _SAMPLED_KEY.itemsize and key[:2] == prefix),
-                        dtype=_SAMPLED_KEY)
-    return (rec["u"].astype(np.int64) << _PAIR_BITS) | rec["v"].astype(np.int64)  # keys sort as (u, v)
-
-
-def _sample_pairs(ids: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """The sorted ``u << 32 | v`` pairs of sample rows (``rows[i]`` holds ``S_k(ids[i])``, padded with -1)."""
-    valid = rows >= 0
-    pairs = (rows[valid] << _PAIR_BITS) | np.broadcast_to(ids[:, None], rows.shape)[valid]
-    pairs.sort()
-    return pairs
-
-
-def _padded_rows(flat: list[int], lengths: list[int], width: int) -> np.ndarray:
-    """A ``[len(lengths), width]`` matrix of consecutive runs of ``flat``, padded with -1."""
-    out = np.full((len(lengths), width), -1, dtype=np.int64)
-    if flat:
-        counts = np.asarray(lengths, dtype=np.int64)
-        row = np.repeat(np.arange(len(counts)), counts)
-        col = np.arange(len(flat)) - np.repeat(np.cumsum(counts) - counts, counts)
-        out[row, col] = np.asarray(flat, dtype=np.int64)
-    return out
-
-
-def _split(marks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``(tags, iids)`` of combined marks."""
-    return marks >> np.uint64(_TAG_SHIFT), marks & np.uint64((1 << _TAG_SHIFT) - 1)
-
-
-def _mark_records(marks: np.ndarray, flags: np.ndarray) -> bytes:
-    rec = np.empty(len(marks), dtype=keys.DIRTY_MARK_RECORD)
-    (rec["tag"], rec["iid"]), rec["flags"] = _split(marks), flags
-    return rec.tobytes()
-
-
-class _Batch:
-    """Writes of one batch plus the overlay needed to read them back."""
-
-    def __init__(self, handles: Mapping[str, Any]):
-        self.wb = WriteBatch(raw_mode=True)
-        self.handles = handles
-        self.nbrs_family = handles["nbrs"]
-        self.pending_nbr: dict[int, dict[bytes, int | None]] = defaultdict(dict)
-        self.initial_top: dict[int, list[int]] = {}  # the neighbour ids of the cached prefixes, as they were
-        self.initial_degree: dict[int, int] = {}
-        self.edges: dict[bytes, bool] = {}
-        self.stored_edges: dict[bytes, bool] = {}  # prefetched: does the edge exist before the batch
-        self.marks: tuple[np.ndarray, np.ndarray] | None = None  # dirty marks written, for the in-memory mirror
-        self.nodes: set[int] = set()
-        # the records of ``nodes`` as written, column by column (iid, degree or -1, flags, last ts)
-        self.node_columns: tuple[list[int], list[int], list[int], list[float]] = ([], [], [], [])
-        self.sampled_removed: dict[int, np.ndarray] = {}  # u << 32 | v pairs per fanout
-        self.sampled_added: dict[int, np.ndarray] = {}
-        self.sampled_changes = 0  # records of the batch's sampled-by delta
-
-    def put(self, cf: str, key: bytes, value: bytes) -> None:
-        self.wb.put(key, value, self.handles[cf])
-
-    def delete(self, cf: str, key: bytes) -> None:
-        self.wb.delete(key, self.handles[cf])
 
 
 _CALLER_META = "caller:"  # meta records of callers (apply(meta=...)), apart from the store's own
@@ -630,7 +80,7 @@ class GraphStore:
     ):
         self.path = os.fspath(path)
         self.following = follow is not None
-        self._db = self._open_follower(self.path, os.fspath(follow)) if follow is not None else \
+        self._db = open_follower(self.path, os.fspath(follow)) if follow is not None else \
             self._open(self.path, lock_timeout)
         self._cf = {name: self._db.get_column_family(name) for name in keys.COLUMN_FAMILIES}
         self._families = {name: Family(view, self.path) for name, view in self._cf.items()}  # checked scans
@@ -649,74 +99,21 @@ class GraphStore:
         self._next_iid = self._meta_get("next_iid") or 0
         self._iid: dict[str, int] = {}
         self._name: dict[int, str] = {}
-        self._nodes: dict[int, _Node | None] = {}
-        self._top: dict[int, _Prefix] = {}
+        self._nodes: dict[int, Node | None] = {}
+        self._top: dict[int, Prefix] = {}
         self._samples: dict[int, dict[int, list[int]]] = {}  # memo of S_k as iids, dropped when the prefix changes
-        self._sampled: dict[int, _SampledIndex] = {}  # the sampled-by index in memory, loaded on first use
+        self._sampled: dict[int, SampledIndex] = {}  # the sampled-by index in memory, loaded on first use
         self._delta_seq: int | None = None  # key of the next batch's sampled-by changes
         self._delta_pairs = 0  # sampled-by changes stored since the snapshot (known once the index is loaded)
-        self._dense_samples: dict[int, _DenseSamples] = {}  # S_k of many nodes at once, for the engine
-        self._dense_nodes = _DenseNodes()
-        self._marks: _Marks | None = None  # mirror of the dirty family, loaded on first use
-        self._batch: _Batch | None = None
+        self._dense_samples: dict[int, DenseSamples] = {}  # S_k of many nodes at once, for the engine
+        self._dense_nodes = DenseNodes()
+        self._marks: DirtyMarks | None = None  # mirror of the dirty family, loaded on first use
+        self._batch: Batch | None = None
 
     # ------------------------------------------------------------------ open/close
-    @staticmethod
-    def _open(path: str, lock_timeout: float) -> Rdict:
-        """Open (or create) the database, waiting up to ``lock_timeout`` for another process's lock.
-
-        Raises:
-            StateCorrupted: RocksDB finds the MANIFEST (or a table file it names) damaged or missing, or
-                the MANIFEST is shorter than the last close left it.
-            StoreLockedError: the lock was not released in time.
-        """
-        _check_manifest(path)
-        opts = Options(raw_mode=True)
-        opts.create_if_missing(True)
-        opts.create_missing_column_families(True)
-        opts.set_paranoid_checks(True)  # RocksDB's default, relied on: damage found at open or in the background is an error
-        cache = Cache(_BLOCK_CACHE_BYTES)
-        cfs = {name: GraphStore._family_options(cache, name) for name in keys.COLUMN_FAMILIES}
-        deadline = time.monotonic() + lock_timeout
-        while True:
-            try:
-                return Rdict(path, options=opts, column_families=cfs)
-            except Exception as exc:  # rocksdict raises plain Exception
-                message = str(exc)
-                if is_corruption(exc) or ("No such file" in message and "MANIFEST-" in message):
-                    raise state_corrupted(path, exc) from exc
-                if "lock" not in message.lower():
-                    raise
-                if time.monotonic() >= deadline:
-                    raise StoreLockedError(
-                        f"graph store {path!r} is locked by another process; stop the other "
-                        f"gnnstream process using it (one process per store)"
-                    ) from exc
-                time.sleep(0.1)
-
-    @staticmethod
-    def _open_follower(path: str, own_dir: str) -> Rdict:
-        """Open ``path`` as a RocksDB secondary instance keeping its own files in ``own_dir``.
-
-        Raises:
-            StateCorrupted: as :meth:`_open`.
-            FileNotFoundError: there is no state at ``path``.
-        """
-        if not os.path.isfile(os.path.join(path, "CURRENT")):
-            raise FileNotFoundError(f"no graph store at {path!r} (start the worker on it first)")
-        _check_manifest(path)
-        os.makedirs(own_dir, exist_ok=True)
-        opts = Options(raw_mode=True)
-        opts.set_max_open_files(-1)  # a secondary must keep table files open: the writer deletes compacted ones
-        opts.set_max_file_opening_threads(1)  # else every catch-up starts threads to open files: 10-15 ms each
-        cache = Cache(_BLOCK_CACHE_BYTES)
-        cfs = {name: GraphStore._family_options(cache, name) for name in keys.COLUMN_FAMILIES}
-        try:
-            return Rdict(path, options=opts, column_families=cfs, access_type=AccessType.secondary(own_dir))
-        except Exception as exc:  # rocksdict raises plain Exception
-            if is_corruption(exc):
-                raise state_corrupted(path, exc) from exc
-            raise
+    def _open(self, path: str, lock_timeout: float) -> Rdict:
+        """Open the database for writing (:func:`graph_state.db.open_db`); a read-only store overrides it."""
+        return open_db(path, lock_timeout)
 
     def catch_up(self) -> None:
         """A follower (``follow=``): see every write the writer made so far, whole batches only."""
@@ -734,24 +131,6 @@ class GraphStore:
         stored = self._meta_get("fanouts")
         self.fanouts = tuple(stored) if stored else ()
 
-    @staticmethod
-    def _family_options(cache: Cache, name: str) -> Options:
-        """Bloom filters (most edge and id lookups are for keys that do not exist) and a shared block cache.
-
-        Float rows (features, embeddings) do not compress: those families are
-        stored uncompressed, which saves flush and compaction CPU.
-        """
-        table = BlockBasedOptions()
-        table.set_bloom_filter(10, False)
-        table.set_block_cache(cache)
-        opts = Options(raw_mode=True)
-        opts.set_block_based_table_factory(table)
-        opts.set_memtable_prefix_bloom_ratio(0.05)
-        opts.set_memtable_whole_key_filtering(True)
-        if name in _FLOAT_FAMILIES:
-            opts.set_compression_type(DBCompressionType.none())
-        return opts
-
     def close(self) -> None:
         """Flush and close the database (safe to call twice)."""
         if self._db is None:
@@ -767,7 +146,7 @@ class GraphStore:
         self._db = None
         gc.collect()
         if not self.following:
-            _record_manifest(self.path)
+            record_manifest(self.path)
 
     def __enter__(self) -> "GraphStore":
         return self
@@ -784,7 +163,7 @@ class GraphStore:
         raw = self._cf["meta"].get(name.encode())
         return None if raw is None else json.loads(raw)
 
-    def _meta_put(self, name: str, value: Any, batch: _Batch | None = None) -> None:
+    def _meta_put(self, name: str, value: Any, batch: Batch | None = None) -> None:
         data = json.dumps(value).encode()
         if batch is None:
             self._cf["meta"].put(name.encode(), data)
@@ -831,7 +210,7 @@ class GraphStore:
             return
         # Step 1 drops the index and the stored fanouts together, so a crash
         # part-way leaves fanouts () and the next call rebuilds from scratch.
-        batch = _Batch(self._handles)
+        batch = Batch(self._handles)
         batch.wb.delete_range(b"", b"\xff" * 20, self._handles["sampled"])
         self._meta_put("fanouts", [], batch)
         self._db.write(batch.wb, self._write_opts)
@@ -846,12 +225,12 @@ class GraphStore:
         for iid in self.node_iids():
             top = self._top_of(iid).ids
             for k in ks:
-                pairs[k].extend((u << _PAIR_BITS) | iid for u in top[:k])
+                pairs[k].extend((u << PAIR_BITS) | iid for u in top[:k])
             if len(self._top) > self._cache_nodes:
                 self._trim_caches()
-        self._sampled = {k: _SampledIndex(np.sort(np.asarray(p, dtype=np.int64))) for k, p in pairs.items()}
+        self._sampled = {k: SampledIndex(np.sort(np.asarray(p, dtype=np.int64))) for k, p in pairs.items()}
         self._fold_sampled()  # the snapshot, written before the fanouts that make it current
-        batch = _Batch(self._handles)
+        batch = Batch(self._handles)
         self._meta_put("fanouts", list(ks), batch)
         self._db.write(batch.wb, self._write_opts)
         self._trim_caches()
@@ -919,7 +298,7 @@ class GraphStore:
             self._iid[name] = iid
         return name
 
-    def _intern(self, name: str, batch: _Batch) -> int:
+    def _intern(self, name: str, batch: Batch) -> int:
         iid = self._iid.get(name)  # the common case, without a call
         if iid is None:
             iid = self.iid(name)
@@ -933,15 +312,15 @@ class GraphStore:
         return iid
 
     # ------------------------------------------------------------------ node records
-    def _node(self, iid: int) -> _Node | None:
+    def _node(self, iid: int) -> Node | None:
         node = self._nodes.get(iid, _UNREAD)  # one lookup; None is an absent node
         if node is not _UNREAD:
             return node
-        node = _Node.decode(self._cf["nodes"].get(keys.encode_iid(iid)))
+        node = Node.decode(self._cf["nodes"].get(keys.encode_iid(iid)))
         self._nodes[iid] = node
         return node
 
-    def _put_node(self, iid: int, node: _Node | None, batch: _Batch) -> None:
+    def _put_node(self, iid: int, node: Node | None, batch: Batch) -> None:
         # Records are mutated in place during the batch and encoded once at its end.
         self._nodes[iid] = node
         batch.nodes.add(iid)
@@ -972,10 +351,10 @@ class GraphStore:
             del it
         yield from added[ai:]
 
-    def _top_of(self, v: int) -> _Prefix:
+    def _top_of(self, v: int) -> Prefix:
         top = self._top.get(v)
         if top is None:
-            top = _Prefix()
+            top = Prefix()
             self._refill(v, top, self.top_size)
             self._top[v] = top
         batch = self._batch
@@ -985,7 +364,7 @@ class GraphStore:
             batch.initial_degree[v] = node.degree if node else 0
         return top
 
-    def _refill(self, v: int, top: _Prefix, degree: int) -> None:
+    def _refill(self, v: int, top: Prefix, degree: int) -> None:
         """Read entries after the last one held until ``top`` holds ``min(degree, top_size)``."""
         want = min(degree, self.top_size)
         held, ids = top.keys, top.ids
@@ -997,7 +376,7 @@ class GraphStore:
             if len(held) >= want:
                 break
 
-    def _add_nbr(self, v: int, v_name: str, u: int, u_name: str, node: _Node, batch: _Batch) -> int:
+    def _add_nbr(self, v: int, v_name: str, u: int, u_name: str, node: Node, batch: Batch) -> int:
         """Add ``u`` to ``N(v)``; return the rank position it took (or a large number)."""
         top = self._top.get(v)
         if top is None:
@@ -1022,7 +401,7 @@ class GraphStore:
             top.ids.pop()
         return pos
 
-    def _remove_nbr(self, v: int, v_name: str, u: int, u_name: str, node: _Node, batch: _Batch) -> int:
+    def _remove_nbr(self, v: int, v_name: str, u: int, u_name: str, node: Node, batch: Batch) -> int:
         top = self._top_of(v)
         key = keys.nbr_key(v, self._rank(v_name, u_name), u_name)
         node.degree -= 1
@@ -1036,36 +415,6 @@ class GraphStore:
             self._refill(v, top, node.degree)
             return pos
         return 1 << 62
-
-    # ------------------------------------------------------------------ validation
-    def _validate(self, events: Sequence[Any]) -> int | None:
-        dim = self.feature_dim
-        for i, ev in enumerate(events):
-            op = getattr(ev, "op", None)
-            if op in ("edge_upsert", "edge_delete"):
-                ids = (ev.src, ev.dst)
-            elif op in ("node_upsert", "node_delete"):
-                ids = (ev.id,)
-            else:
-                raise ValueError(f"Expected a graph event with op edge_upsert|edge_delete|node_upsert|node_delete (got {ev!r} at index {i})")
-            for node_id in ids:
-                if not isinstance(node_id, str) or not node_id:
-                    raise ValueError(f"Expected a non-empty string node id (got {node_id!r} in event {i})")
-            ts = ev.ts
-            if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not math.isfinite(ts):
-                raise ValueError(f"Expected a finite ts (got {ts!r} in event {i})")
-            if op == "edge_upsert" and not _is_finite_number(ev.weight):
-                raise ValueError(f"Expected a finite weight (a number, got {ev.weight!r} in event {i})")
-            if op == "node_upsert":
-                feats = ev.features
-                if dim is None:
-                    dim = len(feats)
-                if len(feats) != dim or dim == 0:
-                    raise ValueError(f"Expected {dim} features for node {ev.id!r} (got {len(feats)} in event {i})")
-                if not _finite_features(feats):
-                    raise ValueError(f"Expected finite features (numbers within float32 range) for node {ev.id!r} "
-                                     f"(got {list(feats)[:8]!r} in event {i})")
-        return dim
 
     # ------------------------------------------------------------------ apply
     def apply(
@@ -1090,14 +439,14 @@ class GraphStore:
                 is written then.
         """
         t = time.perf_counter()
-        dim = self._validate(events)
+        dim = validate_events(events, self.feature_dim)
         current = self.offsets()
         for tp, off in (offsets or {}).items():
             if isinstance(off, bool) or not isinstance(off, int) or off < 0:
                 raise ValueError(f"Expected a non-negative integer offset for {tp} (got {off!r})")
             if off < current.get(tp, 0):
                 raise OffsetRegressionError(f"offset of {tp[0]}[{tp[1]}] would move back from {current[tp]} to {off}")
-        batch = _Batch(self._handles)
+        batch = Batch(self._handles)
         self._batch = batch
         result = ApplyResult(self.fanouts)
         t = result.lap("validate", t)
@@ -1135,13 +484,13 @@ class GraphStore:
         if batch.sampled_changes:
             self._delta_seq = (self._delta_seq or 0) + 1
             self._delta_pairs += batch.sampled_changes
-            if self._sampled and self._delta_pairs > _FOLD_PAIRS:
+            if self._sampled and self._delta_pairs > FOLD_PAIRS:
                 self._fold_sampled()
         self._trim_caches()
         result.lap("caches", t)
         return result
 
-    def _prefetch(self, events: Sequence[Any], batch: _Batch) -> None:
+    def _prefetch(self, events: Sequence[Any], batch: Batch) -> None:
         """Read the ids, node records and edges a batch will look at with one multi-get each."""
         names: dict[str, None] = {}
         for ev in events:
@@ -1167,11 +516,11 @@ class GraphStore:
             hit = ids[mirrored]
             for iid, degree, flags, last_ts in zip(hit.tolist(), dense.degree[hit].tolist(), dense.flags[hit].tolist(),
                                                    dense.last_ts[hit].tolist()):
-                self._nodes[iid] = None if degree < 0 else _Node(degree, flags, last_ts)
+                self._nodes[iid] = None if degree < 0 else Node(degree, flags, last_ts)
             cold = ids[~mirrored].tolist()
             if cold:
                 for iid, raw in zip(cold, self._cf["nodes"].get([keys.encode_iid(i) for i in cold])):
-                    self._nodes[iid] = _Node.decode(raw)
+                    self._nodes[iid] = Node.decode(raw)
         pairs: dict[bytes, None] = {}
         for ev in events:
             if ev.op in ("edge_upsert", "edge_delete"):
@@ -1182,16 +531,16 @@ class GraphStore:
             wanted = list(pairs)
             batch.stored_edges = {k: raw is not None for k, raw in zip(wanted, self._cf["edges"].get(wanted))}
 
-    def _touch(self, name: str, ts: float, batch: _Batch, result: ApplyResult) -> tuple[int, _Node]:
+    def _touch(self, name: str, ts: float, batch: Batch, result: ApplyResult) -> tuple[int, Node]:
         iid = self._intern(name, batch)
         node = self._node(iid)
         if node is None:
-            node = _Node(0, 0, ts)
+            node = Node(0, 0, ts)
             result.created.add(iid)
             result.features_changed.add(iid)
             result.deleted.discard(iid)
             if iid not in self._top:  # a new or deleted node has no neighbour entries
-                self._top[iid] = _Prefix()
+                self._top[iid] = Prefix()
             self._top_of(iid)
         if ts > node.last_ts:
             node.last_ts = float(ts)
@@ -1207,21 +556,21 @@ class GraphStore:
         stored = batch.stored_edges.get(key)
         return self._cf["edges"].get(key) is not None if stored is None else stored
 
-    def _set_edge(self, batch: _Batch, key: bytes, record: bytes | None) -> None:
+    def _set_edge(self, batch: Batch, key: bytes, record: bytes | None) -> None:
         if record is None:
             batch.delete("edges", key)
         else:
             batch.put("edges", key, record)
         batch.edges[key] = record is not None
 
-    def _link(self, a: int, a_name: str, an: _Node, b: int, b_name: str, bn: _Node,
-              batch: _Batch, result: ApplyResult, touches: list, add: bool) -> None:
+    def _link(self, a: int, a_name: str, an: Node, b: int, b_name: str, bn: Node,
+              batch: Batch, result: ApplyResult, touches: list, add: bool) -> None:
         change = self._add_nbr if add else self._remove_nbr
         touches.append((a, change(a, a_name, b, b_name, an, batch)))
         touches.append((b, change(b, b_name, a, a_name, bn, batch)))
         result.degree_changed.update((a, b))
 
-    def _run_events(self, events: Sequence[Any], batch: _Batch, result: ApplyResult) -> None:
+    def _run_events(self, events: Sequence[Any], batch: Batch, result: ApplyResult) -> None:
         """Apply each event of a validated batch in order.
 
         An edge upsert between two nodes already read (the common case after
@@ -1270,7 +619,7 @@ class GraphStore:
                 degree_changed.add(d)
         result.max_ts = max_ts
 
-    def _apply_edge_upsert(self, ev: Any, batch: _Batch, result: ApplyResult, touches: list) -> None:
+    def _apply_edge_upsert(self, ev: Any, batch: Batch, result: ApplyResult, touches: list) -> None:
         s, sn = self._touch(ev.src, ev.ts, batch, result)
         d, dn = self._touch(ev.dst, ev.ts, batch, result)
         key = keys.edge_key(s, d)
@@ -1279,7 +628,7 @@ class GraphStore:
         if not existed and s != d and not self._edge_exists(keys.edge_key(d, s)):
             self._link(s, ev.src, sn, d, ev.dst, dn, batch, result, touches, add=True)
 
-    def _apply_edge_delete(self, ev: Any, batch: _Batch, result: ApplyResult, touches: list) -> None:
+    def _apply_edge_delete(self, ev: Any, batch: Batch, result: ApplyResult, touches: list) -> None:
         s, d = self.iid(ev.src), self.iid(ev.dst)
         key = None if s is None or d is None else keys.edge_key(s, d)
         if key is None or not self._edge_exists(key):
@@ -1291,14 +640,14 @@ class GraphStore:
             self._put_node(d, dn, batch)
             self._link(s, ev.src, sn, d, ev.dst, dn, batch, result, touches, add=False)
 
-    def _apply_node_upsert(self, ev: Any, batch: _Batch, result: ApplyResult, touches: list) -> None:
+    def _apply_node_upsert(self, ev: Any, batch: Batch, result: ApplyResult, touches: list) -> None:
         iid, node = self._touch(ev.id, ev.ts, batch, result)
         node.flags |= keys.FLAG_HAS_FEATURES
         self._put_node(iid, node, batch)
         batch.put("feats", keys.encode_iid(iid), np.asarray(ev.features, dtype="<f4").tobytes())
         result.features_changed.add(iid)
 
-    def _apply_node_delete(self, ev: Any, batch: _Batch, result: ApplyResult, touches: list) -> None:
+    def _apply_node_delete(self, ev: Any, batch: Batch, result: ApplyResult, touches: list) -> None:
         v = self.iid(ev.id)
         node = None if v is None else self._node(v)
         if node is None:
@@ -1320,7 +669,7 @@ class GraphStore:
         pending = batch.pending_nbr[v]
         for key, _ in entries:
             pending[key] = None
-        self._top[v] = _Prefix()
+        self._top[v] = Prefix()
         self._forget_sample(v)
         if entries:
             touches.append((v, 0))
@@ -1335,7 +684,7 @@ class GraphStore:
         result.deleted.add(v)
         result.created.discard(v)
 
-    def _finish(self, batch: _Batch, result: ApplyResult) -> None:
+    def _finish(self, batch: Batch, result: ApplyResult) -> None:
         """Node records, net sample changes, the sampled-by index and dirty marks."""
         put, delete, family = batch.wb.put, batch.wb.delete, batch.handles["nodes"]
         pack_key, pack_node, nodes = keys.U64.pack, keys.NODE_RECORD.pack, self._nodes
@@ -1344,19 +693,19 @@ class GraphStore:
         gone = [i for i, node in enumerate(records) if node is None]
         for i in gone:
             delete(pack_key(touched[i]), family)
-            records[i] = _GONE
+            records[i] = GONE
         degree = [node.degree for node in records]
         flags = [node.flags for node in records]
         last_ts = [node.last_ts for node in records]
         columns = zip(touched, degree, flags, last_ts)
         if gone:  # the deleted ones were deleted above
-            columns = (column for column, node in zip(columns, records) if node is not _GONE)
+            columns = (column for column, node in zip(columns, records) if node is not GONE)
         for iid, deg, flag, ts in columns:
             put(pack_key(iid), pack_node(deg, flag, ts), family)
         batch.node_columns = touched, degree, flags, last_ts
         # every node whose cached prefix may have changed: compare before and after, vectorised over nodes
         width = max((*self.fanouts, *(d.k for d in self._dense_samples.values())), default=0)
-        ids, before_m, after_m, deg = self._prefix_changes(batch, width)
+        ids, before_m, after_m, deg = prefix_changes(batch.initial_top, batch.initial_degree, self._nodes, self._top, width)
         for d in self._dense_samples.values():  # write-through: the new S_k rows replace the old ones
             d.grow(self._next_iid)
             d.mat[ids] = after_m[:, :d.k]
@@ -1370,9 +719,9 @@ class GraphStore:
             old, new = before_m[:, :k], after_m[:, :k]
             rows = (old != new).any(axis=1)
             ids_k, old, new = ids[rows], old[rows], new[rows]
-            old_pairs, new_pairs = _sample_pairs(ids_k, old), _sample_pairs(ids_k, new)
-            removed = old_pairs[~_member(new_pairs, old_pairs)]
-            added = new_pairs[~_member(old_pairs, new_pairs)]
+            old_pairs, new_pairs = sample_pairs(ids_k, old), sample_pairs(ids_k, new)
+            removed = old_pairs[~member(new_pairs, old_pairs)]
+            added = new_pairs[~member(old_pairs, new_pairs)]
             for pairs, sink, flag in ((removed, batch.sampled_removed, 0), (added, batch.sampled_added, 1)):
                 rec = np.empty(len(pairs), dtype=_SAMPLED_DELTA)
                 rec["k"], rec["added"], rec["pair"] = k, flag, pairs
@@ -1389,43 +738,12 @@ class GraphStore:
             self._check_indexable()
             batch.put("sampled", keys.sampled_delta_key(self._next_delta()), changes.tobytes())
             batch.sampled_changes = len(changes)
-        marks, flags = _or_reduce([(_combine(np.full(len(a), t), a), np.full(len(a), f, dtype=np.uint8))
+        marks, flags = or_reduce([(combine(np.full(len(a), t), a), np.full(len(a), f, dtype=np.uint8))
                                    for t, a, f in mark_parts])
         if len(marks):  # one packed block: flags of marks already stored are OR-combined when read
             key, value = self._mark_block(marks, flags)
             batch.put("dirty", key, value)
             batch.marks = marks, flags
-
-    def _prefix_changes(self, batch: _Batch, width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """``(ids, before, after, moved)``: the nodes whose first ``width`` prefix ids (all that can be sampled)
-        differ after the batch, those ids before and after as ``[len(ids), width]`` matrices padded with -1, and
-        ``(v, degree before, degree after)`` rows of every node whose degree changed."""
-        nodes, tops, degree0 = self._nodes, self._top, batch.initial_degree
-        changed: list[int] = []
-        before_ids: list[int] = []  # the first ``width`` neighbour ids of every changed prefix, flattened
-        after_ids: list[int] = []
-        before_len: list[int] = []
-        after_len: list[int] = []
-        moved: list[int] = []  # v, degree before, degree after of every node whose degree changed, flattened
-        empty = _Prefix()
-        for v, before_top in batch.initial_top.items():
-            node = nodes.get(v)
-            deg_before = degree0[v]
-            if node is None:
-                after_top, deg_after = empty.ids, 0
-            else:
-                after_top, deg_after = tops.get(v, empty).ids, node.degree
-            if deg_before != deg_after:
-                moved += v, deg_before, deg_after
-            before, after = before_top[:width], after_top[:width]
-            if before != after:
-                changed.append(v)
-                before_ids.extend(before)
-                before_len.append(len(before))
-                after_ids.extend(after)
-                after_len.append(len(after))
-        return (np.asarray(changed, dtype=np.int64), _padded_rows(before_ids, before_len, width),
-                _padded_rows(after_ids, after_len, width), np.fromiter(moved, np.int64, len(moved)).reshape(-1, 3))
 
     # ------------------------------------------------------------------ caches
     def _forget_sample(self, v: int) -> None:
@@ -1441,7 +759,7 @@ class GraphStore:
         self._sampled.clear()
         self._delta_seq, self._delta_pairs = None, 0
         self._dense_samples.clear()
-        self._dense_nodes = _DenseNodes()
+        self._dense_nodes = DenseNodes()
         self._marks = None
         self._next_iid = self._meta_get("next_iid") or 0
         self.feature_dim = self._meta_get("feature_dim")
@@ -1542,7 +860,7 @@ class GraphStore:
             return out
         dense = self._dense_samples.get(k)
         if dense is None:
-            dense = self._dense_samples[k] = _DenseSamples(k)
+            dense = self._dense_samples[k] = DenseSamples(k)
         if len(iids):
             dense.grow(int(iids.max()) + 1)
             missing = iids[~dense.valid[iids]]
@@ -1556,8 +874,8 @@ class GraphStore:
         return dense.mat[iids]
 
     def _check_indexable(self) -> None:
-        if self._next_iid > _MAX_INDEXED_IDS:
-            raise StoreConfigError(f"the sampled-by index holds at most {_MAX_INDEXED_IDS} nodes "
+        if self._next_iid > MAX_INDEXED_IDS:
+            raise StoreConfigError(f"the sampled-by index holds at most {MAX_INDEXED_IDS} nodes "
                                    f"(this store has interned {self._next_iid})")
 
     def _next_delta(self) -> int:
@@ -1575,13 +893,13 @@ class GraphStore:
                                if last is not None and len(last) == 10 and last.startswith(keys.SAMPLED_DELTA_PREFIX) else 0)
         return self._delta_seq
 
-    def _sampled_index(self, k: int) -> _SampledIndex | None:
+    def _sampled_index(self, k: int) -> SampledIndex | None:
         """The in-memory sampled-by index of fanout ``k`` (None when ``k`` is not one of the fanouts).
 
         The first call loads every fanout's index: the snapshot, then the
         stored changes of each batch since, in order. A store with the
         per-pair layout of older versions, or with more changes than
-        :data:`_FOLD_PAIRS` waiting, gets a new snapshot at once.
+        :data:`FOLD_PAIRS` waiting, gets a new snapshot at once.
         """
         if k not in self.fanouts:
             return None
@@ -1602,7 +920,7 @@ class GraphStore:
                 seq = keys.decode_iid(key[2:])
             else:
                 legacy.append(key)
-        indexes = {k: _SampledIndex(_pairs_of(snapshot.get(k), legacy, k)) for k in self.fanouts}
+        indexes = {k: SampledIndex(stored_pairs(snapshot.get(k), legacy, k)) for k in self.fanouts}
         for rec in deltas:
             for k, index in indexes.items():
                 mine = rec[rec["k"] == k]
@@ -1610,7 +928,7 @@ class GraphStore:
         pending = sum(len(rec) for rec in deltas)
         self._sampled = indexes
         self._delta_seq, self._delta_pairs = seq + 1, pending
-        if legacy or pending > _FOLD_PAIRS:
+        if legacy or pending > FOLD_PAIRS:
             self._fold_sampled()
 
     def _fold_sampled(self) -> None:
@@ -1620,8 +938,8 @@ class GraphStore:
         wb.delete_range(b"", b"\xff" * 20, handle)
         for k, index in self._sampled.items():
             pairs = index.pairs().astype("<i8")
-            for chunk, start in enumerate(range(0, len(pairs), _SNAPSHOT_PAIRS)):
-                wb.put(keys.sampled_snapshot_key(k, chunk), pairs[start:start + _SNAPSHOT_PAIRS].tobytes(), handle)
+            for chunk, start in enumerate(range(0, len(pairs), SNAPSHOT_PAIRS)):
+                wb.put(keys.sampled_snapshot_key(k, chunk), pairs[start:start + SNAPSHOT_PAIRS].tobytes(), handle)
         self._db.write(wb, self._write_opts)
         self._delta_pairs = 0
 
@@ -1731,11 +1049,11 @@ class GraphStore:
         return {keys.decode_offset_key(k): keys.U64.unpack(v)[0] for k, v in self._families["offsets"].items()}
 
     # ------------------------------------------------------------------ raw access for the engine
-    def _mark_state(self) -> _Marks:
+    def _mark_state(self) -> DirtyMarks:
         """The in-memory mirror of the ``dirty`` family (read once, then kept in step by
         :meth:`apply` and :meth:`write`)."""
         if self._marks is None:
-            state = _Marks()
+            state = DirtyMarks()
             for key, value in self._families["dirty"].items():
                 state.add_stored(key, value)
             self._marks = state
@@ -1745,12 +1063,12 @@ class GraphStore:
         state = self._mark_state()
         key = keys.dirty_block_key(state.next_seq)
         state.next_seq += 1
-        return key, _mark_records(marks, flags)
+        return key, mark_records(marks, flags)
 
     def dirty_mark_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Every dirty mark once, in (tag, iid) order: ``(tags, iids, flags)``, flags OR-combined."""
         marks, flags = self._mark_state().reduced()
-        tags, iids = _split(marks)
+        tags, iids = split(marks)
         return tags.astype(np.int64), iids.astype(np.int64), flags.copy()
 
     def dirty_count(self) -> int:
@@ -1759,7 +1077,7 @@ class GraphStore:
 
     def mark_put(self, tags: np.ndarray, iids: np.ndarray, flags: np.ndarray) -> tuple[str, bytes, bytes]:
         """A :meth:`write` item that stores these dirty marks as one block."""
-        key, value = self._mark_block(_combine(tags, iids), np.asarray(flags, dtype=np.uint8))
+        key, value = self._mark_block(combine(tags, iids), np.asarray(flags, dtype=np.uint8))
         return "dirty", key, value
 
     def column(self, name: str) -> Family:

@@ -573,7 +573,7 @@ def _rocksdb_line(text: str, state: str | None) -> str:
         return (f"{where} is locked by another process ({text}); stop the other gnnstream process using it "
                 f"(one process per state)")
     if text.startswith("Corruption") or "checksum" in low or "corrupt" in low:
-        from graph_state.store import REMEDY, state_corrupted
+        from graph_state.db import REMEDY, state_corrupted
         if state:
             return _one_line(state_corrupted(state, text))  # names the damaged file and the remedy
         return f"{where} is damaged ({text}); {REMEDY}"

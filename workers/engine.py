@@ -40,10 +40,11 @@ import torch
 
 from graph_state import keys
 from graph_state.idsets import setdiff_ids, unique_ids
-from graph_state.store import DIRTY_COUNT, DIRTY_DEGREE, DIRTY_INPUT, DIRTY_SAMPLE, GraphStore
+from graph_state.marks import DIRTY_COUNT, DIRTY_DEGREE, DIRTY_INPUT, DIRTY_SAMPLE
+from graph_state.store import GraphStore
 from stream.delivery import UpdateColumns
 from stream.partitioning import partitions_for
-from workers.tables import EmbeddingTables, MetaTable, decode_legacy_final, encode_outbox
+from graph_state.embeddings import EmbeddingTables, MetaTable, decode_legacy_final, encode_outbox
 
 __all__ = ["Engine", "RecomputeStats", "EngineError", "kept_partitions"]
 

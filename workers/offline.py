@@ -51,13 +51,14 @@ from graph_state import keys
 from graph_state.exceptions import (StateModelMismatch, StateNoEmbeddings, StateNotADirectoryError,
                                     StateNotFoundError, StateReadOnlyError, StateSeedMismatch, StoreConfigError,
                                     StoreLockedError)
-from graph_state.store import GraphStore, _check_manifest, state_corrupted
+from graph_state.db import check_manifest, family_options, state_corrupted
+from graph_state.store import GraphStore
 from model import CONFIG_FILE, LoadedModel, ModelConfig, ModelError, load_model_dir
 from stream.events import Event, InvalidEvent, NodeUpsert, check_features, decode_event_json
 from workers.atomic import atomic_output
 from workers.engine import Engine
 from workers.heap import freeze_warm_heap
-from workers.tables import MetaTable
+from graph_state.embeddings import MetaTable
 
 __all__ = [
     "read_jsonl_events",
@@ -227,9 +228,9 @@ class _ReadOnlyStore(GraphStore):
     def _open(self, path: str, lock_timeout: float) -> Rdict:  # type: ignore[override]
         self._lock_fd = _shared_lock(path, lock_timeout)
         try:
-            _check_manifest(path)  # a MANIFEST cut short: refused, as by a writer
+            check_manifest(path)  # a MANIFEST cut short: refused, as by a writer
             cache = Cache(_BLOCK_CACHE_BYTES)
-            families = {name: GraphStore._family_options(cache, name) for name in keys.COLUMN_FAMILIES}
+            families = {name: family_options(cache, name) for name in keys.COLUMN_FAMILIES}
             try:
                 return Rdict(path, options=Options(raw_mode=True), column_families=families,
                              access_type=AccessType.read_only())

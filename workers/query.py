@@ -6,7 +6,7 @@ and never writes; :meth:`QueryState.refresh` brings it up to the writer's
 last committed batch. It answers three questions:
 
 - :meth:`~QueryState.embedding`: a node's stored final embedding, version
-  and mode, from the page log (:class:`workers.tables.MetaTable`).
+  and mode, from the page log (:class:`graph_state.embeddings.MetaTable`).
 - :meth:`~QueryState.samples`: a node's current sample at every layer.
 - :meth:`~QueryState.infer`: the final embeddings some nodes *would* have if
   a list of events were applied on top of the current graph, computed
@@ -46,7 +46,7 @@ from stream.events import (EdgeDelete, EdgeUpsert, Event, InvalidEvent, NodeDele
 from stream.partitioning import partition_for
 from workers.engine import kept_partitions
 from workers.offline import MODEL_DIR_META
-from workers.tables import FrameReused, MetaTable
+from graph_state.embeddings import FrameReused, MetaTable
 from workers.train import HEAD_FILE, FraudHead, load_head
 
 __all__ = ["QueryState", "QueryError", "MAX_EVENTS", "MAX_IDS"]

@@ -292,7 +292,6 @@ def _append_marker(bootstrap: str, kafka_client: str, events_topic: str, control
                    previous: str | None) -> dict[str, Any]:
     """Append ``marker`` to every partition of the events topic, then record it in the rollout topic (a
     command that fails between the two is run again: the workers follow the later marker of the number)."""
-    from stream.kafka import ensure_topics
     consumer = open_consumer(kafka_client, bootstrap, events_topic, "gnnstream-rollout-reader", assign_all=True)
     try:
         partitions = sorted(consumer.partitions_of(events_topic))

@@ -204,7 +204,7 @@ class OutboxPublisher:
 
     def prepare(self, limit: int = 50_000) -> Outgoing:
         """The outbox records after the last one taken, up to about ``limit`` messages."""
-        from workers.tables import decode_outbox
+        from graph_state.embeddings import decode_outbox
         taken = self._taken
         out = Outgoing([], [], np.zeros(0, dtype=np.float64), headers=self._stamp)
         times = []

@@ -24,7 +24,8 @@ from typing import Iterator
 import pytest
 
 from graph_state.exceptions import GraphStateError, StateCorrupted
-from graph_state.store import MANIFEST_RECORD, GraphStore
+from graph_state.db import MANIFEST_RECORD
+from graph_state.store import GraphStore
 from model import init_model_dir
 from tests.workers.reference import fast_tempdir, run_gnnstream
 

@@ -7,7 +7,8 @@ from pathlib import Path
 import numpy as np
 
 from graph_state import keys
-from graph_state.store import DIRTY_COUNT, DIRTY_DEGREE, DIRTY_INPUT, DIRTY_SAMPLE, GraphStore
+from graph_state.marks import DIRTY_COUNT, DIRTY_DEGREE, DIRTY_INPUT, DIRTY_SAMPLE
+from graph_state.store import GraphStore
 from stream.events import EdgeUpsert, NodeUpsert
 
 

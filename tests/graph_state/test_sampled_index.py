@@ -7,7 +7,7 @@ import random
 import numpy as np
 import pytest
 
-from graph_state.store import _SampledIndex
+from graph_state.sampled import SampledIndex
 
 
 def _packed(pairs) -> np.ndarray:
@@ -16,10 +16,10 @@ def _packed(pairs) -> np.ndarray:
 
 @pytest.mark.parametrize("compact_at", [1, 40, 1 << 16])
 def test_lookup_matches_a_set_of_pairs(compact_at: int, monkeypatch) -> None:
-    monkeypatch.setattr(_SampledIndex, "compact_at", compact_at)
+    monkeypatch.setattr(SampledIndex, "compact_at", compact_at)
     rng = random.Random(compact_at)
     truth = {(rng.randrange(50), rng.randrange(200)) for _ in range(3000)}
-    index = _SampledIndex(_packed(truth))
+    index = SampledIndex(_packed(truth))
     merged = 0
     for step in range(300):
         removed = set(rng.sample(sorted(truth), min(len(truth), rng.randrange(30))))

@@ -61,7 +61,7 @@ def test_each_batch_writes_one_record_and_a_reopened_store_replays_them(tmp_path
 
 
 def test_changes_are_folded_into_a_new_snapshot(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(store_module, "_FOLD_PAIRS", 40)
+    monkeypatch.setattr(store_module, "FOLD_PAIRS", 40)
     batches = random_batches(SEED, 30, 25)
     model = GraphModel(SEED)
     with GraphStore(tmp_path / "s", seed=SEED) as store:

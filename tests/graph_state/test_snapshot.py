@@ -45,7 +45,7 @@ from tests.graph_state._events import DIM, random_batches
 from tests.graph_state._model import GraphModel, assert_store_matches, raw_contents
 from workers.engine import Engine
 from workers.offline import verify
-from workers.tables import MetaTable
+from graph_state.embeddings import MetaTable
 
 REPO = Path(__file__).resolve().parents[2]
 N_NODES = 400  # several pages of 128 records per layer, so frames are released and reused

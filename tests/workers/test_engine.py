@@ -36,7 +36,7 @@ from tests.workers.reference import (
     reference_embeddings,
 )
 from workers.engine import Engine
-from workers.tables import EmbeddingMeta, MetaTable, decode_outbox
+from graph_state.embeddings import EmbeddingMeta, MetaTable, decode_outbox
 
 SEED = 11
 DIM = 4
@@ -711,7 +711,7 @@ def _frames_named_twice(engine: Engine) -> dict:
     """Frames of a row file that more than one stored page points at (must be none)."""
     from collections import Counter
 
-    from workers.tables import decode_page
+    from graph_state.embeddings import decode_page
 
     named: Counter = Counter()
     for log in engine.logs.values():
@@ -726,7 +726,7 @@ def test_a_recompute_that_fails_before_its_write_leaves_every_frame_to_its_page(
         model_dirs: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The layer-1 log has released frames when the final log's frame write fails (a full disk): those frames
     belong to stored pages until a write deletes them, so a retry and later batches must not reuse them."""
-    from workers import tables
+    from graph_state import embeddings as tables
 
     model = load_model_dir(model_dirs["sage"])
     rnd = random.Random(5)
@@ -821,7 +821,7 @@ def test_rows_lost_to_an_operating_system_crash_are_recomputed_at_the_next_start
         model_dirs: dict[str, Path], tmp_path: Path) -> None:
     """Frames of the final log and of the h^1 log that no longer hold their pages' rows (zeros, and the rows of
     another page): the engine marks their nodes at start, and the next recompute makes the store exact again."""
-    from workers.tables import PAGE_ROWS, decode_page
+    from graph_state.embeddings import PAGE_ROWS, decode_page
 
     model = load_model_dir(model_dirs["sage"])
     with GraphStore(tmp_path / "s", seed=SEED) as store:

@@ -37,7 +37,7 @@ from stream.events import EdgeDelete, NodeDelete
 from stream.updates import VERSION_HEADER, decode_update
 from stream.delivery import Delivery, UpdateColumns
 from workers.settings import WorkerSettings, add_worker_arguments, settings_from_args
-from workers.tables import encode_outbox
+from graph_state.embeddings import encode_outbox
 from workers.worker import OutboxPublisher, Outgoing, Worker
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")

@@ -30,7 +30,7 @@ from tests.workers.test_engine import FANOUTS, HUB, LEAVES, MODELS, SEED, SETTIN
     _to_event, model_dirs
 from workers.engine import Engine
 from workers.query import MAX_EVENTS, QueryError, QueryState
-from workers.tables import MetaTable
+from graph_state.embeddings import MetaTable
 from workers.train import FraudHead
 
 __all__ = ["model_dirs"]  # the model directories of the engine tests, one per architecture and policy

@@ -27,7 +27,7 @@ from graph_state.store import GraphStore
 from model import init_model_dir
 from tests.workers.reference import (assert_embeddings_close, fast_tempdir, fold_jsonl, run_gnnstream,
                                      reference_embeddings)
-from workers.tables import PAGE_ROWS, MetaTable
+from graph_state.embeddings import PAGE_ROWS, MetaTable
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 

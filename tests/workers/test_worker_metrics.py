@@ -344,7 +344,7 @@ def test_outbox_publisher_encodes_columns_and_deletes_only_confirmed_records(tmp
     from graph_state.store import GraphStore
     from stream.updates import EmbeddingUpdate, VERSION_HEADER, encode_update
     from stream.delivery import UpdateColumns, encode_columns
-    from workers.tables import encode_outbox
+    from graph_state.embeddings import encode_outbox
     from workers.worker import OutboxPublisher
 
     def resolve(iids: np.ndarray, computed_at: float) -> UpdateColumns:

@@ -10,7 +10,7 @@ import pytest
 
 from graph_state import keys
 from graph_state.store import GraphStore
-from workers.tables import (PAGE_ROWS, EmbeddingMeta, EmbeddingTables, MetaTable, decode_legacy_final, decode_outbox,
+from graph_state.embeddings import (PAGE_ROWS, EmbeddingMeta, EmbeddingTables, MetaTable, decode_legacy_final, decode_outbox,
                             decode_page, encode_outbox)
 
 
@@ -361,7 +361,7 @@ def test_projections_of_rows_beyond_the_bound_are_computed_each_time(tmp_path) -
 
 
 def test_frames_hold_what_was_written_whether_fresh_or_rewritten_through_the_mapping(tmp_path) -> None:
-    from workers.tables import _FrameFile, _Readers
+    from graph_state.embeddings import _FrameFile, _Readers
 
     file = _FrameFile(str(tmp_path / "rows-3.f32"), 3)
     file.start([])
@@ -384,7 +384,7 @@ def test_frames_hold_what_was_written_whether_fresh_or_rewritten_through_the_map
 
 
 def test_fresh_frames_apart_in_the_file_are_written_each_at_its_own_place(tmp_path) -> None:
-    from workers.tables import _FrameFile, _Readers
+    from graph_state.embeddings import _FrameFile, _Readers
 
     file = _FrameFile(str(tmp_path / "rows-2.f32"), 2)
     file.start([1])  # frame 1 is taken by a stored page: 0 is free, new frames start at 2
@@ -399,7 +399,7 @@ def test_fresh_frames_apart_in_the_file_are_written_each_at_its_own_place(tmp_pa
 
 
 def test_a_failed_row_write_fails_the_encode(tmp_path, monkeypatch) -> None:
-    from workers import tables as tables_module
+    from graph_state import embeddings as tables_module
 
     with GraphStore(str(tmp_path / "db")) as store:
         table = MetaTable(store)
@@ -415,7 +415,7 @@ def test_a_failed_row_write_fails_the_encode(tmp_path, monkeypatch) -> None:
 
 @pytest.mark.parametrize("framed", [True, False])
 def test_encoded_pages_decode_to_their_records_full_pages_and_the_rest(framed: bool) -> None:
-    from workers.tables import encode_pages
+    from graph_state.embeddings import encode_pages
 
     n = 2 * PAGE_ROWS + 37
     rng = np.random.default_rng(3)
@@ -440,8 +440,8 @@ def test_encoded_pages_decode_to_their_records_full_pages_and_the_rest(framed: b
 
 
 def test_the_row_file_mapping_grows_geometrically(tmp_path, monkeypatch) -> None:
-    from workers import tables as tables_module
-    from workers.tables import _FrameFile, _Readers
+    from graph_state import embeddings as tables_module
+    from graph_state.embeddings import _FrameFile, _Readers
 
     file = _FrameFile(str(tmp_path / "rows-2.f32"), 2)
     file.start([])

@@ -23,7 +23,8 @@ import torch
 
 from graph_state import keys
 from graph_state.idsets import unique_ids
-from graph_state.store import GraphStore, grow_columns
+from graph_state.prefixes import grow_columns
+from graph_state.store import GraphStore
 
 __all__ = ["EmbeddingTables", "MetaTable", "EmbeddingMeta", "FrameReused", "decode_legacy_final", "read_final_rows", "encode_pages",
            "decode_page", "PAGE_ROWS", "encode_outbox", "decode_outbox"]
@@ -461,7 +462,7 @@ class MetaTable:
     def _pages(self) -> Iterator[tuple[int, bytes]]:
         """``(seq, value)`` of every stored page of this log, in page order.
 
-        The scan is the store's checked one (:class:`graph_state.store.Family`): a damaged block of the
+        The scan is the store's checked one (:class:`graph_state.db.Family`): a damaged block of the
         page records raises :class:`~graph_state.exceptions.StateCorrupted` instead of ending the log
         early, which would leave every later node without its embedding.
         """
