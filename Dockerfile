@@ -29,6 +29,7 @@ COPY stream ./stream
 COPY graph_state ./graph_state
 COPY model ./model
 COPY workers ./workers
+COPY fraud ./fraud
 RUN pip install . && rm -rf /tmp/gnnstream-src
 
 # Unprivileged user; /var/lib/gnnstream (graph state) and /models (model

@@ -22,7 +22,7 @@ test: $(STAMP)
 	$(PY) -m pytest -q -n $(TEST_PROCESSES) tests
 
 demo: $(STAMP)
-	$(PY) -m workers.demo
+	$(PY) -m fraud.demo
 
 bench: $(STAMP)
 	$(PY) bench/store.py

@@ -19,7 +19,7 @@ the engine's. Then the default configuration runs at ``--rate-fraction``
 publish - produce per batch (p50, p99, max) and the lag every second.
 
 ``--graph otc`` (default) starts an embedded broker (Tansu), produces the
-whole SNAP Bitcoin OTC stream (``workers.datasets.snap_events``, ~53k
+whole SNAP Bitcoin OTC stream (``fraud.datasets.snap_events``, ~53k
 events) and measures:
 
 (i)   raw consume rate: ``EventConsumer.poll_batch`` reading the whole topic,
@@ -81,7 +81,7 @@ from stream.broker import EmbeddedBroker  # noqa: E402
 from stream.events import NodeUpsert, encode_event, event_key  # noqa: E402
 from stream.kafka import EventConsumer, Producer, ensure_topics  # noqa: E402
 from stream.updates import decode_update  # noqa: E402
-from workers.datasets import BITCOIN_OTC, FEATURE_DIM, read_snap, snap_events  # noqa: E402
+from fraud.datasets import BITCOIN_OTC, FEATURE_DIM, read_snap, snap_events  # noqa: E402
 from workers.heap import tune_collector  # noqa: E402
 from workers.settings import WorkerSettings  # noqa: E402
 from workers.worker import Worker  # noqa: E402

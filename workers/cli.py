@@ -130,7 +130,7 @@ def _snapshot(args: argparse.Namespace) -> int:
 
 def _events_from_snap(args: argparse.Namespace) -> int:
     from stream.events import encode_event
-    from workers.datasets import read_snap, snap_events
+    from fraud.datasets import read_snap, snap_events
     rows = read_snap(args.csv)
     if args.limit:
         rows = rows[: args.limit]
@@ -194,7 +194,7 @@ def _tail(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from workers.train import train_fraud_model
+    from fraud.train import train_fraud_model
     _print(train_fraud_model(args.events, args.out, train_fraction=args.train_fraction, hidden=args.hidden,
                              out_dim=args.out_dim, fanouts=args.fanouts, seed=args.seed, epochs=args.epochs,
                              name=args.name, version=args.version, overwrite=args.force))
@@ -203,7 +203,7 @@ def _train(args: argparse.Namespace) -> int:
 
 def _score(args: argparse.Namespace) -> int:
     import signal
-    from workers.scorer import FraudScorer
+    from fraud.scorer import FraudScorer
     if args.output_topic and len(args.model) > 1:
         raise ValueError(f"--output-topic reads one topic, for one --model (got {len(args.model)}); leave it out "
                          f"to read each model's version topic")
@@ -244,7 +244,11 @@ def build_parser() -> argparse.ArgumentParser:
     gsub = graph.add_subparsers(dest="graph_command", required=True, metavar="SUBCOMMAND")
     p = gsub.add_parser("load", help="apply a JSONL event file to the graph store (no embeddings)",
                         description="Apply a JSONL event file to the graph store (created if missing), without "
-                                    "embeddings. Invalid lines are skipped and counted, never a stop.")
+                                    "embeddings. Invalid lines are skipped and counted, never a stop. Into a state "
+                                    "that holds no graph yet, the events up to the first node_delete are written "
+                                    "as RocksDB table files and ingested in one step (a load cut short leaves a "
+                                    "state that refuses to open: delete it and load again); the rest goes in "
+                                    "atomic batches.")
     _state_arg(p)
     p.add_argument("events", metavar="EVENTS.jsonl", help="one JSON event per line (see docs/design.md)")
     p.add_argument("--model", default=None, metavar="DIR",
@@ -253,7 +257,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=None,
                    help="sampling seed of a new state without --model (default 0); with --model it must be the "
                         "model's")
-    p.add_argument("--batch", type=int, default=1000, help="events per atomic batch (default 1000)")
+    p.add_argument("--batch", type=int, default=1000, help="events per atomic batch after the table files (default 1000)")
     _invalid_args(p)
     p.set_defaults(func=_graph_load)
     p = gsub.add_parser("show", help="print a node's neighbours, sample and features as JSON (read-only)")

@@ -47,7 +47,7 @@ from stream.partitioning import partition_for
 from workers.engine import kept_partitions
 from workers.offline import MODEL_DIR_META
 from graph_state.embeddings import FrameReused, MetaTable
-from workers.train import HEAD_FILE, FraudHead, load_head
+from model.head import HEAD_FILE, ScoreHead, load_head
 
 __all__ = ["QueryState", "QueryError", "MAX_EVENTS", "MAX_IDS"]
 
@@ -230,7 +230,7 @@ class QueryState:
     """
 
     def __init__(self, state_dir: str | os.PathLike[str], model_dir: str | os.PathLike[str] | None,
-                 own_dir: str | os.PathLike[str], head: FraudHead | None = None):
+                 own_dir: str | os.PathLike[str], head: ScoreHead | None = None):
         self.store = GraphStore(state_dir, follow=own_dir)
         try:
             if model_dir is None:

@@ -20,7 +20,6 @@ from stream.backends import DEFAULT_KAFKA_CLIENT, open_consumer, open_producer
 from stream.kafka import ensure_topics
 from stream.exceptions import InvalidUpdate
 from stream.updates import decode_update
-from workers.datasets import read_snap, snap_events
 from workers.offline import _bar
 
 __all__ = ["produce_file", "tail_embeddings", "iter_file_messages"]
@@ -31,6 +30,7 @@ logger = logging.getLogger(__name__)
 def iter_file_messages(path: str, fmt: str = "jsonl") -> Iterator[tuple[bytes | None, bytes]]:
     """``(key, value)`` pairs of a file: JSONL lines are sent as they are (even invalid ones)."""
     if fmt == "snap":
+        from fraud.datasets import read_snap, snap_events  # the example's reader: the one use of it here
         for ev in snap_events(read_snap(path)):
             yield event_key(ev), encode_event(ev)
         return

@@ -32,7 +32,7 @@ import pytest
 import yaml
 
 from model import load_model_dir
-from workers.datasets import FEATURE_DIM
+from fraud.datasets import FEATURE_DIM
 from workers.metrics import MetricsServer, WorkerMetrics
 from workers.settings import ENV_PREFIX, WorkerSettings, add_worker_arguments, settings_from_args
 

@@ -309,7 +309,7 @@ N_EVENTS = 1_500
 
 @pytest.fixture(scope="module")
 def otc_events() -> list:
-    from workers.datasets import BITCOIN_OTC, read_snap, snap_events
+    from fraud.datasets import BITCOIN_OTC, read_snap, snap_events
     evs = list(itertools.islice(snap_events(read_snap(BITCOIN_OTC)[:N_EVENTS]), N_EVENTS))
     rnd = random.Random(5)
     nodes = sorted({ev.src for ev in evs if hasattr(ev, "src")})

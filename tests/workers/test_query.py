@@ -31,7 +31,7 @@ from tests.workers.test_engine import FANOUTS, HUB, LEAVES, MODELS, SEED, SETTIN
 from workers.engine import Engine
 from workers.query import MAX_EVENTS, QueryError, QueryState
 from graph_state.embeddings import MetaTable
-from workers.train import FraudHead
+from model.head import ScoreHead
 
 __all__ = ["model_dirs"]  # the model directories of the engine tests, one per architecture and policy
 
@@ -186,7 +186,7 @@ def test_lookup_and_samples_of_every_node(model_dirs: dict[str, Path], tmp_path:
 
 def test_scores_come_with_a_fraud_head(model_dirs: dict[str, Path], tmp_path: Path) -> None:
     model_dir = model_dirs["sage"]
-    head = FraudHead(tuple(float(i) - 2.5 for i in range(6)), 0.25)
+    head = ScoreHead(tuple(float(i) - 2.5 for i in range(6)), 0.25)
     with GraphStore(tmp_path / "s", seed=SEED) as store:
         engine = Engine(store, load_model_dir(model_dir))
         store.apply([EdgeUpsert("a", "b", 1.0), NodeUpsert("a", 1.0, (1.0, 2.0, 3.0, 4.0))])

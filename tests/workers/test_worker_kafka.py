@@ -2,7 +2,7 @@
 
 Every test uses fresh uuid topic names, group ids and state directories. The
 workload is the first ~3,000 Bitcoin OTC ratings turned into events
-(``workers.datasets.snap_events``). "Exact" means, after the worker stopped:
+(``fraud.datasets.snap_events``). "Exact" means, after the worker stopped:
 
 * ``gnnstream verify --state S`` exits 0 (stored == from-scratch, 1e-4);
 * the latest published embedding (highest ``version``) of every node equals
@@ -48,7 +48,7 @@ from stream.clients import Record
 from stream.deadletter import DeadLetter
 from stream.events import EdgeUpsert, NodeUpsert, encode_event, event_key
 from stream.kafka import ensure_topics
-from workers.datasets import BITCOIN_OTC, read_snap, snap_events
+from fraud.datasets import BITCOIN_OTC, read_snap, snap_events
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 

@@ -19,10 +19,11 @@ from stream.kafka import EventConsumer, Producer, ensure_topics
 from stream.exceptions import InvalidUpdate
 from stream.updates import EmbeddingUpdate, encode_update, tombstone
 from tests.workers.reference import run_gnnstream
-from workers.datasets import BITCOIN_OTC, read_snap, snap_events
+from fraud.datasets import BITCOIN_OTC, read_snap, snap_events
 from workers.engine import Engine
-from workers.scorer import FraudScorer, decode_updates, encode_scores
-from workers.train import FraudHead, distrust_labels, load_head, roc_auc, train_fraud_model
+from fraud.scorer import FraudScorer, decode_updates, encode_scores
+from fraud.train import distrust_labels, roc_auc, train_fraud_model
+from model.head import ScoreHead, load_head
 
 DATA = BITCOIN_OTC
 
@@ -79,7 +80,7 @@ def test_trained_model_is_servable_and_head_scores(tmp_path: Path) -> None:
 def test_scorer_scores_every_published_embedding(kafka_client: str, broker, unique_name) -> None:
     emb_topic, score_topic = unique_name("emb"), unique_name("scores")
     ensure_topics(broker.bootstrap, {emb_topic: 2, score_topic: 2})
-    head = FraudHead((0.5, -1.0, 0.25), 0.1)
+    head = ScoreHead((0.5, -1.0, 0.25), 0.1)
     rng = np.random.default_rng(3)
     updates = [EmbeddingUpdate(f"n{i % 40}", "m:1", i // 40 + 1, rng.normal(size=3).astype(np.float32),
                                1000.0 + i, 2000.0 + i, "full") for i in range(200)]
@@ -133,7 +134,7 @@ def test_decode_updates_batches_json_and_binary_and_rejects_bad_ones() -> None:
         with pytest.raises(InvalidUpdate) as info:
             decode_updates([encode_update(updates[1]), bad])
         assert info.value.reason == reason
-    head = FraudHead((0.5, -1.0, 0.25, 2.0), 0.1)
+    head = ScoreHead((0.5, -1.0, 0.25, 2.0), 0.1)
     messages = encode_scores(["a", "b"], head.score(np.eye(4, dtype=np.float32)[:2]), [3, 4], ["m:1", "m:1"],
                              [5.0, 6.5], 7.25)
     assert [json.loads(m) for m in messages] == [
@@ -154,7 +155,7 @@ def _records(values: list[bytes]) -> list[Record]:
 
 
 def test_scorer_decode_skips_bad_and_other_model_updates(caplog) -> None:
-    head = FraudHead((0.5, -1.0, 0.25), 0.1, "m:1")
+    head = ScoreHead((0.5, -1.0, 0.25), 0.1, "m:1")
     scorer = FraudScorer("unused:9092", head, in_topic="emb")
     good = _updates(6)
     # a clean poll stays on the batch path and keeps everything
@@ -170,7 +171,7 @@ def test_scorer_decode_skips_bad_and_other_model_updates(caplog) -> None:
     # poison, another model, a wrong size and a binary update in one poll: decoded message by message
     values = [encode_update(good[0]), b'{"hello":1}', encode_update(other), encode_update(_updates(1, dim=5)[0]),
               encode_update(good[1], "binary"), b"\x00junk"]
-    with caplog.at_level(logging.WARNING, logger="workers.scorer"):
+    with caplog.at_level(logging.WARNING, logger="fraud.scorer"):
         cols = scorer._decode(_records(values))
     assert cols.ids == ["n0", "n1"] and cols.versions == [1, 2] and cols.models == ["m:1", "m:1"]
     np.testing.assert_array_equal(cols.rows, np.stack([good[0].embedding, good[1].embedding]))
@@ -180,7 +181,7 @@ def test_scorer_decode_skips_bad_and_other_model_updates(caplog) -> None:
     assert any("emb partition 1 offset 103 (bad_dim:" in w for w in warnings)
     assert any("emb partition 1 offset 105 (" in w for w in warnings)
     # a head without a model tag (trained before it was recorded) scores every model of its size
-    untagged = FraudScorer("unused:9092", FraudHead((0.5, -1.0, 0.25), 0.1), in_topic="emb")
+    untagged = FraudScorer("unused:9092", ScoreHead((0.5, -1.0, 0.25), 0.1), in_topic="emb")
     cols = untagged._decode(_records([encode_update(good[0]), encode_update(other)]))
     assert cols.models == ["m:1", "m:2"] and untagged.other_model == 0
 
@@ -189,7 +190,7 @@ def test_scorer_decode_skips_bad_and_other_model_updates(caplog) -> None:
 def test_scorer_skips_poison_message_and_commits(kafka_client: str, broker, unique_name) -> None:
     emb_topic, score_topic = unique_name("emb"), unique_name("scores")
     ensure_topics(broker.bootstrap, {emb_topic: 1, score_topic: 1})
-    head = FraudHead((0.5, -1.0, 0.25), 0.1, "m:1")
+    head = ScoreHead((0.5, -1.0, 0.25), 0.1, "m:1")
     good = _updates(10)
     with Producer(broker.bootstrap) as producer:
         for u in good[:5]:

@@ -19,10 +19,11 @@ from stream.kafka import EventConsumer, Producer, ensure_topics
 from stream.rollout import SERVING_HEADER, version_topic
 from stream.updates import encode_update, encode_updates, tombstone, EmbeddingUpdate
 from tests.workers.reference import run_gnnstream
-from workers.scorer import FraudScorer, canary_mask, compare_scores, ks_statistic
-from workers.train import FraudHead, load_head, train_fraud_model
+from fraud.scorer import FraudScorer, canary_mask, compare_scores, ks_statistic
+from fraud.train import train_fraud_model
+from model.head import ScoreHead, load_head
 
-from tests.workers.test_fraud import _small_csv
+from tests.fraud.test_fraud import _small_csv
 
 
 # ---------------------------------------------------------------------- reference computations (numpy, by hand)
@@ -64,7 +65,7 @@ def _assert_report(got: dict[str, Any], expected: dict[str, Any]) -> None:
             assert g[key] == pytest.approx(e[key], abs=1e-12), key
 
 
-def _score(head: FraudHead, embedding: Any) -> float:
+def _score(head: ScoreHead, embedding: Any) -> float:
     return float(head.score(np.asarray(embedding, dtype=np.float32)[None, :])[0])
 
 
@@ -122,13 +123,13 @@ def test_canary_mask_is_a_stable_hash_of_the_node_id() -> None:
 
 
 def test_scorer_rejects_bad_arguments(tmp_path) -> None:
-    h1, h2 = FraudHead((1.0,), 0.0, "m:1"), FraudHead((1.0,), 0.0, "m:2")
+    h1, h2 = ScoreHead((1.0,), 0.0, "m:1"), ScoreHead((1.0,), 0.0, "m:2")
     with pytest.raises(ValueError, match="one head, not 2"):
         FraudScorer("x:1", [h1, h2], in_topic="emb")
     with pytest.raises(ValueError, match="two heads for one model"):
-        FraudScorer("x:1", [h1, FraudHead((2.0,), 0.0, "m:1")])
+        FraudScorer("x:1", [h1, ScoreHead((2.0,), 0.0, "m:1")])
     with pytest.raises(ValueError, match="without a model tag"):
-        FraudScorer("x:1", FraudHead((1.0,), 0.0))
+        FraudScorer("x:1", ScoreHead((1.0,), 0.0))
     with pytest.raises(ValueError, match="between 0 and 1"):
         FraudScorer("x:1", [h1, h2], canary=1.5)
     with pytest.raises(ValueError, match="at least one head"):
@@ -145,7 +146,7 @@ def test_scorer_rejects_bad_arguments(tmp_path) -> None:
 
 def test_scorer_selects_serving_and_canary_rows_of_a_poll() -> None:
     """One poll, no broker: every row's fate, with two models of different sizes mixed in one topic's poll."""
-    h1, h2 = FraudHead((0.5, -1.0, 0.25), 0.1, "m:1"), FraudHead((1.0, 0.5, -0.5, 2.0), -0.2, "m:2")
+    h1, h2 = ScoreHead((0.5, -1.0, 0.25), 0.1, "m:1"), ScoreHead((1.0, 0.5, -0.5, 2.0), -0.2, "m:2")
     nodes = [f"n{i}" for i in range(30)]
     canary = {n for n in nodes if _in_canary(n, 0.4)}
     assert 0 < len(canary) < len(nodes)
@@ -235,8 +236,8 @@ def test_scorer_follows_the_serving_version_through_a_rollout_and_back(kafka_cli
     t1, t2 = version_topic(m1), version_topic(m2)
     score_topic, canary_topic, control_topic = unique_name("scores"), unique_name("canary"), unique_name("ctl")
     ensure_topics(broker.bootstrap, {t1: 2, t2: 2})
-    h1 = FraudHead((0.5, -1.0, 0.25), 0.1, m1)
-    h2 = FraudHead((1.0, 0.5, -0.5, 2.0), -0.2, m2)  # v2 has embeddings of another size
+    h1 = ScoreHead((0.5, -1.0, 0.25), 0.1, m1)
+    h2 = ScoreHead((1.0, 0.5, -0.5, 2.0), -0.2, m2)  # v2 has embeddings of another size
     heads = {m1: h1, m2: h2}
     fraction = 0.3
     nodes = [f"n{i}" for i in range(40)]

@@ -37,13 +37,13 @@ import numpy as np
 from stream.broker import EmbeddedBroker, free_port
 from stream.backends import DEFAULT_KAFKA_CLIENT, KAFKA_CLIENTS, open_consumer
 from stream.events import EdgeUpsert, encode_event
-from workers.datasets import BITCOIN_OTC, read_snap, snap_events
+from fraud.datasets import BITCOIN_OTC, read_snap, snap_events
 from workers.heap import tune_collector
 from workers.offline import verify
 from workers.replay import produce_file
-from workers.scorer import FraudScorer
+from fraud.scorer import FraudScorer
 from workers.settings import WorkerSettings
-from workers.train import distrust_labels, roc_auc, roc_curve, train_fraud_model
+from fraud.train import distrust_labels, roc_auc, roc_curve, train_fraud_model
 from workers.worker import Worker
 
 __all__ = ["main", "run_demo"]
@@ -323,7 +323,7 @@ def run_demo(data: Path, out: Path, *, rate: float, limit: int = 0, epochs: int 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m workers.demo", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m fraud.demo", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=Path, default=DATA, help=f"SNAP CSV to replay (default {DATA})")
     parser.add_argument("--out", type=Path, default=Path("out"), help="output directory (default out/)")

@@ -63,7 +63,7 @@ in the same poll is published after that update's score). Per poll and topic
 (split at such a tombstone): the updates are decoded into columns
 (:func:`decode_updates`: one ``orjson.loads`` per JSON message, one ``numpy``
 matrix of all embeddings), the serving and canary rows selected with boolean
-masks, each model's rows scored with one :meth:`FraudHead.score` call and
+masks, each model's rows scored with one :meth:`ScoreHead.score` call and
 encoded with ``orjson``; a poll holding a bad message is decoded message by
 message instead.
 """
@@ -88,7 +88,7 @@ from stream.exceptions import InvalidUpdate
 from stream.kafka import ensure_topics
 from stream.rollout import CONTROL_TOPIC, SERVING_HEADER, is_serving, rollout_of, version_topic
 from stream.updates import BINARY_MAGIC, decode_update
-from workers.train import FraudHead, load_head
+from model.head import ScoreHead, load_head
 
 __all__ = ["FraudScorer", "encode_score", "encode_scores", "decode_updates", "DecodedUpdates", "compare_scores",
            "ks_statistic", "canary_mask"]
@@ -259,8 +259,8 @@ class FraudScorer:
 
     Args:
         bootstrap: Kafka bootstrap servers.
-        heads: the logistic heads, one per model version (:class:`FraudHead` or a model directory, see
-            :func:`workers.train.load_head`), or a single one; no two for one model.
+        heads: the logistic heads, one per model version (:class:`ScoreHead` or a model directory, see
+            :func:`fraud.train.load_head`), or a single one; no two for one model.
         in_topic: read this topic instead of the heads' version topics (one head only; ``None`` or empty:
             the version topics).
         out_topic: the serving scores.
@@ -278,16 +278,16 @@ class FraudScorer:
             topic that is the output topic.
     """
 
-    def __init__(self, bootstrap: str, heads: FraudHead | str | os.PathLike | Sequence[FraudHead | str | os.PathLike],
+    def __init__(self, bootstrap: str, heads: ScoreHead | str | os.PathLike | Sequence[ScoreHead | str | os.PathLike],
                  *, in_topic: str | None = None, out_topic: str = "fraud-scores", canary: float = 0.0,
                  canary_topic: str | None = None, control_topic: str | None = CONTROL_TOPIC,
                  report_every_s: float = 30.0, group: str = "gnnstream-fraud-scorer", partitions: int = 4,
                  kafka_client: str = DEFAULT_KAFKA_CLIENT):
         self.bootstrap = bootstrap
         in_topic = in_topic or None
-        if isinstance(heads, (FraudHead, str, os.PathLike)):
+        if isinstance(heads, (ScoreHead, str, os.PathLike)):
             heads = [heads]
-        self.heads: tuple[FraudHead, ...] = tuple(h if isinstance(h, FraudHead) else load_head(h) for h in heads)
+        self.heads: tuple[ScoreHead, ...] = tuple(h if isinstance(h, ScoreHead) else load_head(h) for h in heads)
         if not self.heads:
             raise ValueError("the fraud scorer needs at least one head")
         models = [h.model for h in self.heads]
@@ -302,7 +302,7 @@ class FraudScorer:
         if not 0.0 <= canary <= 1.0:
             raise ValueError(f"canary must be a fraction of nodes between 0 and 1 (got {canary!r})")
         self.head = self.heads[0]
-        self._by_model: dict[str | None, FraudHead] = {h.model: h for h in self.heads}
+        self._by_model: dict[str | None, ScoreHead] = {h.model: h for h in self.heads}
         self._untagged = self._by_model.get(None)
         if in_topic is None:
             self._topic_models: dict[str, str | None] = {version_topic(str(m)): m for m in models}
@@ -518,7 +518,7 @@ class FraudScorer:
             if kept is None or version >= kept[0]:
                 per_model[node] = (version, score)
 
-    def _head_of(self, model: str) -> FraudHead | None:
+    def _head_of(self, model: str) -> ScoreHead | None:
         """The head that scores updates of ``model`` (the untagged head scores every model), ``None`` if none."""
         return self._by_model.get(model, self._untagged)
 

@@ -25,7 +25,6 @@ import json
 import logging
 import tempfile
 from collections import defaultdict
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -34,49 +33,13 @@ import torch
 
 from graph_state.store import GraphStore
 from model import GNN, ModelConfig, ModelDirExists, save_model_dir
+from model.head import ScoreHead
 from stream.rollout import version_topic
-from workers.datasets import FEATURE_DIM, SnapRating, read_snap, snap_events
+from fraud.datasets import FEATURE_DIM, SnapRating, read_snap, snap_events
 
-__all__ = ["FraudHead", "distrust_labels", "train_fraud_model", "roc_auc", "roc_curve", "load_head"]
+__all__ = ["distrust_labels", "train_fraud_model", "roc_auc", "roc_curve"]
 
 logger = logging.getLogger(__name__)
-
-HEAD_FILE = "head.json"
-
-
-@dataclass(frozen=True)
-class FraudHead:
-    """``score = sigmoid(weights · embedding + bias)``: probability of being distrusted.
-
-    ``model`` is the ``NAME:VERSION`` tag of the model whose embeddings the
-    head was trained on (``None`` for a head saved before the tag was recorded:
-    then updates of any model are scored).
-    """
-
-    weights: tuple[float, ...]
-    bias: float
-    model: str | None = None
-
-    def score(self, embeddings: np.ndarray) -> np.ndarray:
-        z = np.asarray(embeddings, dtype=np.float64) @ np.asarray(self.weights) + self.bias
-        return 1.0 / (1.0 + np.exp(-z))
-
-    def save(self, directory: Path) -> None:
-        data: dict[str, Any] = {"weights": list(self.weights), "bias": self.bias}
-        if self.model is not None:
-            data["model"] = self.model
-        (directory / HEAD_FILE).write_text(json.dumps(data))
-
-
-def load_head(directory: str | Path) -> FraudHead:
-    path = Path(directory) / HEAD_FILE
-    if not path.exists():
-        raise FileNotFoundError(f"{path} is missing: train the model with `gnnstream train` to get a fraud head")
-    data = json.loads(path.read_text())
-    model = data.get("model")
-    return FraudHead(tuple(float(x) for x in data["weights"]), float(data["bias"]),
-                     None if model is None else str(model))
-
 
 def distrust_labels(rows: Sequence[SnapRating]) -> dict[str, int]:
     """1 for users whose received ratings average below zero, 0 for the other rated users."""
@@ -195,7 +158,7 @@ def train_fraud_model(csv: str | Path, out: str | Path, *, train_fraction: float
     with torch.no_grad():
         train_scores = torch.sigmoid(head(gnn(x, edges)[idx]).squeeze(-1)).numpy()
     save_model_dir(out, config, gnn.state_dict())
-    FraudHead(tuple(head.weight[0].detach().tolist()), head.bias[0].item(), config.model_id).save(out)
+    ScoreHead(tuple(head.weight[0].detach().tolist()), head.bias[0].item(), config.model_id).save(out)
     summary = {
         "model": config.model_id, "ratings": len(rows), "train_ratings": cut,
         "train_until_ts": rows[cut - 1].ts if cut else None, "train_nodes": len(names),
