@@ -335,6 +335,28 @@ def graph_events(graph: SyntheticGraph, batch: int = 10_000, ts0: int = 1_700_00
                for i, (s, d) in enumerate(zip(src[start:start + batch], dst[start:start + batch]))]
 
 
+def bulk_load_graph(store: GraphStore, graph: SyntheticGraph, fanouts: tuple[int, ...] = (),
+                    ts0: int = 1_700_000_000) -> dict[str, Any]:
+    """Load the whole graph into the empty ``store`` as table files (:class:`graph_state.bulk.BulkLoad`): the
+    events of :func:`graph_events` as columns, with the sampled-by index of ``fanouts``.
+
+    Returns:
+        ``seconds``, ``cpu_seconds``, ``edges_per_second`` (directed edges over the whole load), the load's counts.
+    """
+    from graph_state.bulk import BulkLoad
+    t0, c0 = time.perf_counter(), time.process_time()
+    load = BulkLoad(store, fanouts=fanouts)
+    names = [graph.name(i) for i in range(graph.num_nodes)]
+    load.add_nodes(names, np.full(graph.num_nodes, ts0), graph.features)
+    ts = ts0 + 1 + np.arange(graph.num_edges) // 10_000
+    load.add_edges([names[i] for i in graph.src.tolist()], [names[i] for i in graph.dst.tolist()],
+                   np.ones(graph.num_edges), ts)
+    counts = load.finish(progress=lambda step: log(f"bulk load: {step} ({time.perf_counter() - t0:.1f}s)"))
+    seconds = time.perf_counter() - t0
+    return {"seconds": round(seconds, 3), "cpu_seconds": round(time.process_time() - c0, 3),
+            "edges_per_second": round(graph.num_edges / seconds, 1), "bulk": True, **counts}
+
+
 def load_graph(store: GraphStore, graph: SyntheticGraph, *, batch: int = 10_000) -> dict[str, float]:
     """Apply the whole graph to ``store`` through :meth:`GraphStore.apply` in batches.
 
@@ -375,10 +397,12 @@ def _store_code_hash() -> str:
 
 
 def open_loaded_store(path: str | os.PathLike[str], graph: SyntheticGraph, *, dim: int, batch: int = 10_000,
-                      cache_dir: str | os.PathLike[str] | None = None) -> tuple[GraphStore, dict[str, Any]]:
+                      cache_dir: str | os.PathLike[str] | None = None,
+                      bulk_fanouts: tuple[int, ...] | None = None) -> tuple[GraphStore, dict[str, Any]]:
     """A store at ``path`` holding ``graph``, closed after loading and reopened.
 
-    The store is loaded through :func:`load_graph`, closed, and opened again, as
+    The store is loaded through :func:`load_graph` (with ``bulk_fanouts``, through
+    :func:`bulk_load_graph` with those fanouts), closed, and opened again, as
     ``gnnstream graph load`` followed by another command would: whatever comes
     next (engine, backfill) starts with cold in-memory caches. With
     ``cache_dir`` a loaded copy is kept there (keyed by the graph parameters and
@@ -388,7 +412,8 @@ def open_loaded_store(path: str | os.PathLike[str], graph: SyntheticGraph, *, di
     """
     path = Path(path)
     key = (f"graph-n{graph.num_nodes}-e{graph.num_edges}-g{graph.gamma}-s{graph.seed}-d{dim}"
-           f"-b{batch}-{_store_code_hash()}")
+           f"-b{'bulk' + '.'.join(map(str, bulk_fanouts)) if bulk_fanouts is not None else batch}"
+           f"-{_store_code_hash()}")
     cached = Path(cache_dir) / key if cache_dir else None
     if cached is not None and (cached / "load.json").exists():
         t = time.perf_counter()
@@ -399,7 +424,8 @@ def open_loaded_store(path: str | os.PathLike[str], graph: SyntheticGraph, *, di
     else:
         store = GraphStore(path, seed=0, feature_dim=dim)
         try:
-            info = load_graph(store, graph, batch=batch)
+            info = load_graph(store, graph, batch=batch) if bulk_fanouts is None else \
+                bulk_load_graph(store, graph, bulk_fanouts)
         finally:
             store.close()
         info["from_cache"] = False

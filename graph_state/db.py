@@ -13,14 +13,14 @@ from typing import Any, Iterator
 from rocksdict import AccessType, BlockBasedOptions, Cache, DBCompressionType, Options, Rdict
 
 from graph_state import keys
-from graph_state.exceptions import StateCorrupted, StoreLockedError
+from graph_state.exceptions import StateCorrupted, StateLayoutError, StoreLockedError
 
 __all__ = ["Family", "open_db", "open_follower", "family_options", "check_iterator", "state_corrupted",
-           "is_corruption", "check_manifest", "record_manifest", "REMEDY", "MANIFEST_RECORD"]
+           "is_corruption", "check_manifest", "record_manifest", "layout_error", "other_families", "REMEDY", "MANIFEST_RECORD"]
 
 logger = logging.getLogger(__name__)
 
-_FLOAT_FAMILIES = ("feats", "emb", "embmeta", "embpages")
+_FLOAT_FAMILIES = ("feats", "embpages")
 _BLOCK_CACHE_BYTES = 256 << 20
 
 REMEDY = ("restore a snapshot of the state directory, or rebuild it with `gnnstream graph load` and "
@@ -29,6 +29,15 @@ REMEDY = ("restore a snapshot of the state directory, or rebuild it with `gnnstr
 MANIFEST_RECORD = "gnnstream-manifest.json"
 """The file in a state directory recording the name and size of the MANIFEST a clean close left."""
 _DAMAGED_FILE = re.compile(r"[^\s:'\"()]*(?:\d+\.(?:sst|log|blob)|MANIFEST-\d+|CURRENT)")
+
+
+def layout_error(path: str, layout: Any) -> StateLayoutError:
+    """The one-line error for a state written with another layout than :data:`graph_state.keys.LAYOUT`."""
+    which = "an earlier layout" if layout is None else f"layout {layout}"
+    return StateLayoutError(
+        f"state {path!r} was written with {which} of gnnstream and this version reads layout {keys.LAYOUT} only; "
+        f"rebuild it in a new directory: `gnnstream graph load --state NEW FILE` with the graph's events, then "
+        f"`gnnstream backfill --state NEW --model DIR` (or replay the events topic into a new --state)")
 
 
 def state_corrupted(path: str, error: BaseException | str) -> StateCorrupted:
@@ -219,6 +228,8 @@ def open_db(path: str, lock_timeout: float) -> Rdict:
             message = str(exc)
             if is_corruption(exc) or ("No such file" in message and "MANIFEST-" in message):
                 raise state_corrupted(path, exc) from exc
+            if other_families(exc):
+                raise layout_error(path, None) from exc
             if "lock" not in message.lower():
                 raise
             if time.monotonic() >= deadline:
@@ -227,6 +238,7 @@ def open_db(path: str, lock_timeout: float) -> Rdict:
                     f"gnnstream process using it (one process per store)"
                 ) from exc
             time.sleep(0.1)
+
 
 def open_follower(path: str, own_dir: str) -> Rdict:
     """Open ``path`` as a RocksDB secondary instance keeping its own files in ``own_dir``.
@@ -249,7 +261,15 @@ def open_follower(path: str, own_dir: str) -> Rdict:
     except Exception as exc:  # rocksdict raises plain Exception
         if is_corruption(exc):
             raise state_corrupted(path, exc) from exc
+        if other_families(exc):
+            raise layout_error(path, None) from exc
         raise
+
+
+def other_families(error: BaseException) -> bool:
+    """Whether RocksDB refused to open a state because it holds column families this layout does not have: a
+    state of another layout."""
+    return "Column families not opened" in str(error)
 
 
 def family_options(cache: Cache, name: str) -> Options:

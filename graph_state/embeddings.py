@@ -26,16 +26,14 @@ from graph_state.idsets import unique_ids
 from graph_state.prefixes import grow_columns
 from graph_state.store import GraphStore
 
-__all__ = ["EmbeddingTables", "MetaTable", "EmbeddingMeta", "FrameReused", "decode_legacy_final", "read_final_rows", "encode_pages",
+__all__ = ["EmbeddingTables", "MetaTable", "EmbeddingMeta", "FrameReused", "read_final_rows", "encode_pages",
            "decode_page", "PAGE_ROWS", "encode_outbox", "decode_outbox"]
 
 logger = logging.getLogger(__name__)
 
-_LEGACY_HEAD = keys.EMBMETA_HEAD  # version, event_ts; then the mode (layout 1) or its length, the mode and the row
 _OUTBOX = struct.Struct(">BId")  # format, count, computed_at
 _OUTBOX_FORMAT = 3
 _PAGE_HEAD = struct.Struct(">BBIHB")  # format, has rows, count, row width, number of modes
-_INLINE_FORMAT = 1  # rows inside the record (read from older stores, no longer written)
 _PAGE_FORMAT = 2  # rows in a frame of the row file, the record names the frame
 _FRAME = struct.Struct(">QQ")  # frame, sum of the rows' 32-bit words
 _GROWTH_DIVISOR = 4  # a row file grows by at least a quarter of its size at a time
@@ -51,21 +49,6 @@ class EmbeddingMeta:
     version: int
     event_ts: float
     mode: str
-
-
-def decode_legacy_final(raw: bytes) -> tuple[EmbeddingMeta, np.ndarray | None]:
-    """A per-node ``embmeta`` value of an older store: the metadata and the final row (None if it has none).
-
-    Layout 2 stored version, event time, the mode's length, the mode and the
-    row; layout 1 stored version, event time and the mode alone.
-    """
-    version, event_ts = _LEGACY_HEAD.unpack_from(raw)
-    head = _LEGACY_HEAD.size
-    if len(raw) <= head or len(raw) < head + 1 + raw[head]:  # layout 1
-        return EmbeddingMeta(version, event_ts, raw[head:].decode()), None
-    at = head + 1 + raw[head]
-    meta = EmbeddingMeta(version, event_ts, raw[head + 1:at].decode())
-    return meta, (np.frombuffer(raw, dtype="<f4", offset=at).copy() if len(raw) > at else None)
 
 
 def read_final_rows(store: GraphStore, iids: Sequence[int] | np.ndarray, dim: int) -> tuple[np.ndarray, np.ndarray]:
@@ -296,9 +279,7 @@ class MetaTable:
     reports each written batch with :meth:`committed`). A process killed
     at any moment therefore leaves every stored page pointing at the rows
     it was written with, and frames written for a batch that never landed
-    are free again on the next load. Records of older stores with their
-    rows inline are still read, and move to frames as compaction reaches
-    them.
+    are free again on the next load.
 
     A node without stored metadata has version 0 and mode code -1.
 
@@ -391,9 +372,8 @@ class MetaTable:
         self._slots += len(ids)
         if has_rows:
             self._dim = int(rec["width"])
-            if "frame" in rec:
-                self._frame_of[seq] = (self._dim, int(rec["frame"]))
-                self._sum_of[seq] = int(rec["sum"])
+            self._frame_of[seq] = (self._dim, int(rec["frame"]))
+            self._sum_of[seq] = int(rec["sum"])
         self._next_page = seq + 1
         if not len(ids):
             return ids
@@ -440,7 +420,7 @@ class MetaTable:
         with _Readers() as files:
             for seq in self._live:
                 framed = self._frame_of.get(seq)
-                if framed is None:
+                if framed is None:  # a page without rows
                     continue
                 try:
                     rows = self._file(framed[0]).read(framed[1], self._size[seq], files)
@@ -673,13 +653,9 @@ class MetaTable:
         seqs = unique_ids(sorted_pages[sorted_pages >= 0])
         bounds = np.searchsorted(sorted_pages, seqs, side="left")
         ends = np.searchsorted(sorted_pages, seqs, side="right")
-        inline = []  # pages of the older format (rows inside the record): always stored, read from RocksDB
         with _Readers() as files:
             for lo, hi, seq in zip(bounds.tolist(), ends.tolist(), seqs.tolist()):
-                framed = self._frame_of.get(seq)
-                if framed is None:
-                    inline.append((lo, hi, seq))
-                    continue
+                framed = self._frame_of[seq]
                 if seq in self._unreadable:  # damaged, to be rewritten: none held
                     continue
                 self._check_width(seq, framed[0], dim)
@@ -689,13 +665,6 @@ class MetaTable:
                     raise FrameReused(f"frame {framed[1]} of page {seq} was written again since this reader's view")
                 out[at] = block[self.slot[iids[at]]]
                 present[at] = True
-        raws = self.store.column(self.family).get([self._key(seq) for _, _, seq in inline]) if inline else []
-        for (lo, hi, seq), raw in zip(inline, raws):
-            rec, _, _ = decode_page(raw)
-            self._check_width(seq, int(rec["width"]), dim)
-            at = order[lo:hi]
-            out[at] = rec["row"][self.slot[iids[at]]]
-            present[at] = True
         return out, present
 
     def _check_width(self, seq: int, width: int, dim: int) -> None:
@@ -725,8 +694,6 @@ class MetaTable:
 
     def _page_rows(self, rec: dict[str, np.ndarray], files: "_Readers") -> np.ndarray:
         """The rows of a decoded page with rows (read from its frame, the file opened once per ``files``)."""
-        if "row" in rec:
-            return rec["row"]
         return self._file(int(rec["width"])).read(int(rec["frame"]), len(rec["iid"]), files)
 
     def items(self) -> Iterator[tuple[int, EmbeddingMeta, np.ndarray | None]]:
@@ -949,12 +916,11 @@ def decode_page(raw: bytes) -> tuple[dict[str, np.ndarray], list[str], bool]:
 
     The columns (``iid``, ``version``, ``event_ts``, ``mode``) are read-only
     views, plus for a page with rows its row ``width`` and either ``frame``
-    (the frame of the row file) and ``sum``, or, in the older inline format,
-    ``row``.
+    (the frame of the row file) and ``sum``.
     """
     fmt, has_rows, count, width, n_modes = _PAGE_HEAD.unpack_from(raw)
-    if fmt not in (_PAGE_FORMAT, _INLINE_FORMAT):
-        raise ValueError(f"Expected embedding page format {_PAGE_FORMAT} or {_INLINE_FORMAT} (got {fmt})")
+    if fmt != _PAGE_FORMAT:
+        raise ValueError(f"Expected embedding page format {_PAGE_FORMAT} (got {fmt})")
     at = _PAGE_HEAD.size
     modes = []
     for _ in range(n_modes):
@@ -967,9 +933,6 @@ def decode_page(raw: bytes) -> tuple[dict[str, np.ndarray], list[str], bool]:
         at += count * np.dtype(dtype).itemsize
     if has_rows:
         columns["width"] = np.asarray(width)
-        if fmt == _INLINE_FORMAT:
-            columns["row"] = np.frombuffer(raw, "<f4", count * width, at).reshape(count, width)
-        else:
-            frame, total = _FRAME.unpack_from(raw, at)
-            columns["frame"], columns["sum"] = np.asarray(frame), np.asarray(total, dtype=np.uint64)
+        frame, total = _FRAME.unpack_from(raw, at)
+        columns["frame"], columns["sum"] = np.asarray(frame), np.asarray(total, dtype=np.uint64)
     return columns, modes, bool(has_rows)

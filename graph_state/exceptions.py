@@ -46,8 +46,12 @@ class StateReadOnlyError(GraphStateError):
     """A read-only command (verify, embeddings, graph show) would have written to the state."""
 
 
+class StateLayoutError(GraphStateError):
+    """The state was written with another layout than this version reads; it must be rebuilt."""
+
+
 __all__ += ["StateNotFoundError", "StateNotADirectoryError", "StateSeedMismatch", "StateModelMismatch",
-            "StateNoEmbeddings", "StateReadOnlyError"]
+            "StateNoEmbeddings", "StateReadOnlyError", "StateLayoutError"]
 
 
 # ---------------------------------------------------------------------- damaged state (graph_state.db)

@@ -20,21 +20,13 @@ Column families and layouts::
               0xff 0xff, seq >Q                    -> the changes of one applied batch since the
                                                       snapshot: (k <H, added u1, u << 32 | v <q) each,
                                                       replayed in seq order when the index is loaded
-              k >H, u iid >Q, v iid >Q             -> b"" (the per-pair layout of older stores, moved
-                                                      into a snapshot when first loaded)
     offsets   topic (utf-8), 0x00, partition >I    -> next offset >q
-    dirty     k >H, iid >Q                         -> flags >B  (k = fanout, 0 = input)
-              0xff, block seq >Q                   -> packed marks: (k >H, iid >Q, flags >B) each
-    emb       layer >B (1 … L-1), iid >Q           -> float32[d] (little-endian): h^layer of older
-                                                      stores, dropped by the next backfill
-    embmeta   iid >Q                               -> version >Q, event_ts >d, mode length >B, mode (ascii),
-                                                      final embedding float32[d]: the per-node layout of
-                                                      older stores, moved into embpages by the next backfill
+    dirty     0xff, block seq >Q                   -> packed marks: (k >H, iid >Q, flags >B) each
+                                                      (k = fanout, 0 = input)
     embpages  page seq >Q                          -> a page of final embeddings: up to 128 records of
                                                       iid, version, event_ts, mode, the frame of the
                                                       row file holding their float32[d] rows and a sum
-                                                      of those rows (older
-                                                      stores: the rows inline; graph_state.embeddings.encode_pages);
+                                                      of those rows (graph_state.embeddings.encode_pages);
                                                       the newest page holding a node is its current state
     layerpages layer >B, page seq >Q               -> a page of h^layer rows (1 <= layer < L), laid out as
                                                       embpages (version, event_ts and mode unused)
@@ -48,6 +40,7 @@ import struct
 import numpy as np
 
 __all__ = [
+    "LAYOUT",
     "COLUMN_FAMILIES",
     "U64",
     "encode_iid",
@@ -57,18 +50,13 @@ __all__ = [
     "nbr_prefix",
     "nbr_key",
     "decode_nbr_key",
-    "sampled_key",
     "offset_key",
     "decode_offset_key",
-    "dirty_key",
     "dirty_block_key",
     "DIRTY_MARK_RECORD",
-    "decode_dirty_key",
     "NODE_RECORD",
     "EDGE_RECORD",
-    "EMBMETA_HEAD",
     "FLAG_HAS_FEATURES",
-    "SAMPLED_KEY_RECORD",
     "SAMPLED_DELTA_RECORD",
     "SAMPLED_SNAPSHOT_PREFIX",
     "SAMPLED_DELTA_PREFIX",
@@ -76,25 +64,25 @@ __all__ = [
     "sampled_delta_key",
 ]
 
+LAYOUT = 5
+"""The layout of the state this version writes and reads (recorded in ``meta`` as ``layout``); a state of
+another layout is refused with :class:`~graph_state.exceptions.StateLayoutError`."""
+
 COLUMN_FAMILIES = (
     "meta", "ids", "names", "nodes", "feats", "edges", "nbrs", "sampled",
-    "offsets", "dirty", "emb", "embmeta", "embpages", "layerpages", "outbox",
+    "offsets", "dirty", "embpages", "layerpages", "outbox",
 )
 
 U64 = struct.Struct(">Q")
 _QQ = struct.Struct(">QQ")
-_QQ_PREFIXED = struct.Struct(">HQQ")
-_HQ = struct.Struct(">HQ")
 _HI = struct.Struct(">HI")
 _I32 = struct.Struct(">I")
 
 NODE_RECORD = struct.Struct(">IBd")  # degree, flags, last event ts
 EDGE_RECORD = struct.Struct(">dd")  # weight, ts
-EMBMETA_HEAD = struct.Struct(">Qd")  # version, event_ts; mode follows as ascii
 FLAG_HAS_FEATURES = 1
 
 # The fixed-width keys as numpy records, to pack or unpack thousands at once.
-SAMPLED_KEY_RECORD = np.dtype([("k", ">u2"), ("u", ">u8"), ("v", ">u8")])
 SAMPLED_DELTA_RECORD = np.dtype([("k", "<u2"), ("added", "u1"), ("pair", "<i8")])
 SAMPLED_SNAPSHOT_PREFIX = b"\xff\xfe"
 SAMPLED_DELTA_PREFIX = b"\xff\xff"
@@ -131,10 +119,6 @@ def decode_nbr_key(key: bytes) -> tuple[int, int, str]:
     return v, rank, key[16:].decode()
 
 
-def sampled_key(k: int, u: int, v: int) -> bytes:
-    return _QQ_PREFIXED.pack(k, u, v)
-
-
 def sampled_snapshot_key(k: int, chunk: int) -> bytes:
     """Key of chunk ``chunk`` of the sampled-by snapshot of fanout ``k`` (8 bytes)."""
     return SAMPLED_SNAPSHOT_PREFIX + _HI.pack(k, chunk)
@@ -156,13 +140,5 @@ def decode_offset_key(key: bytes) -> tuple[str, int]:
 
 
 def dirty_block_key(seq: int) -> bytes:
-    """Key of a block of packed dirty marks (9 bytes; a single mark's key has 10)."""
+    """Key of a block of packed dirty marks (9 bytes)."""
     return b"\xff" + U64.pack(seq)
-
-
-def dirty_key(k: int, iid: int) -> bytes:
-    return _HQ.pack(k, iid)
-
-
-def decode_dirty_key(key: bytes) -> tuple[int, int]:
-    return _HQ.unpack(key)

@@ -41,14 +41,10 @@ class DirtyMarks:
             self._reduced = None
 
     def add_stored(self, key: bytes, value: bytes) -> None:
-        """Take in one record of the ``dirty`` family: a block of packed marks or a single mark."""
-        if len(key) == 1 + keys.U64.size:
-            rec = np.frombuffer(value, dtype=keys.DIRTY_MARK_RECORD)
-            self.add(combine(rec["tag"], rec["iid"]), rec["flags"])
-            self.next_seq = max(self.next_seq, keys.decode_iid(key[1:]) + 1)
-        else:
-            k, iid = keys.decode_dirty_key(key)
-            self.add(combine([k], [iid]), np.asarray([value[0]], dtype=np.uint8))
+        """Take in one record of the ``dirty`` family: a block of packed marks."""
+        rec = np.frombuffer(value, dtype=keys.DIRTY_MARK_RECORD)
+        self.add(combine(rec["tag"], rec["iid"]), rec["flags"])
+        self.next_seq = max(self.next_seq, keys.decode_iid(key[1:]) + 1)
 
     def clear(self) -> None:
         self.chunks.clear()

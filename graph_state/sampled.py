@@ -5,17 +5,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from graph_state import keys
 from graph_state.idsets import unique_ids
 
-__all__ = ["SampledIndex", "PAIR_BITS", "MAX_INDEXED_IDS", "SNAPSHOT_PAIRS", "FOLD_PAIRS", "member", "sample_pairs",
-           "stored_pairs"]
+__all__ = ["SampledIndex", "PAIR_BITS", "MAX_INDEXED_IDS", "SNAPSHOT_PAIRS", "FOLD_PAIRS", "member", "sample_pairs"]
 
 PAIR_BITS = 32  # (u, v) packs as u << 32 | v
 MAX_INDEXED_IDS = 1 << (PAIR_BITS - 1)  # u << 32 | v must stay a non-negative int64
 SNAPSHOT_PAIRS = 1 << 20  # pairs per sampled-by snapshot record
 FOLD_PAIRS = 1 << 20  # changes replayed at load before they are folded into a new snapshot
-_SAMPLED_KEY = keys.SAMPLED_KEY_RECORD
 
 def member(sorted_arr: np.ndarray, x: np.ndarray) -> np.ndarray:
     """Which entries of ``x`` are in the sorted array ``sorted_arr``."""
@@ -91,16 +88,6 @@ class SampledIndex:
             pairs = pairs[~member(self.removed, pairs)]
         pairs = np.concatenate([pairs, _slices(added, alo[keep], ahi[keep])])
         return pairs & ((1 << PAIR_BITS) - 1), sources[~keep]
-
-
-def stored_pairs(chunks: list[np.ndarray] | None, legacy: list[bytes], k: int) -> np.ndarray:
-    """The stored sampled-by pairs of fanout ``k``: its snapshot, else its keys in the per-pair layout."""
-    if chunks:
-        return np.concatenate(chunks).astype(np.int64)
-    prefix = k.to_bytes(2, "big")
-    rec = np.frombuffer(b"".join(key for key in legacy if len(key) == _SAMPLED_KEY.itemsize and key[:2] == prefix),
-                        dtype=_SAMPLED_KEY)
-    return (rec["u"].astype(np.int64) << PAIR_BITS) | rec["v"].astype(np.int64)  # keys sort as (u, v)
 
 
 def sample_pairs(ids: np.ndarray, rows: np.ndarray) -> np.ndarray:

@@ -24,19 +24,19 @@ from collections import defaultdict
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
-from rocksdict import Rdict, WriteBatch, WriteOptions
+from rocksdict import Cache, IngestExternalFileOptions, Rdict, SstFileWriter, WriteBatch, WriteOptions
 
 from graph_state import keys
 from graph_state.batch import ApplyResult, Batch, validate_events
-from graph_state.db import (Family, check_iterator, is_corruption, open_db, open_follower, record_manifest,
-                            state_corrupted)
+from graph_state.db import (Family, check_iterator, family_options, is_corruption, layout_error, open_db,
+                            open_follower, record_manifest, state_corrupted)
 from graph_state.exceptions import OffsetRegressionError, StoreConfigError
 from graph_state.idsets import unique_ids
 from graph_state.marks import (DIRTY_COUNT, DIRTY_DEGREE, DIRTY_INPUT, DIRTY_SAMPLE, DirtyMarks, combine, mark_records,
                                or_reduce, split)
 from graph_state.prefixes import GONE, DenseNodes, DenseSamples, Node, Prefix, prefix_changes
 from graph_state.sampled import (FOLD_PAIRS, MAX_INDEXED_IDS, PAIR_BITS, SNAPSHOT_PAIRS, SampledIndex, member,
-                                 sample_pairs, stored_pairs)
+                                 sample_pairs)
 from graph_state.sampler import check_fanout, seeded_rank_bytes
 
 __all__ = ["GraphStore", "ApplyResult"]
@@ -49,6 +49,7 @@ _PACK_U64 = keys.U64.pack
 _UNREAD = object()  # a node record not read yet (``_nodes`` holds None for an absent node)
 
 
+_BULK_MARKER = "bulk_load_in_progress"  # meta: set while a bulk load's files are being ingested
 _CALLER_META = "caller:"  # meta records of callers (apply(meta=...)), apart from the store's own
 
 
@@ -88,6 +89,7 @@ class GraphStore:
         self._write_opts = WriteOptions()
         self._cache_nodes = cache_nodes
         try:
+            self._check_layout()
             self.seed = self._init_meta_int("seed", seed, default=0)
             self._rank = seeded_rank_bytes(self.seed)
             self.feature_dim = self._init_meta_int("feature_dim", feature_dim, default=None)
@@ -169,6 +171,21 @@ class GraphStore:
             self._cf["meta"].put(name.encode(), data)
         else:
             batch.put("meta", name.encode(), data)
+
+    def _check_layout(self) -> None:
+        """Refuse a state written with another layout (:data:`graph_state.keys.LAYOUT`); record the layout in
+        a new one."""
+        stored = self._meta_get("layout")
+        if stored == keys.LAYOUT:
+            if self._meta_get(_BULK_MARKER):
+                raise StoreConfigError(f"state {self.path!r}: a bulk load (`gnnstream graph load`) was cut short; "
+                                       f"delete the directory and run the load again")
+            return
+        if stored is None and next(self._families["meta"].keys(), None) is None:  # a new state
+            if not self.following:
+                self._meta_put("layout", keys.LAYOUT)
+            return
+        raise layout_error(self.path, stored)
 
     def _init_meta_int(self, name: str, value: int | None, default: int | None) -> int | None:
         stored = self._meta_get(name)
@@ -897,9 +914,8 @@ class GraphStore:
         """The in-memory sampled-by index of fanout ``k`` (None when ``k`` is not one of the fanouts).
 
         The first call loads every fanout's index: the snapshot, then the
-        stored changes of each batch since, in order. A store with the
-        per-pair layout of older versions, or with more changes than
-        :data:`FOLD_PAIRS` waiting, gets a new snapshot at once.
+        stored changes of each batch since, in order. A store with more
+        changes than :data:`FOLD_PAIRS` waiting gets a new snapshot at once.
         """
         if k not in self.fanouts:
             return None
@@ -909,18 +925,16 @@ class GraphStore:
 
     def _load_sampled(self) -> None:
         snapshot: dict[int, list[np.ndarray]] = defaultdict(list)
-        legacy: list[bytes] = []
         deltas: list[np.ndarray] = []  # in key order, which is batch order
         seq = -1
         for key, value in self._families["sampled"].items():
-            if len(key) == 8 and key.startswith(keys.SAMPLED_SNAPSHOT_PREFIX):
+            if key.startswith(keys.SAMPLED_SNAPSHOT_PREFIX):
                 snapshot[int.from_bytes(key[2:4], "big")].append(np.frombuffer(value, dtype="<i8"))
-            elif len(key) == 10 and key.startswith(keys.SAMPLED_DELTA_PREFIX):
+            else:
                 deltas.append(np.frombuffer(value, dtype=_SAMPLED_DELTA))
                 seq = keys.decode_iid(key[2:])
-            else:
-                legacy.append(key)
-        indexes = {k: SampledIndex(stored_pairs(snapshot.get(k), legacy, k)) for k in self.fanouts}
+        indexes = {k: SampledIndex(np.concatenate(snapshot[k]).astype(np.int64) if snapshot.get(k)
+                                   else np.zeros(0, dtype=np.int64)) for k in self.fanouts}
         for rec in deltas:
             for k, index in indexes.items():
                 mine = rec[rec["k"] == k]
@@ -928,7 +942,7 @@ class GraphStore:
         pending = sum(len(rec) for rec in deltas)
         self._sampled = indexes
         self._delta_seq, self._delta_pairs = seq + 1, pending
-        if legacy or pending > FOLD_PAIRS:
+        if pending > FOLD_PAIRS:
             self._fold_sampled()
 
     def _fold_sampled(self) -> None:
@@ -1084,6 +1098,47 @@ class GraphStore:
         """The column family ``name`` (engine-owned families: dirty, emb, embmeta, embpages, layerpages, outbox),
         with scans that raise :class:`StateCorrupted` on a read error (:class:`Family`)."""
         return self._families[name]
+
+    def write_table(self, family: str, path: str, items: Iterable[tuple[bytes, bytes]]) -> int:
+        """Write ``(key, value)`` items of ``family``, in strictly increasing key order, into a table file at
+        ``path`` for :meth:`ingest`; returns how many (no file is left for none)."""
+        writer = SstFileWriter(options=family_options(Cache(1 << 20), family))
+        count = 0
+        for key, value in items:
+            if count == 0:
+                writer.open(path)
+            writer[key] = value
+            count += 1
+        if count:
+            writer.finish()
+        return count
+
+    def ingest(self, files: Mapping[str, Sequence[str]], *, next_iid: int, feature_dim: int | None,
+               fanouts: Sequence[int] = ()) -> None:
+        """Move the table files of :meth:`write_table` into their families (a bulk load into an empty state),
+        then record ``next_iid``, ``feature_dim`` and the ``fanouts`` whose sampled-by snapshot came with them.
+
+        A marker written first and removed with the last records makes a load
+        cut short by a crash refuse to open, rather than pass for a smaller graph.
+        """
+        self._meta_put(_BULK_MARKER, True)
+        opts = IngestExternalFileOptions()
+        opts.set_move_files(True)
+        try:
+            for family, paths in files.items():
+                self._cf[family].ingest_external_file(list(paths), opts)
+            batch = Batch(self._handles)
+            self._meta_put("next_iid", next_iid, batch)
+            if feature_dim is not None:
+                self._meta_put("feature_dim", feature_dim, batch)
+            if fanouts:
+                self._meta_put("fanouts", list(fanouts), batch)
+            batch.delete("meta", _BULK_MARKER.encode())
+            self._db.write(batch.wb, self._write_opts)
+        finally:
+            self._invalidate_caches()
+            stored = self._meta_get("fanouts")
+            self.fanouts = tuple(stored) if stored else ()
 
     def write(self, puts: Iterable[tuple[str, bytes, bytes | None]], clear: Sequence[str] = ()) -> int:
         """Write ``(family, key, value-or-None-to-delete)`` triples in one WriteBatch.

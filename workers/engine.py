@@ -26,7 +26,6 @@ the removal of the consumed marks go into one WriteBatch.
 from __future__ import annotations
 
 import glob
-import itertools
 import json
 import logging
 import os
@@ -44,7 +43,7 @@ from graph_state.marks import DIRTY_COUNT, DIRTY_DEGREE, DIRTY_INPUT, DIRTY_SAMP
 from graph_state.store import GraphStore
 from stream.delivery import UpdateColumns
 from stream.partitioning import partitions_for
-from graph_state.embeddings import EmbeddingTables, MetaTable, decode_legacy_final, encode_outbox
+from graph_state.embeddings import EmbeddingTables, MetaTable, encode_outbox
 
 __all__ = ["Engine", "RecomputeStats", "EngineError", "kept_partitions"]
 
@@ -59,7 +58,6 @@ _OUTBOX_SEQ = b"outbox_seq"
 KEPT_META = b"kept_partitions"  # {"count", "kept"}: the output partitions whose final rows are current
 EPOCH_META = b"highest_epoch"  # the highest epoch this state has owned partitions at
 EPOCH_SHIFT = 32  # a version is (the owner's epoch << 32) + a count within it
-_LAYOUT = 4  # version of the embpages/layerpages layout: a store written with another one needs a backfill
 
 
 @contextmanager
@@ -193,7 +191,7 @@ class Engine:
         self.num_layers = len(self.fanouts)
         self.model_tag = f"{cfg.name}:{cfg.version}"
         # what the stored embeddings were computed with: a different model, even under the same tag, needs a backfill
-        self.binding = json.dumps({"layout": _LAYOUT, "model": self.model_tag, "arch": cfg.arch, "weights_sha256": cfg.weights_sha256,
+        self.binding = json.dumps({"model": self.model_tag, "arch": cfg.arch, "weights_sha256": cfg.weights_sha256,
                                    "fanouts": list(cfg.fanouts), "cold_start": cfg.cold_start}, sort_keys=True)
         self.gnn = model.model
         self.policy = model.cold_start
@@ -522,7 +520,6 @@ class Engine:
     def _backfill(self, progress: Callable[[int], None] | None, publish: bool) -> RecomputeStats:
         t0 = time.perf_counter()
         stats = RecomputeStats()
-        self._migrate_layout()
         targets = np.fromiter(self.store.node_iids(), dtype=np.int64)
         self.tables.clear()
         for log in self.logs.values():
@@ -564,7 +561,7 @@ class Engine:
         else:
             self._put_kept(puts := [], set(np.flatnonzero(self._kept).tolist()))
             self.store.write(puts)
-        self.store.write((), clear=("dirty", "emb"))  # emb: where older layouts kept h^l
+        self.store.write((), clear=("dirty",))
         self._damaged = {}  # every row was written
         self._drop_unused_rows()
         stats.seconds = time.perf_counter() - t0
@@ -598,46 +595,6 @@ class Engine:
             log.clear()
         raw = self.store.column("meta").get(_OUTBOX_SEQ)
         self._seq = 0 if raw is None else keys.decode_iid(raw)
-
-    def _migrate_layout(self) -> None:
-        """Bring what an older store keeps beyond its nodes' rows to this layout.
-
-        Layouts 1 and 2 stored one ``embmeta`` record per node (layout 1
-        without the row), and layout 1 wrote outbox records that carried
-        vectors. Their records move into the page log, so that version
-        floors survive (the backfill then rewrites every live node), and old
-        outbox records are dropped (the backfill's own records supersede
-        them). Each chunk of moved records is written with the deletion of
-        its old ones, so an interrupted move resumes where it stopped.
-        """
-        raw = self.store.column("meta").get(b"model")
-        if raw is None or json.loads(raw).get("layout") == _LAYOUT:
-            return
-        meta = self.meta
-        meta.clear()
-        moved = 0
-        legacy = self.store.column("embmeta").items()
-        while True:
-            records = [(key, *decode_legacy_final(value)) for key, value in itertools.islice(legacy, 65_536)]
-            if not records:
-                break
-            puts: list = [("embmeta", key, None) for key, _, _ in records]
-            for has_row in (False, True):
-                part = [(keys.decode_iid(key), m, row) for key, m, row in records if (row is not None) == has_row]
-                if not part:
-                    continue
-                ids = np.asarray([i for i, _, _ in part], dtype=np.int64)
-                meta.set(ids, np.asarray([m.version for _, m, _ in part], dtype=np.int64),
-                         np.asarray([m.event_ts for _, m, _ in part]),
-                         np.asarray([meta.code(m.mode) for _, m, _ in part], dtype=np.int16))
-                puts.extend(meta.encode(ids, np.stack([row for _, _, row in part]) if has_row else None))
-            self._commit(puts)
-            moved += len(records)
-        stale = [("outbox", key, None) for key, value in self.store.column("outbox").items()
-                 if value[:1] != encode_outbox(np.zeros(0, dtype=np.int64), 0.0)[:1]]
-        self.store.write(stale)
-        logger.info("store %s: %d embedding records moved to layout %d, %d old outbox records dropped",
-                    self.store.path, moved, _LAYOUT, len(stale))
 
     def _full_inputs(self, targets: np.ndarray) -> Rows:
         feats, _ = self.store.feature_rows(targets.tolist(), self.tables.dims[0])

@@ -16,8 +16,8 @@ A state's identity is explicit (:func:`open_store`, :func:`open_engine`):
   ``gnnstream backfill --model``. Two models are the same when their tag
   (``name:version``), architecture, ``weights.pt`` sha256, fanouts and
   cold-start policy all agree: the engine's binding stored in the state's
-  meta ``model`` record, less its layout number (dims are part of the
-  weights, the sampling seed is the state's own).
+  meta ``model`` record (dims are part of the weights, the sampling seed is
+  the state's own).
 
 Bad lines of an event file are treated as the stream treats bad records:
 skipped and counted, with line number, reason and detail written to a report
@@ -33,6 +33,7 @@ import errno
 import fcntl
 import gc
 import hashlib
+import itertools
 import json
 import logging
 import os
@@ -51,7 +52,8 @@ from graph_state import keys
 from graph_state.exceptions import (StateModelMismatch, StateNoEmbeddings, StateNotADirectoryError,
                                     StateNotFoundError, StateReadOnlyError, StateSeedMismatch, StoreConfigError,
                                     StoreLockedError)
-from graph_state.db import check_manifest, family_options, state_corrupted
+from graph_state.bulk import BulkLoad
+from graph_state.db import check_manifest, family_options, layout_error, other_families, state_corrupted
 from graph_state.store import GraphStore
 from model import CONFIG_FILE, LoadedModel, ModelConfig, ModelError, load_model_dir
 from stream.events import Event, InvalidEvent, NodeUpsert, check_features, decode_event_json
@@ -78,7 +80,7 @@ logger = logging.getLogger(__name__)
 
 MODEL_DIR_META = b"model_dir"  # meta: the model directory the state uses (default of --model)
 _BINDING = b"model"  # meta: what the stored embeddings were computed with (written by Engine.backfill)
-# the binding's fields that say which model it is (its "layout" says how the rows are kept, not which model)
+# the binding's fields that say which model it is
 _IDENTITY = ("model", "arch", "weights_sha256", "fanouts", "cold_start")
 _BLOCK_CACHE_BYTES = 64 << 20
 
@@ -240,10 +242,8 @@ class _ReadOnlyStore(GraphStore):
                     raise
                 if message.startswith("Corruption") or ("No such file" in message and "MANIFEST-" in message):
                     raise state_corrupted(path, exc) from exc
-                if "Column family not found" in message:  # a writer creates the families a newer version adds
-                    raise StateReadOnlyError(
-                        f"state {path!r} lacks a column family ({message}): it was written by an older gnnstream; "
-                        f"run `gnnstream backfill --state {path} --model DIR` once to bring it up to date") from exc
+                if other_families(exc) or "Column family not found" in message:  # a writer would create it
+                    raise layout_error(path, None) from exc
                 raise
         except BaseException:
             self._unlock()
@@ -373,10 +373,6 @@ def open_engine(store: GraphStore, model_dir: str | None, *, switch_model: bool 
             f"state {store.path!r} holds no embeddings yet; compute them with "
             f"`gnnstream backfill --state {store.path} --model {model_dir}`")
     engine = Engine(store, model, **engine_args)
-    if read_only and engine.needs_backfill():
-        raise StateNoEmbeddings(
-            f"state {store.path!r} keeps the embeddings of {want['model']} in an older layout; rewrite them "
-            f"with `gnnstream backfill --state {store.path} --model {model_dir}`")
     if not read_only and not differ:
         _bind_model_dir(store, model_dir)
     return engine
@@ -572,14 +568,22 @@ def load_events(state: str, path: str, *, seed: int | None = None, model_dir: st
     else 0; with a model, features must have its ``in_dim``. Invalid lines are
     skipped and listed in ``report`` (default :func:`default_report_path`) and
     ``dead_letters``; the run reads the whole file each time.
+
+    Into a state that holds no graph yet, the events up to the first
+    ``node_delete`` are written as table files and ingested
+    (:class:`graph_state.bulk.BulkLoad`, with the sampled-by index of the
+    model's fanouts); the rest, and every load into a state that holds a
+    graph, goes through :meth:`GraphStore.apply` in batches.
     """
     _events_file(path)
     if seed is None and model_dir is None and not _holds_state(os.fspath(state)):
         seed = 0
-    in_dim = load_model_dir(model_dir).config.in_dim if model_dir is not None else None
+    config = load_model_dir(model_dir).config if model_dir is not None else None
+    in_dim = config.in_dim if config is not None else None
     report = report or default_report_path(state, path)
     t0 = time.perf_counter()
     applied = 0
+    bulk_events = 0
     with open_store(state, create=True, model_dir=model_dir, seed=seed) as store, \
             _bar(_count_lines(path), "load") as bar:
         if in_dim is not None:
@@ -587,8 +591,25 @@ def load_events(state: str, path: str, *, seed: int | None = None, model_dir: st
         invalid = _InvalidLines(path, report, dead_letters, keep_through=0)
         dim = store.feature_dim
         source = "the model expects" if in_dim is not None else "the state's nodes have"
+        events = _numbered_events(path, 0, invalid, dim, source)
         last = 0
-        for chunk in _batches(_numbered_events(path, 0, invalid, dim, source), batch):
+        if _takes_bulk(store):  # an empty state: table files, up to the first node_delete
+            load = BulkLoad(store, fanouts=config.fanouts if config is not None else ())
+            rest: list[tuple[int, Event]] = []
+            for line_no, ev in events:
+                if ev.op == "node_delete":
+                    rest.append((line_no, ev))
+                    break
+                load.add(ev)
+                if line_no - last >= 65_536:
+                    bar.update(line_no - last)
+                    last = line_no
+            bar.set_postfix_str("writing tables")
+            load.finish()
+            invalid.flush()
+            bulk_events = applied = load.events
+            events = itertools.chain(rest, events)
+        for chunk in _batches(events, batch):
             invalid.flush()
             store.apply([ev for _, ev in chunk])
             applied += len(chunk)
@@ -597,8 +618,13 @@ def load_events(state: str, path: str, *, seed: int | None = None, model_dir: st
         invalid.flush()
         nodes = store.num_nodes()
         seed_used = store.seed
-    return {"events": applied, **invalid.summary(report, dead_letters), "nodes": nodes, "seed": seed_used,
-            "seconds": round(time.perf_counter() - t0, 3)}
+    return {"events": applied, "bulk_events": bulk_events, **invalid.summary(report, dead_letters), "nodes": nodes,
+            "seed": seed_used, "seconds": round(time.perf_counter() - t0, 3)}
+
+
+def _takes_bulk(store: GraphStore) -> bool:
+    """Whether ``graph load`` writes table files: the state holds no graph and keeps no fanouts."""
+    return not store.fanouts and next(store.column("ids").keys(), None) is None
 
 
 def backfill(state: str, model_dir: str, *, publish: bool = False) -> dict[str, Any]:

@@ -6,7 +6,6 @@ from pathlib import Path
 
 import numpy as np
 
-from graph_state import keys
 from graph_state.marks import DIRTY_COUNT, DIRTY_DEGREE, DIRTY_INPUT, DIRTY_SAMPLE
 from graph_state.store import GraphStore
 from stream.events import EdgeUpsert, NodeUpsert
@@ -42,14 +41,14 @@ def test_marks_of_two_batches_combine_and_survive_a_reopen(tmp_path: Path) -> No
         assert len(list(store.column("dirty").keys())) == 3
 
 
-def test_single_marks_blocks_and_clearing(tmp_path: Path) -> None:
+def test_blocks_combine_and_clearing(tmp_path: Path) -> None:
     path = tmp_path / "db"
     with GraphStore(path, seed=0) as store:
         store.set_fanouts([2])
         store.apply([EdgeUpsert("a", "b", 1.0, 1.0)])
         a = store.iid("a")
-        # a single mark as earlier stores wrote them, and a block written through write()
-        store.write([("dirty", keys.dirty_key(7, a), bytes((DIRTY_COUNT,))),
+        # two blocks written through write(), one mark in both
+        store.write([store.mark_put(np.asarray([7]), np.asarray([a]), np.asarray([DIRTY_COUNT])),
                      store.mark_put(np.asarray([7, 0]), np.asarray([a, a]), np.asarray([DIRTY_SAMPLE, 16]))])
         got = _marks(store)
         assert got[(7, "a")] == DIRTY_COUNT | DIRTY_SAMPLE

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import os
-import struct
 
 import numpy as np
 import pytest
 
 from graph_state import keys
 from graph_state.store import GraphStore
-from graph_state.embeddings import (PAGE_ROWS, EmbeddingMeta, EmbeddingTables, MetaTable, decode_legacy_final, decode_outbox,
+from graph_state.embeddings import (PAGE_ROWS, EmbeddingMeta, EmbeddingTables, MetaTable, decode_outbox,
                             decode_page, encode_outbox)
 
 
@@ -118,14 +117,6 @@ def test_the_log_stays_within_twice_the_live_records_and_reloads_to_the_same_sta
         assert sorted(iid for iid, _, _ in again.items()) == written.tolist()
 
 
-def test_legacy_per_node_records_decode() -> None:
-    head = keys.EMBMETA_HEAD.pack(7, 5.0)
-    assert decode_legacy_final(head + b"deleted") == (EmbeddingMeta(7, 5.0, "deleted"), None)  # layout 1
-    assert decode_legacy_final(head + bytes((4,)) + b"full") == (EmbeddingMeta(7, 5.0, "full"), None)
-    meta, row = decode_legacy_final(head + bytes((4,)) + b"full" + np.asarray([1.5, -2.0], dtype="<f4").tobytes())
-    assert meta == EmbeddingMeta(7, 5.0, "full") and row.tolist() == [1.5, -2.0]
-
-
 def test_outbox_record_round_trip() -> None:
     iids = np.asarray([2**40 + 1, 0, 17], dtype=np.int64)
     computed_at, back = decode_outbox(encode_outbox(iids, 1234.5))
@@ -203,48 +194,6 @@ def test_a_frame_is_reused_only_once_the_deletion_of_its_page_is_stored(tmp_path
         assert _frame(store, 2) == 0  # page 0's deletion is stored: its frame is reused
         rows, _ = MetaTable(store).rows(ids, 4)
         assert (rows == 6.0).all()
-
-
-def _inline_page(iids, version, event_ts, mode: str, rows: np.ndarray) -> bytes:
-    """An ``embpages`` value of the older format that kept the rows inside the record."""
-    count, width = rows.shape
-    head = struct.pack(">BBIHB", 1, 1, count, width, 1) + bytes((len(mode),)) + mode.encode()
-    return (head + np.asarray(iids).astype(">u8").tobytes() + np.asarray(version).astype(">u8").tobytes()
-            + np.asarray(event_ts).astype(">f8").tobytes() + bytes(count) + rows.astype("<f4").tobytes())
-
-
-def test_pages_with_inline_rows_are_read_and_compaction_moves_them_to_frames(tmp_path) -> None:
-    with GraphStore(tmp_path / "s") as store:
-        ids = np.arange(PAGE_ROWS * 3, dtype=np.int64)
-        want = np.random.default_rng(5).standard_normal((len(ids), 4)).astype(np.float32)
-        store.write([("embpages", keys.encode_iid(p), _inline_page(ids[p * PAGE_ROWS:(p + 1) * PAGE_ROWS],
-                                                                    np.full(PAGE_ROWS, 4), np.full(PAGE_ROWS, 1.5),
-                                                                    "full", want[p * PAGE_ROWS:(p + 1) * PAGE_ROWS]))
-                     for p in range(3)])
-        table = MetaTable(store, gc_slack=0)
-        rows, present = table.rows(ids, 4)
-        assert present.all()
-        np.testing.assert_array_equal(rows, want)
-        assert {iid: meta for iid, meta, _ in table.items()}[5] == EmbeddingMeta(4, 1.5, "full")
-        # supersede most records of every page, then half of those again: superseded records outnumber live
-        # ones, and compaction moves the live records of the sparsest pages (two inline ones) into a frame
-        version = np.full(len(ids), 4)
-        for changed in (ids[ids % 32 != 0], ids[(ids % 32 != 0) & (ids % 2 == 0)]):
-            want[changed] += 1.0
-            version[changed] += 1
-            _set(table, changed, version[changed], np.full(len(changed), 2.0), ["full"] * len(changed))
-            puts = table.encode(changed, want[changed])
-            moves = table.compact()
-            store.write(puts + moves)
-            table.committed()
-        assert [decode_page(v)[0]["iid"].tolist() for _, _, v in moves if v is not None] == [[0, 32, 64, 96, 128, 160,
-                                                                                              192, 224]]
-        assert [store.column("embpages").get(keys.encode_iid(p)) is None for p in range(3)] == [True, True, False]
-        again = MetaTable(store)
-        rows, present = again.rows(ids, 4)
-        assert present.all()
-        np.testing.assert_array_equal(rows, want)
-        np.testing.assert_array_equal(again.get(ids)[0], version)
 
 
 def test_logs_of_several_layers_share_a_family_without_seeing_each_other(tmp_path) -> None:

@@ -78,31 +78,6 @@ def test_changes_are_folded_into_a_new_snapshot(tmp_path, monkeypatch: pytest.Mo
         assert_store_matches(store, model, _names(batches), FANOUTS)
 
 
-def test_a_store_with_one_record_per_pair_is_read_and_moved_to_a_snapshot(tmp_path) -> None:
-    batches = random_batches(SEED, 20, 25)
-    model = GraphModel(SEED)
-    with GraphStore(tmp_path / "s", seed=SEED) as store:
-        store.set_fanouts(FANOUTS)
-        for batch in batches[:15]:
-            store.apply(batch)
-            model.apply_all(batch)
-        # rewrite the relation as older versions stored it: (k, u, v) keys
-        pairs = {k: store._sampled_index(k).pairs() for k in FANOUTS}
-        store.column("sampled").delete_range(b"", b"\xff" * 20)
-        for k, packed in pairs.items():
-            for pair in packed.tolist():
-                store.column("sampled").put(keys.sampled_key(k, pair >> 32, pair & 0xFFFFFFFF), b"")
-        assert _kinds(store) == {"snapshot": 0, "delta": 0, "pair": sum(len(p) for p in pairs.values())}
-    with GraphStore(tmp_path / "s") as store:
-        for batch in batches[15:]:  # changes recorded before the old layout is read
-            store.apply(batch)
-            model.apply_all(batch)
-        assert_store_matches(store, model, _names(batches), FANOUTS)
-        assert _kinds(store) == {"snapshot": 2, "delta": 0, "pair": 0}
-    with GraphStore(tmp_path / "s") as store:
-        assert_store_matches(store, model, _names(batches), FANOUTS)
-
-
 def test_fanouts_without_an_index_have_no_dependents(tmp_path) -> None:
     with GraphStore(tmp_path / "s", seed=SEED) as store:
         store.set_fanouts(FANOUTS)

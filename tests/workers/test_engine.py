@@ -10,7 +10,6 @@ and to :mod:`tests.workers.reference`; the outbox must tell consumers the same.
 from __future__ import annotations
 
 import gc
-import json
 import random
 from collections import defaultdict
 from pathlib import Path
@@ -21,7 +20,6 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from graph_state import keys
 from graph_state.store import GraphStore
 from model import init_model_dir, load_model_dir
 from stream.events import EdgeDelete, EdgeUpsert, NodeDelete, NodeUpsert
@@ -633,57 +631,6 @@ def test_mode_changes_when_features_equal_the_zero_default(model_dirs: dict[str,
                [NodeUpsert("b", 2, (0.0, 0.0, 0.0, 0.0))]]
     seen = run_stream(model_dirs["sage"], batches)
     assert seen["metas"]["b"].mode == "full"
-
-
-@pytest.mark.parametrize("layout", [1, 2, 3])
-def test_backfill_moves_an_older_store_forward(model_dirs: dict[str, Path], tmp_path: Path, layout: int) -> None:
-    """A store with per-node embmeta records: version floors are kept, the records move into pages, old outbox
-    records are dropped. Layout 3 kept h^l in the emb family: the backfill drops it and writes the layer logs."""
-    model = load_model_dir(model_dirs["sage"])
-    f = (0.3, 0.1, -0.2, 0.9)
-    head = keys.EMBMETA_HEAD
-    with GraphStore(tmp_path / "s", seed=SEED) as store:
-        engine = Engine(store, model)
-        store.apply([NodeUpsert("a", 1, f), EdgeUpsert("a", "b", 1), EdgeUpsert("b", "c", 1)])
-        engine.backfill()
-        a, b = store.iid("a"), store.iid("b")
-        # what the older layout left: per-node records (a deleted node's floor, a live node's row), an older
-        # binding, and for layout 1 an outbox record of format 2; the pages are what layout 3 would have written
-        binding = json.loads(store.column("meta").get(b"model"))
-        if layout == 3:
-            binding["layout"] = 3
-            store.write((), clear=("layerpages",))
-            row = np.full(engine.tables.dims[1], 0.25, dtype="<f4").tobytes()
-            store.column("emb").put(bytes((1,)) + keys.encode_iid(a), row)
-        elif layout == 1:
-            binding.pop("layout")
-            store.column("embmeta").put(keys.encode_iid(10_000), head.pack(7, 5.0) + b"deleted")
-            store.column("outbox").put(keys.U64.pack(99), b"\x02" + bytes(40))
-        else:
-            binding["layout"] = 2
-            store.column("embmeta").put(keys.encode_iid(10_000), head.pack(7, 5.0) + bytes((7,)) + b"deleted")
-            row = np.full(engine.tables.dims[-1], 0.5, dtype="<f4").tobytes()
-            store.column("embmeta").put(keys.encode_iid(a), head.pack(40, 1.0) + bytes((4,)) + b"full" + row)
-        if layout < 3:
-            store.write((), clear=("embpages",))
-        store.column("meta").put(b"model", json.dumps(binding, sort_keys=True).encode())
-    with GraphStore(tmp_path / "s") as store:
-        engine = Engine(store, model)
-        assert engine.needs_backfill()
-        engine.backfill(publish=True)
-        assert not engine.needs_backfill()
-        assert list(store.column("embmeta").keys()) == [] and list(store.column("emb").keys()) == []
-        hidden, present = engine.logs[1].rows(np.asarray([a, b]), engine.tables.dims[1])
-        assert present.all() and not (hidden == 0.25).all()
-        if layout < 3:
-            assert _stored_final(store, 10_000) == (EmbeddingMeta(7, 5.0, "deleted"), None)
-            assert store.column("outbox").get(keys.U64.pack(99)) is None
-        if layout == 2:  # the backfill counts on from the moved version
-            assert _stored_final(store, a)[0].version == 41
-            assert _stored_final(store, b)[0].version == 1
-        published = _Publisher().collect(engine)
-        assert {e.node for e in published} == {"a", "b", "c"}
-        assert_embeddings_close(_final_stored(engine), _from_scratch(engine))
 
 
 def test_small_layers_run_on_one_torch_thread_and_restore_the_setting() -> None:

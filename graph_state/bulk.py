@@ -1,0 +1,293 @@
+"""Bulk load: a large initial graph into an empty state as RocksDB table files, without a WriteBatch per batch.
+
+The events are taken in as columns (:meth:`BulkLoad.add` one event at a time,
+:meth:`BulkLoad.add_edges` and :meth:`BulkLoad.add_nodes` as arrays), the
+graph they leave is worked out with numpy, and every family is written as one
+sorted table file and ingested (:meth:`GraphStore.ingest`). The state ends
+exactly as :meth:`GraphStore.apply` of the same events, in the same order,
+would have left it: the same interned ids, node records, features, edges and
+neighbour index.
+
+What it takes: ``edge_upsert``, ``edge_delete`` and ``node_upsert``, into a
+state that holds no node yet and keeps no fanouts. Given the model's fanouts,
+it also writes the sampled-by index as one snapshot, so the engine that
+starts next reads it instead of building it node by node. It writes no dirty
+marks: a state without embeddings is backfilled before anything else. A
+``node_delete`` is not taken: the caller applies it, and what follows,
+through :meth:`GraphStore.apply` once the bulk part is in.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from typing import Any, Callable, Iterable, Sequence
+
+import numpy as np
+
+from graph_state import keys
+from graph_state.batch import validate_events
+from graph_state.exceptions import StoreConfigError
+from graph_state.sampled import MAX_INDEXED_IDS, PAIR_BITS, SNAPSHOT_PAIRS
+from graph_state.sampler import check_fanout, seeded_rank_bytes
+
+__all__ = ["BulkLoad"]
+
+_EDGE_RECORD = np.dtype([("weight", ">f8"), ("ts", ">f8")])
+_PAIR_KEY = np.dtype([("src", ">u8"), ("dst", ">u8")])
+_NODE = np.dtype([("degree", ">u4"), ("flags", "u1"), ("last_ts", ">f8")])
+_CHUNK = 1 << 20  # events gathered in Python lists before they become arrays
+
+
+class BulkLoad:
+    """Events gathered for one bulk load into ``store``.
+
+    Args:
+        store: an open :class:`~graph_state.store.GraphStore` with no node and no fanouts.
+        fanouts: the fanouts whose sampled-by index to write with the graph (none: the first engine builds it).
+
+    Raises:
+        StoreConfigError: the store already holds nodes or keeps fanouts.
+    """
+
+    def __init__(self, store: Any, fanouts: Sequence[int] = ()):
+        if store.num_nodes() or next(store.column("ids").keys(), None) is not None:
+            raise StoreConfigError(f"state {store.path!r} already holds a graph: a bulk load needs an empty state")
+        if store.fanouts:
+            raise StoreConfigError(f"state {store.path!r} keeps a sampled-by index (fanouts {list(store.fanouts)}): "
+                                   f"a bulk load needs a state without one")
+        self.store = store
+        self.fanouts = tuple(sorted({check_fanout(k) for k in fanouts}))
+        self.dim = store.feature_dim
+        self.ids: dict[str, int] = {}  # name -> iid, in order of first appearance in an upsert
+        # edge events in order: src and dst iid (-1: a delete naming a node not seen yet), weight, ts, upsert?
+        self._edges: list[tuple[np.ndarray, ...]] = []
+        self._edge_rows: tuple[list, ...] = ([], [], [], [], [], [])  # the columns above, then the event's number
+        self._late: list[tuple[int, str, str]] = []  # deletes naming an unseen node: (position, src, dst)
+        self._nodes: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # node upserts: iid, ts, features
+        self._node_rows: tuple[list, ...] = ([], [], [], [])
+        self.events = 0
+
+    # ------------------------------------------------------------------ taking events in
+    def add(self, ev: Any) -> None:
+        """Take one validated event (``edge_upsert``, ``edge_delete`` or ``node_upsert``).
+
+        Raises:
+            ValueError: an invalid event, or a ``node_delete`` (apply it with :meth:`GraphStore.apply`).
+        """
+        self.dim = validate_events((ev,), self.dim)
+        op = ev.op
+        if op == "node_delete":
+            raise ValueError("Expected edge_upsert, edge_delete or node_upsert in a bulk load (got node_delete)")
+        if op == "node_upsert":
+            rows = self._node_rows
+            rows[0].append(self._intern(ev.id))
+            rows[1].append(float(ev.ts))
+            rows[2].append(ev.features)
+            rows[3].append(self.events)
+            if len(rows[0]) >= _CHUNK:
+                self._flush_nodes()
+        else:
+            rows = self._edge_rows
+            if op == "edge_upsert":
+                s, d, upsert = self._intern(ev.src), self._intern(ev.dst), True
+            else:
+                s, d, upsert = self.ids.get(ev.src, -1), self.ids.get(ev.dst, -1), False
+                if s < 0 or d < 0:  # may still be named by a later upsert: resolved at the end
+                    self._late.append((self.events, ev.src, ev.dst))
+            rows[0].append(s)
+            rows[1].append(d)
+            rows[2].append(float(ev.weight) if upsert else 0.0)
+            rows[3].append(float(ev.ts))
+            rows[4].append(upsert)
+            rows[5].append(self.events)
+            if len(rows[0]) >= _CHUNK:
+                self._flush_edges()
+        self.events += 1
+
+    def add_edges(self, src: Sequence[str], dst: Sequence[str], weight: np.ndarray, ts: np.ndarray) -> None:
+        """Take ``edge_upsert`` events as columns (in order), each weight and time finite."""
+        weight, ts = np.asarray(weight, dtype=np.float64), np.asarray(ts, dtype=np.float64)
+        if not (len(src) == len(dst) == len(weight) == len(ts)):
+            raise ValueError(f"Expected equally long columns (got {len(src)}, {len(dst)}, {len(weight)}, {len(ts)})")
+        if not (np.isfinite(weight).all() and np.isfinite(ts).all()):
+            raise ValueError("Expected finite weights and times")
+        self._flush_edges()
+        intern = self._intern
+        pairs = np.fromiter((i for s, d in zip(src, dst) for i in (intern(s), intern(d))), np.int64, 2 * len(src))
+        self._edges.append((pairs[0::2], pairs[1::2], weight, ts, np.ones(len(ts), dtype=bool),
+                            np.arange(self.events, self.events + len(ts), dtype=np.int64)))
+        self.events += len(ts)
+
+    def add_nodes(self, ids: Sequence[str], ts: np.ndarray, features: np.ndarray) -> None:
+        """Take ``node_upsert`` events as columns (in order): ``features`` is ``[len(ids), dim]``, finite."""
+        features = np.asarray(features, dtype=np.float64)
+        ts = np.asarray(ts, dtype=np.float64)
+        if features.ndim != 2 or len(features) != len(ids) or len(ts) != len(ids):
+            raise ValueError(f"Expected {len(ids)} timestamps and a [{len(ids)}, dim] feature matrix "
+                             f"(got {len(ts)} and {features.shape})")
+        dim = self.dim if self.dim is not None else features.shape[1]
+        if features.shape[1] != dim or dim == 0:
+            raise ValueError(f"Expected {dim} features per node (got {features.shape[1]})")
+        if not (np.isfinite(ts).all() and (np.abs(features) <= np.finfo(np.float32).max).all()):
+            raise ValueError("Expected finite times and features within float32 range")
+        self.dim = dim
+        self._flush_nodes()
+        iids = np.fromiter((self._intern(name) for name in ids), np.int64, len(ids))
+        self._nodes.append((iids, ts, features.astype("<f4"), np.arange(self.events, self.events + len(ids))))
+        self.events += len(ids)
+
+    def _intern(self, name: str) -> int:
+        iid = self.ids.get(name)
+        if iid is None:
+            iid = self.ids[name] = len(self.ids)
+        return iid
+
+    def _flush_edges(self) -> None:
+        rows = self._edge_rows
+        if rows[0]:
+            self._edges.append((np.asarray(rows[0], dtype=np.int64), np.asarray(rows[1], dtype=np.int64),
+                                np.asarray(rows[2], dtype=np.float64), np.asarray(rows[3], dtype=np.float64),
+                                np.asarray(rows[4], dtype=bool), np.asarray(rows[5], dtype=np.int64)))
+            for part in rows:
+                part.clear()
+
+    def _flush_nodes(self) -> None:
+        rows = self._node_rows
+        if rows[0]:
+            self._nodes.append((np.asarray(rows[0], dtype=np.int64), np.asarray(rows[1], dtype=np.float64),
+                                np.asarray(rows[2], dtype="<f4").reshape(len(rows[0]), -1),
+                                np.asarray(rows[3], dtype=np.int64)))
+            for part in rows:
+                part.clear()
+
+    # ------------------------------------------------------------------ the graph the events leave
+    def _edge_columns(self) -> tuple[np.ndarray, ...]:
+        self._flush_edges()
+        if not self._edges:
+            empty = np.zeros(0, dtype=np.int64)
+            return empty, empty, np.zeros(0), np.zeros(0), np.zeros(0, dtype=bool), empty
+        cols = [np.concatenate(part) for part in zip(*self._edges)]
+        if self._late:  # deletes that named a node before an upsert did
+            where = np.searchsorted(cols[5], [at for at, _, _ in self._late])
+            cols[0][where] = [self.ids.get(s, -1) for _, s, _ in self._late]
+            cols[1][where] = [self.ids.get(d, -1) for _, _, d in self._late]
+        return tuple(cols)
+
+    def _final_edges(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """``(src, dst, weight, ts)`` of every directed edge the events leave, sorted by (src, dst)."""
+        src, dst, weight, ts, upsert, seq = self._edge_columns()
+        named = (src >= 0) & (dst >= 0)
+        src, dst, weight, ts, upsert, seq = (c[named] for c in (src, dst, weight, ts, upsert, seq))
+        n = max(len(self.ids), 1)
+        pair = src * n + dst
+        order = np.lexsort((seq, pair))
+        pair = pair[order]
+        last = order[np.flatnonzero(np.append(pair[1:] != pair[:-1], True))]  # the last event of each pair
+        last = last[upsert[last]]
+        last = last[np.argsort(src[last] * n + dst[last], kind="stable")]
+        return src[last], dst[last], weight[last], ts[last]
+
+    def _node_columns(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(last_ts, has_features, features)`` by iid; features only of the nodes that have them."""
+        n = len(self.ids)
+        last_ts = np.full(n, -np.inf)
+        e_src, e_dst, _, e_ts, e_upsert, _ = self._edge_columns()
+        np.maximum.at(last_ts, e_src[e_upsert], e_ts[e_upsert])
+        np.maximum.at(last_ts, e_dst[e_upsert], e_ts[e_upsert])
+        self._flush_nodes()
+        has = np.zeros(n, dtype=bool)
+        dim = self.dim or 0
+        features = np.zeros((n, dim), dtype="<f4")
+        if self._nodes:
+            iids, ts, feats, seq = (np.concatenate(part) for part in zip(*self._nodes))
+            np.maximum.at(last_ts, iids, ts)
+            order = np.lexsort((seq, iids))
+            last = order[np.flatnonzero(np.append(iids[order][1:] != iids[order][:-1], True))]  # a node's last upsert
+            features[iids[last]] = feats[last]
+            has[iids] = True
+        return last_ts, has, features
+
+    # ------------------------------------------------------------------ writing
+    def finish(self, progress: Callable[[str], None] | None = None) -> dict[str, int]:
+        """Write what the events leave into the store (one table file per family, ingested); returns counts.
+
+        A crash before the ingest leaves the state empty; the ingest of the
+        families and then of the ``meta`` records that complete it is the last step.
+        """
+        store = self.store
+        names = list(self.ids)
+        encoded = [name.encode() for name in names]
+        n = len(names)
+        src, dst, weight, ts = self._final_edges()
+        last_ts, has, features = self._node_columns()
+        if progress:
+            progress("graph worked out")
+        # N(v): the distinct pairs either way, self-loops left out
+        links = src != dst
+        a, b = np.minimum(src[links], dst[links]), np.maximum(src[links], dst[links])
+        pair = np.unique(a * max(n, 1) + b)
+        a, b = pair // max(n, 1), pair % max(n, 1)
+        v = np.concatenate([a, b])
+        u = np.concatenate([b, a])
+        degree = np.bincount(v, minlength=n)
+        rank = seeded_rank_bytes(store.seed)
+        ranks = [rank(names[x], names[y]) for x, y in zip(v.tolist(), u.tolist())]
+        by_name = np.empty(n, dtype=np.int64)
+        by_name[sorted(range(n), key=encoded.__getitem__)] = np.arange(n)
+        rank_int = np.frombuffer(b"".join(ranks), dtype=">u8") if ranks else np.zeros(0, dtype=">u8")
+        order = np.lexsort((by_name[u], rank_int, v))
+        if progress:
+            progress("neighbour index ranked")
+        scratch = tempfile.mkdtemp(prefix=".bulk-", dir=store.path)
+        try:
+            files: dict[str, list[str]] = {}
+            pack = keys.U64.pack
+
+            def table(family: str, items: Iterable[tuple[bytes, bytes]]) -> None:
+                path = os.path.join(scratch, f"{family}.sst")
+                if store.write_table(family, path, items):
+                    files[family] = [path]
+
+            table("ids", ((encoded[i], pack(i)) for i in sorted(range(n), key=encoded.__getitem__)))
+            table("names", ((pack(i), encoded[i]) for i in range(n)))
+            node = np.empty(n, dtype=_NODE)
+            node["degree"], node["flags"], node["last_ts"] = degree, np.where(has, keys.FLAG_HAS_FEATURES, 0), last_ts
+            raw = node.tobytes()
+            size = _NODE.itemsize
+            table("nodes", ((pack(i), raw[i * size:(i + 1) * size]) for i in range(n)))
+            if has.any():
+                rows = features.tobytes()
+                width = features.shape[1] * 4
+                table("feats", ((pack(i), rows[i * width:(i + 1) * width]) for i in np.flatnonzero(has).tolist()))
+            edge_keys = np.empty(len(src), dtype=_PAIR_KEY)
+            edge_keys["src"], edge_keys["dst"] = src, dst
+            edge_vals = np.empty(len(src), dtype=_EDGE_RECORD)
+            edge_vals["weight"], edge_vals["ts"] = weight, ts
+            ek, ev = edge_keys.tobytes(), edge_vals.tobytes()
+            table("edges", ((ek[i:i + 16], ev[i:i + 16]) for i in range(0, len(ek), 16)))
+            vs, us = v[order].tolist(), u[order].tolist()
+            table("nbrs", ((pack(x) + ranks[i] + encoded[y], pack(y)) for i, x, y in zip(order.tolist(), vs, us)))
+            if self.fanouts:
+                table("sampled", self._snapshot(v[order], u[order], n))
+            if progress:
+                progress("tables written")
+            store.ingest(files, next_iid=n, feature_dim=self.dim, fanouts=self.fanouts)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        return {"events": self.events, "nodes": n, "edges": int(len(src)), "neighbour_entries": int(len(v))}
+
+    def _snapshot(self, v: np.ndarray, u: np.ndarray, n: int) -> Iterable[tuple[bytes, bytes]]:
+        """The sampled-by snapshot records of every fanout, from the neighbour entries in index order: ``S_k(v)``
+        is the first ``k`` entries of ``v``'s run."""
+        if n > MAX_INDEXED_IDS:
+            raise StoreConfigError(f"the sampled-by index holds at most {MAX_INDEXED_IDS} nodes (this load has {n})")
+        starts = np.flatnonzero(np.append(True, v[1:] != v[:-1])) if len(v) else np.zeros(0, dtype=np.int64)
+        run = np.diff(np.append(starts, len(v)))
+        position = np.arange(len(v)) - np.repeat(starts, run)
+        for k in self.fanouts:
+            keep = position < k
+            pairs = np.sort((u[keep] << PAIR_BITS) | v[keep]).astype("<i8")
+            for chunk, start in enumerate(range(0, len(pairs), SNAPSHOT_PAIRS)):
+                yield keys.sampled_snapshot_key(k, chunk), pairs[start:start + SNAPSHOT_PAIRS].tobytes()
