@@ -19,6 +19,7 @@ through :meth:`GraphStore.apply` once the bulk part is in.
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import tempfile
@@ -38,6 +39,7 @@ _EDGE_RECORD = np.dtype([("weight", ">f8"), ("ts", ">f8")])
 _PAIR_KEY = np.dtype([("src", ">u8"), ("dst", ">u8")])
 _NODE = np.dtype([("degree", ">u4"), ("flags", "u1"), ("last_ts", ">f8")])
 _CHUNK = 1 << 20  # events gathered in Python lists before they become arrays
+_RANK_SLICE = 1 << 20  # neighbour entries ranked and sorted at a time
 
 
 class BulkLoad:
@@ -114,9 +116,11 @@ class BulkLoad:
         if not (np.isfinite(weight).all() and np.isfinite(ts).all()):
             raise ValueError("Expected finite weights and times")
         self._flush_edges()
-        intern = self._intern
-        pairs = np.fromiter((i for s, d in zip(src, dst) for i in (intern(s), intern(d))), np.int64, 2 * len(src))
-        self._edges.append((pairs[0::2], pairs[1::2], weight, ts, np.ones(len(ts), dtype=bool),
+        self._intern_all(itertools.chain.from_iterable(zip(src, dst)))
+        ids = self.ids
+        self._edges.append((np.fromiter(map(ids.__getitem__, src), np.int64, len(src)),
+                            np.fromiter(map(ids.__getitem__, dst), np.int64, len(dst)),
+                            weight, ts, np.ones(len(ts), dtype=bool),
                             np.arange(self.events, self.events + len(ts), dtype=np.int64)))
         self.events += len(ts)
 
@@ -134,9 +138,17 @@ class BulkLoad:
             raise ValueError("Expected finite times and features within float32 range")
         self.dim = dim
         self._flush_nodes()
-        iids = np.fromiter((self._intern(name) for name in ids), np.int64, len(ids))
+        self._intern_all(ids)
+        iids = np.fromiter(map(self.ids.__getitem__, ids), np.int64, len(ids))
         self._nodes.append((iids, ts, features.astype("<f4"), np.arange(self.events, self.events + len(ids))))
         self.events += len(ids)
+
+    def _intern_all(self, names: Iterable[str]) -> None:
+        """Intern ``names`` in order (one pass over the distinct new ones)."""
+        ids = self.ids
+        for name in dict.fromkeys(names):
+            if name not in ids:
+                ids[name] = len(ids)
 
     def _intern(self, name: str) -> int:
         iid = self.ids.get(name)
@@ -231,46 +243,42 @@ class BulkLoad:
         a, b = pair // max(n, 1), pair % max(n, 1)
         v = np.concatenate([a, b])
         u = np.concatenate([b, a])
+        by_v = np.argsort(v, kind="stable")
+        v, u = v[by_v], u[by_v]
         degree = np.bincount(v, minlength=n)
-        rank = seeded_rank_bytes(store.seed)
-        ranks = [rank(names[x], names[y]) for x, y in zip(v.tolist(), u.tolist())]
         by_name = np.empty(n, dtype=np.int64)
-        by_name[sorted(range(n), key=encoded.__getitem__)] = np.arange(n)
-        rank_int = np.frombuffer(b"".join(ranks), dtype=">u8") if ranks else np.zeros(0, dtype=">u8")
-        order = np.lexsort((by_name[u], rank_int, v))
-        if progress:
-            progress("neighbour index ranked")
+        by_bytes = sorted(range(n), key=encoded.__getitem__)
+        by_name[by_bytes] = np.arange(n)
         scratch = tempfile.mkdtemp(prefix=".bulk-", dir=store.path)
         try:
             files: dict[str, list[str]] = {}
-            pack = keys.U64.pack
+            iid_keys = np.arange(n, dtype=">u8").view("V8").tolist()  # encode_iid of every iid
 
             def table(family: str, items: Iterable[tuple[bytes, bytes]]) -> None:
                 path = os.path.join(scratch, f"{family}.sst")
                 if store.write_table(family, path, items):
                     files[family] = [path]
 
-            table("ids", ((encoded[i], pack(i)) for i in sorted(range(n), key=encoded.__getitem__)))
-            table("names", ((pack(i), encoded[i]) for i in range(n)))
+            table("ids", zip(map(encoded.__getitem__, by_bytes), map(iid_keys.__getitem__, by_bytes)))
+            table("names", zip(iid_keys, encoded))
             node = np.empty(n, dtype=_NODE)
             node["degree"], node["flags"], node["last_ts"] = degree, np.where(has, keys.FLAG_HAS_FEATURES, 0), last_ts
-            raw = node.tobytes()
-            size = _NODE.itemsize
-            table("nodes", ((pack(i), raw[i * size:(i + 1) * size]) for i in range(n)))
+            table("nodes", zip(iid_keys, node.view(f"V{_NODE.itemsize}").tolist()))
             if has.any():
-                rows = features.tobytes()
-                width = features.shape[1] * 4
-                table("feats", ((pack(i), rows[i * width:(i + 1) * width]) for i in np.flatnonzero(has).tolist()))
+                with_features = np.flatnonzero(has)
+                rows = np.ascontiguousarray(features[with_features]).view(f"V{features.shape[1] * 4}").ravel()
+                table("feats", zip(map(iid_keys.__getitem__, with_features.tolist()), rows.tolist()))
             edge_keys = np.empty(len(src), dtype=_PAIR_KEY)
             edge_keys["src"], edge_keys["dst"] = src, dst
             edge_vals = np.empty(len(src), dtype=_EDGE_RECORD)
             edge_vals["weight"], edge_vals["ts"] = weight, ts
-            ek, ev = edge_keys.tobytes(), edge_vals.tobytes()
-            table("edges", ((ek[i:i + 16], ev[i:i + 16]) for i in range(0, len(ek), 16)))
-            vs, us = v[order].tolist(), u[order].tolist()
-            table("nbrs", ((pack(x) + ranks[i] + encoded[y], pack(y)) for i, x, y in zip(order.tolist(), vs, us)))
+            table("edges", zip(edge_keys.view("V16").tolist(), edge_vals.view("V16").tolist()))
+            table("nbrs", itertools.chain.from_iterable(  # puts u in index order
+                self._neighbour_index(v, u, names, encoded, iid_keys, by_name)))
+            if progress:
+                progress("neighbour index written")
             if self.fanouts:
-                table("sampled", self._snapshot(v[order], u[order], n))
+                table("sampled", self._snapshot(v, u, n))
             if progress:
                 progress("tables written")
             store.ingest(files, next_iid=n, feature_dim=self.dim, fanouts=self.fanouts)
@@ -291,3 +299,24 @@ class BulkLoad:
             pairs = np.sort((u[keep] << PAIR_BITS) | v[keep]).astype("<i8")
             for chunk, start in enumerate(range(0, len(pairs), SNAPSHOT_PAIRS)):
                 yield keys.sampled_snapshot_key(k, chunk), pairs[start:start + SNAPSHOT_PAIRS].tobytes()
+
+    def _neighbour_index(self, v: np.ndarray, u: np.ndarray, names: list[str], encoded: list[bytes],
+                         iid_keys: list[bytes], by_name: np.ndarray) -> Iterable[Iterable[tuple[bytes, bytes]]]:
+        """The ``nbrs`` records of the entries ``(v, u)`` (sorted by ``v``) in key order, a slice of whole
+        neighbour lists at a time (each slice's ranks computed and sorted as it is reached); ``u`` is left in index order (rank, then id) within each ``v``."""
+        rank = seeded_rank_bytes(self.store.seed)
+        starts = np.flatnonzero(np.append(True, v[1:] != v[:-1]))[1:]  # where each neighbour list but the first begins
+        cut = np.unique(np.searchsorted(starts, np.arange(_RANK_SLICE, len(v), _RANK_SLICE)))
+        lo = 0
+        for hi in [*starts[cut[cut < len(starts)]].tolist(), len(v)]:  # slices end where a neighbour list begins
+            if hi <= lo:
+                continue
+            vs, us = v[lo:hi], u[lo:hi]
+            ranks = list(map(rank, map(names.__getitem__, vs.tolist()), map(names.__getitem__, us.tolist())))
+            order = np.lexsort((by_name[us], np.frombuffer(b"".join(ranks), dtype=">u8"), vs))
+            us[:] = us[order]  # u is a view into the caller's array: index order for the snapshot
+            keys_ = map(bytes.__add__, map(bytes.__add__, map(iid_keys.__getitem__, vs.tolist()),
+                                           map(ranks.__getitem__, order.tolist())),
+                        map(encoded.__getitem__, us.tolist()))
+            yield zip(keys_, map(iid_keys.__getitem__, us.tolist()))
+            lo = hi

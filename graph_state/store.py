@@ -1102,15 +1102,18 @@ class GraphStore:
     def write_table(self, family: str, path: str, items: Iterable[tuple[bytes, bytes]]) -> int:
         """Write ``(key, value)`` items of ``family``, in strictly increasing key order, into a table file at
         ``path`` for :meth:`ingest`; returns how many (no file is left for none)."""
+        items = iter(items)
+        first = next(items, None)
+        if first is None:
+            return 0
         writer = SstFileWriter(options=family_options(Cache(1 << 20), family))
-        count = 0
+        writer.open(path)
+        writer[first[0]] = first[1]
+        count = 1
         for key, value in items:
-            if count == 0:
-                writer.open(path)
             writer[key] = value
             count += 1
-        if count:
-            writer.finish()
+        writer.finish()
         return count
 
     def ingest(self, files: Mapping[str, Sequence[str]], *, next_iid: int, feature_dim: int | None,
