@@ -157,7 +157,7 @@ class GNN(nn.Module):
         if hasattr(conv, "forward_indexed"):
             out = conv.forward_indexed(x_self, table, nbr_rows, self_count, nbr_count)
         else:
-            index = torch.repeat_interleave(torch.arange(x_self.size(0)), self_count)
+            index = torch.repeat_interleave(torch.arange(x_self.size(0), device=x_self.device), self_count)
             out = conv(x_self, table.index_select(0, nbr_rows), index, self_count, nbr_count)
         return out.relu() if l < self.num_layers - 1 else out
 

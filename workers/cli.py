@@ -91,7 +91,7 @@ def _model_init(args: argparse.Namespace) -> int:
 
 def _backfill(args: argparse.Namespace) -> int:
     from workers.offline import backfill
-    _print(backfill(args.state, args.model, publish=args.publish))
+    _print(backfill(args.state, args.model, publish=args.publish, device=args.device))
     return 0
 
 
@@ -294,6 +294,9 @@ def build_parser() -> argparse.ArgumentParser:
     _state_arg(p)
     p.add_argument("--model", required=True, metavar="DIR", help="model directory (becomes the state's model)")
     p.add_argument("--publish", action="store_true", help="also queue every embedding for publishing")
+    p.add_argument("--device", default="cpu", metavar="DEVICE",
+                   help="where the layers run: cpu (default) or cuda (a GPU torch can see; the same layers, "
+                        "equal to the CPU's up to float rounding)")
     p.set_defaults(func=_backfill)
 
     p = sub.add_parser("embeddings", help="export final embeddings as JSON lines (read-only)")

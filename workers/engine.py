@@ -92,6 +92,24 @@ it can."""
 Project = Callable[[np.ndarray], "tuple[np.ndarray, np.ndarray]"]
 
 
+def check_device(device: str | torch.device) -> torch.device:
+    """``device`` as a torch device that is present here.
+
+    Raises:
+        ValueError: an unknown device, or CUDA without a GPU torch can use.
+    """
+    try:
+        found = torch.device(device)
+    except RuntimeError as exc:
+        raise ValueError(f"Expected a torch device such as cpu or cuda (got {device!r})") from exc
+    if found.type not in ("cpu", "cuda"):
+        raise ValueError(f"Expected device cpu or cuda (got {device!r})")
+    if found.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r}: torch sees no CUDA GPU here (torch {torch.__version__}, CUDA build "
+                         f"{torch.version.cuda}); run the backfill with --device cpu")
+    return found
+
+
 class _DenseRows:
     """The rows of ``targets`` (zeros for any other iid) as a :data:`Rows` source, projected once on request."""
 
@@ -194,6 +212,7 @@ class Engine:
         self.binding = json.dumps({"model": self.model_tag, "arch": cfg.arch, "weights_sha256": cfg.weights_sha256,
                                    "fanouts": list(cfg.fanouts), "cold_start": cfg.cold_start}, sort_keys=True)
         self.gnn = model.model
+        self.device = torch.device("cpu")  # where the layers run: another only during backfill(device=...)
         self.policy = model.cold_start
         self.plain = self.policy.name == "plain"
         self.chunk_nodes = chunk_nodes
@@ -454,11 +473,15 @@ class Engine:
             count[~self.policy.uses_neighbours_many(degree)] = 0
         return count
 
+    def _tensor(self, array: np.ndarray) -> torch.Tensor:
+        """``array`` as a tensor on the engine's device (the CPU but during :meth:`backfill` on another)."""
+        return torch.from_numpy(array).to(self.device, non_blocking=True)  # on the CPU: the array's memory
+
     def _projector(self, layer: int) -> Project:
         def project(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             with _threads_for(len(rows)):
-                first, second = self.gnn.project(layer, torch.from_numpy(rows))
-            return first.numpy(), second.numpy()
+                first, second = self.gnn.project(layer, self._tensor(rows))
+            return first.cpu().numpy(), second.cpu().numpy()
         return project
 
     def compute_layer(self, layer: int, targets: np.ndarray, inputs: Rows) -> tuple[np.ndarray, int]:
@@ -493,29 +516,51 @@ class Engine:
                                              self._projector(layer))
                 nbr_rows = pos[len(chunk):].reshape(mat.shape)
                 with torch.no_grad(), _threads_for(len(chunk)):
-                    h = self.gnn.layer_projected(layer, torch.from_numpy(table), torch.from_numpy(nbr_rows),
-                                                 torch.from_numpy(valid), torch.from_numpy(pos[:len(chunk)] + half))
+                    h = self.gnn.layer_projected(layer, self._tensor(table), self._tensor(nbr_rows),
+                                                 self._tensor(valid), self._tensor(pos[:len(chunk)] + half))
             else:
                 flat = mat[valid]
-                self_count = torch.from_numpy(counts.astype(np.int64, copy=False))
+                self_count = self._tensor(counts.astype(np.int64, copy=False))
                 table, pos = inputs(np.concatenate([chunk, flat]))
                 if self._uses_counts[layer]:
-                    nbr_count = torch.from_numpy(self._neighbour_counts(flat, k))
+                    nbr_count = self._tensor(self._neighbour_counts(flat, k))
                 else:
-                    nbr_count = torch.zeros(len(flat), dtype=torch.int64)
+                    nbr_count = self._tensor(np.zeros(len(flat), dtype=np.int64))
                 with torch.no_grad(), _threads_for(len(chunk)):
-                    h = self.gnn.layer_indexed(layer, torch.from_numpy(table[pos[:len(chunk)]]), torch.from_numpy(table),
-                                               torch.from_numpy(pos[len(chunk):]), self_count, nbr_count)
+                    h = self.gnn.layer_indexed(layer, self._tensor(table[pos[:len(chunk)]]), self._tensor(table),
+                                               self._tensor(pos[len(chunk):]), self_count, nbr_count)
+            h = h.cpu()  # no copy on the CPU
             if len(chunk) == len(targets):  # one chunk: keep torch's output, no copy
                 return h.numpy(), sampled
             out[start:start + len(chunk)] = h.numpy()
         return out, sampled
 
     # ------------------------------------------------------------------ backfill
-    def backfill(self, progress: Callable[[int], None] | None = None, publish: bool = False) -> RecomputeStats:
-        """Recompute every node's embedding at every layer from scratch and store them."""
-        with self._forgetting_on_failure():
+    def backfill(self, progress: Callable[[int], None] | None = None, publish: bool = False,
+                 device: str | torch.device = "cpu") -> RecomputeStats:
+        """Recompute every node's embedding at every layer from scratch and store them.
+
+        Args:
+            device: where the layers run (``"cuda"``: the model's weights and each chunk's rows go to the GPU,
+                the rows come back for storing); the same layers as on the CPU, equal up to float rounding.
+
+        Raises:
+            ValueError: ``device`` names a device torch does not have here.
+        """
+        device = check_device(device)
+        with self._forgetting_on_failure(), self._running_on(device):
             return self._backfill(progress, publish)
+
+    @contextmanager
+    def _running_on(self, device: torch.device) -> Iterator[None]:
+        """Run the layers on ``device`` inside the block (the model's weights move there and back)."""
+        self.gnn.to(device)
+        self.device = device
+        try:
+            yield
+        finally:
+            self.device = torch.device("cpu")
+            self.gnn.to(self.device)
 
     def _backfill(self, progress: Callable[[int], None] | None, publish: bool) -> RecomputeStats:
         t0 = time.perf_counter()

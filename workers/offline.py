@@ -58,7 +58,7 @@ from graph_state.store import GraphStore
 from model import CONFIG_FILE, LoadedModel, ModelConfig, ModelError, load_model_dir
 from stream.events import Event, InvalidEvent, NodeUpsert, check_features, decode_event_json
 from workers.atomic import atomic_output
-from workers.engine import Engine
+from workers.engine import Engine, check_device
 from workers.heap import freeze_warm_heap
 from graph_state.embeddings import MetaTable
 
@@ -627,16 +627,17 @@ def _takes_bulk(store: GraphStore) -> bool:
     return not store.fanouts and next(store.column("ids").keys(), None) is None
 
 
-def backfill(state: str, model_dir: str, *, publish: bool = False) -> dict[str, Any]:
+def backfill(state: str, model_dir: str, *, publish: bool = False, device: str = "cpu") -> dict[str, Any]:
     """``backfill``: recompute every embedding from scratch and store it; the one way to switch a state to
-    another model."""
+    another model. ``device`` is where the layers run (``cuda``: a GPU, when torch sees one)."""
+    check_device(device)  # before the state is opened: a wrong device changes nothing
     with open_store(state, create=False, model_dir=model_dir) as store:  # an empty new state has nothing to embed
         engine = open_engine(store, model_dir, switch_model=True)
         with _bar(engine.num_layers, "backfill", unit="layer") as bar:
-            stats = engine.backfill(progress=lambda done: bar.update(1), publish=publish)
+            stats = engine.backfill(progress=lambda done: bar.update(1), publish=publish, device=device)
         _bind_model_dir(store, model_dir)
         return {"nodes": stats.recomputed[0] if stats.recomputed else 0, "layers": engine.num_layers,
-                "model": engine.model_tag, "seconds": round(stats.seconds, 3)}
+                "model": engine.model_tag, "device": device, "seconds": round(stats.seconds, 3)}
 
 
 def apply_events(state: str, model_dir: str | None, path: str, *, batch: int = 1000,

@@ -17,12 +17,14 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from graph_state.store import GraphStore
 from model import init_model_dir, load_model_dir
 from stream.events import EdgeDelete, EdgeUpsert, NodeDelete, NodeUpsert
+from tests.graph_state._events import random_batches
 from tests.workers.reference import (
     ATOL,
     GraphFold,
@@ -32,6 +34,7 @@ from tests.workers.reference import (
     neighbourhoods,
     rank,
     reference_embeddings,
+    run_gnnstream,
 )
 from workers.engine import Engine
 from graph_state.embeddings import EmbeddingMeta, MetaTable, decode_outbox
@@ -634,8 +637,6 @@ def test_mode_changes_when_features_equal_the_zero_default(model_dirs: dict[str,
 
 
 def test_small_layers_run_on_one_torch_thread_and_restore_the_setting() -> None:
-    import torch
-
     from workers.engine import _SMALL_LAYER, _threads_for
 
     before = torch.get_num_threads()
@@ -884,3 +885,46 @@ def test_sharded_final_layer_keeps_publishes_and_takes_over_by_partition(model_d
         assert all(e.version >= 6 << 32 for e in back)
         assert_embeddings_close({e.node: e.embedding for e in back}, {v: r for v, r in _from_scratch(engine).items()
                                                                 if part[v] == 0}, what="taken back")
+
+
+@pytest.mark.parametrize("name", ["sage", "gcn", "gat"])
+def test_a_backfill_on_a_device_equals_the_cpu_backfill(model_dirs: dict[str, Path], tmp_path: Path,
+                                                        name: str) -> None:
+    """backfill(device=...) runs the same layers with every tensor on the device: on the CPU it stores exactly
+    what backfill() does; on a machine where torch sees a GPU, the GPU's rows equal them to 1e-5."""
+    model = load_model_dir(model_dirs[name])
+    events = [ev for batch in random_batches(7, 6, 40) for ev in batch]
+    stored = {}
+    devices = ["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"]
+    for device in [None, *devices]:
+        with GraphStore(tmp_path / f"{name}-{device}", seed=SEED) as store:
+            engine = Engine(store, model, chunk_nodes=16)  # several chunks a layer
+            store.apply(events)
+            engine.backfill() if device is None else engine.backfill(device=device)
+            assert engine.device.type == "cpu" and next(engine.gnn.parameters()).device.type == "cpu"
+            stored[device] = _final_stored(engine)
+            assert_embeddings_close(stored[device], _from_scratch(engine))
+    assert stored["cpu"].keys() == stored[None].keys() and len(stored[None]) > 20
+    for node, row in stored[None].items():
+        assert np.array_equal(stored["cpu"][node], row), node
+        if "cuda" in stored:
+            assert np.allclose(stored["cuda"][node], row, atol=1e-5), node
+
+
+def test_a_device_torch_does_not_have_is_refused_before_anything_changes(model_dirs: dict[str, Path],
+                                                                         tmp_path: Path) -> None:
+    from workers.engine import check_device
+    with pytest.raises(ValueError, match="Expected device cpu or cuda"):
+        check_device("meta")
+    with pytest.raises(ValueError, match="Expected a torch device"):
+        check_device("gpu0")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="torch sees no CUDA GPU here"):
+            check_device("cuda")
+        done = run_gnnstream("backfill", "--state", tmp_path / "none", "--model", model_dirs["sage"],
+                             "--device", "cuda")
+        lines = [line for line in done.stderr.splitlines() if line.strip()]
+        assert done.returncode != 0 and len(lines) == 1 and "no CUDA GPU" in lines[0], done.stderr
+        assert not (tmp_path / "none").exists()
+    else:
+        assert check_device("cuda").type == "cuda"
