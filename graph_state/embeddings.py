@@ -26,7 +26,7 @@ from graph_state.idsets import unique_ids
 from graph_state.prefixes import grow_columns
 from graph_state.store import GraphStore
 
-__all__ = ["EmbeddingTables", "MetaTable", "EmbeddingMeta", "FrameReused", "read_final_rows", "encode_pages",
+__all__ = ["EmbeddingTables", "MetaTable", "EmbeddingMeta", "FrameReused", "read_final_rows", "layer_logs_from", "encode_pages",
            "decode_page", "PAGE_ROWS", "encode_outbox", "decode_outbox"]
 
 logger = logging.getLogger(__name__)
@@ -49,6 +49,12 @@ class EmbeddingMeta:
     version: int
     event_ts: float
     mode: str
+
+
+def layer_logs_from(store: GraphStore, first: int) -> list[tuple[str, bytes, None]]:
+    """Deletions of every record of the hidden-row logs of layers ``first`` and up (``layerpages``), for a
+    :class:`~graph_state.transaction.Transaction`: what a model with fewer layers leaves behind."""
+    return [("layerpages", key, None) for key in store.column("layerpages").keys(from_key=bytes((first,)))]
 
 
 def read_final_rows(store: GraphStore, iids: Sequence[int] | np.ndarray, dim: int) -> tuple[np.ndarray, np.ndarray]:

@@ -38,6 +38,7 @@ from graph_state.prefixes import GONE, DenseNodes, DenseSamples, Node, Prefix, p
 from graph_state.sampled import (FOLD_PAIRS, MAX_INDEXED_IDS, PAIR_BITS, SNAPSHOT_PAIRS, SampledIndex, member,
                                  sample_pairs)
 from graph_state.sampler import check_fanout, seeded_rank_bytes
+from graph_state.transaction import Transaction
 
 __all__ = ["GraphStore", "ApplyResult"]
 
@@ -1089,14 +1090,9 @@ class GraphStore:
         """The number of distinct dirty marks."""
         return len(self._mark_state().reduced()[0])
 
-    def mark_put(self, tags: np.ndarray, iids: np.ndarray, flags: np.ndarray) -> tuple[str, bytes, bytes]:
-        """A :meth:`write` item that stores these dirty marks as one block."""
-        key, value = self._mark_block(combine(tags, iids), np.asarray(flags, dtype=np.uint8))
-        return "dirty", key, value
-
     def column(self, name: str) -> Family:
-        """The column family ``name`` (engine-owned families: dirty, emb, embmeta, embpages, layerpages, outbox),
-        with scans that raise :class:`StateCorrupted` on a read error (:class:`Family`)."""
+        """The column family ``name``, for reading, with scans that raise :class:`StateCorrupted` on a read error
+        (:class:`Family`); writes go through :meth:`commit` (or :meth:`apply`)."""
         return self._families[name]
 
     def write_table(self, family: str, path: str, items: Iterable[tuple[bytes, bytes]]) -> int:
@@ -1143,29 +1139,27 @@ class GraphStore:
             stored = self._meta_get("fanouts")
             self.fanouts = tuple(stored) if stored else ()
 
-    def write(self, puts: Iterable[tuple[str, bytes, bytes | None]], clear: Sequence[str] = ()) -> int:
-        """Write ``(family, key, value-or-None-to-delete)`` triples in one WriteBatch.
-
-        Args:
-            clear: families emptied first in the same batch, with one range
-                delete (cheap to iterate past, unlike a tombstone per key).
+    def commit(self, tx: Transaction) -> int:
+        """Write a :class:`~graph_state.transaction.Transaction` in one WriteBatch: its cleared families first
+        (one range delete each, cheap to iterate past), then its records, then its dirty marks as one block
+        each.
 
         Returns:
             The number of records in the WriteBatch.
         """
         wb = WriteBatch(raw_mode=True)
         handles = self._handles
-        for cf in clear:
+        for cf in tx.cleared:
             wb.delete_range(b"", b"\xff" * 32, handles[cf])
         put, delete = wb.put, wb.delete
-        marks: list[tuple[bytes, bytes | None]] = []  # dirty writes, replayed on the mirror once written
-        for cf, key, value in puts:
+        for cf, key, value in tx.records:
             if value is None:
                 delete(key, handles[cf])
             else:
                 put(key, value, handles[cf])
-            if cf == "dirty":
-                marks.append((key, value))
+        blocks = [self._mark_block(combine(tags, iids), flags) for tags, iids, flags in tx.marks if len(iids)]
+        for key, value in blocks:
+            put(key, value, handles["dirty"])
         rows = wb.len()
         try:
             self._db.write(wb, self._write_opts)
@@ -1176,11 +1170,8 @@ class GraphStore:
             raise
         state = self._marks
         if state is not None:
-            if "dirty" in clear:
+            if "dirty" in tx.cleared:
                 state.clear()
-            for key, value in marks:
-                if value is None:  # a single mark or block removed: read the family again when next needed
-                    self._marks = None
-                    break
+            for key, value in blocks:
                 state.add_stored(key, value)
         return rows

@@ -41,9 +41,10 @@ from graph_state import keys
 from graph_state.idsets import setdiff_ids, unique_ids
 from graph_state.marks import DIRTY_COUNT, DIRTY_DEGREE, DIRTY_INPUT, DIRTY_SAMPLE
 from graph_state.store import GraphStore
+from graph_state.transaction import Transaction
 from stream.delivery import UpdateColumns
 from stream.partitioning import partitions_for
-from graph_state.embeddings import EmbeddingTables, MetaTable, encode_outbox
+from graph_state.embeddings import EmbeddingTables, MetaTable, encode_outbox, layer_logs_from
 
 __all__ = ["Engine", "RecomputeStats", "EngineError", "kept_partitions"]
 
@@ -285,8 +286,9 @@ class Engine:
                 self._damaged[layer] = bad
         count = sum(len(n) for n in nodes)
         if count:
-            self.store.write([self.store.mark_put(np.concatenate(tags), np.concatenate(nodes),
-                                                  np.full(count, DIRTY_SAMPLE, dtype=np.uint8))])
+            tx = Transaction()
+            tx.add_marks(np.concatenate(tags), np.concatenate(nodes), np.full(count, DIRTY_SAMPLE, dtype=np.uint8))
+            self.store.commit(tx)
             logger.warning("store %s: %d stored rows did not match their page records; the next apply or run "
                            "recomputes them", self.store.path, count)
 
@@ -297,10 +299,13 @@ class Engine:
                                        torch.zeros(1, dtype=torch.int64), empty)
         return int(out.shape[1])
 
-    def _outbox(self, puts: list, record: bytes) -> None:
-        """Queue an outbox record; the caller also puts the next sequence number (meta ``outbox_seq``)."""
-        puts.append(("outbox", keys.U64.pack(self._seq), record))
+    def _outbox(self, tx: Transaction, record: bytes) -> None:
+        """Queue an outbox record; the caller also stores the next sequence number (:meth:`_outbox_seq`)."""
+        tx.put_outbox(self._seq, record)
         self._seq += 1
+
+    def _outbox_seq(self, tx: Transaction) -> None:
+        tx.set_meta(_OUTBOX_SEQ, keys.U64.pack(self._seq))
 
     # ------------------------------------------------------------------ versions and ownership
     def _next_versions(self, old: np.ndarray) -> np.ndarray:
@@ -343,16 +348,18 @@ class Engine:
         if epoch is not None:
             self._epoch = epoch
             if epoch > self.highest_epoch():
-                self.store.write([("meta", EPOCH_META, keys.U64.pack(epoch))])
+                tx = Transaction()
+                tx.set_meta(EPOCH_META, keys.U64.pack(epoch))
+                self.store.commit(tx)
         self._kept, self._published = self._mask(keep, count), self._mask(publish, count)
         # a partition dropped is recorded before anything else happens; one added, by take_over once done
         stored = self.kept_partitions()
         if stored is None:  # every node's row was current
-            self._put_kept(puts := [], set(keep))
-            self.store.write(puts)
+            self._put_kept(tx := Transaction(), set(keep))
+            self.store.commit(tx)
         elif stored[0] != count or not stored[1] <= set(keep):
-            self._put_kept(puts := [], stored[1] & set(keep) if stored[0] == count else set())
-            self.store.write(puts)
+            self._put_kept(tx := Transaction(), stored[1] & set(keep) if stored[0] == count else set())
+            self.store.commit(tx)
 
     def kept_partitions(self) -> "tuple[int, set[int]] | None":
         """:func:`kept_partitions` of this engine's store."""
@@ -363,9 +370,9 @@ class Engine:
         raw = self.store.column("meta").get(EPOCH_META)
         return 0 if raw is None else keys.U64.unpack(raw)[0]
 
-    def _put_kept(self, puts: list, kept: "set[int]") -> None:
+    def _put_kept(self, tx: Transaction, kept: "set[int]") -> None:
         value = {"count": self._partition_count, "kept": sorted(kept)}
-        puts.append(("meta", KEPT_META, json.dumps(value).encode()))
+        tx.set_meta(KEPT_META, json.dumps(value).encode())
 
     @staticmethod
     def _mask(partitions: "set[int]", count: int) -> np.ndarray:
@@ -434,17 +441,19 @@ class Engine:
                 stats.sampled_neighbours += sampled
                 self.tables.set(self.num_layers, chunk[fresh], rows[fresh])
             stats.recomputed.append(int(fresh.sum()))
-            puts = self._write_final(chunk, rows, publish=True, stats=stats, event_ts=None, force=False)
-            puts.append(("meta", _OUTBOX_SEQ, keys.U64.pack(self._seq)))
-            self._commit(puts + list(self.meta.compact()))
+            tx = self._write_final(chunk, rows, publish=True, stats=stats, event_ts=None, force=False)
+            self._outbox_seq(tx)
+            tx.add(self.meta.compact())
+            self._commit(tx)
         stats.recomputed = [sum(stats.recomputed)]
-        puts = []
+        tx = Transaction()
         self.tables.set(self.num_layers, gone, None)
-        self._outputs_for_deleted(gone, puts, True, stats, again=True)
-        puts.append(("meta", _OUTBOX_SEQ, keys.U64.pack(self._seq)))
+        self._outputs_for_deleted(gone, tx, True, stats, again=True)
+        self._outbox_seq(tx)
         stored = self.kept_partitions()
-        self._put_kept(puts, (stored[1] if stored and stored[0] == self._partition_count else set()) | partitions)
-        self._commit(puts + list(self.meta.compact()))
+        self._put_kept(tx, (stored[1] if stored and stored[0] == self._partition_count else set()) | partitions)
+        tx.add(self.meta.compact())
+        self._commit(tx)
         stats.seconds = time.perf_counter() - t0
         return stats
 
@@ -591,22 +600,25 @@ class Engine:
                 progress(layer + 1)
         self._write_final(targets[owned], h[owned], publish=publish, stats=stats, event_ts=None, force=True)
         # rows of nodes that are gone (deleted before the marks that would withdraw them were processed)
-        puts: list = []
+        tx = Transaction()
         for layer, log in self.logs.items():
             stale = setdiff_ids(log.held_iids(), targets)
             self.tables.set(layer, stale, None)
             if layer == self.num_layers:
-                self._outputs_for_deleted(stale[self._in(self._kept, stale)], puts, publish, stats)
+                self._outputs_for_deleted(stale[self._in(self._kept, stale)], tx, publish, stats)
             else:
-                puts.extend(log.put_rows(stale, None))
-        self._commit(puts + [put for log in self.logs.values() for put in log.compact()])
-        self.store.column("meta").put(b"model", self.binding.encode())
+                tx.add(log.put_rows(stale, None))
+        for log in self.logs.values():
+            tx.add(log.compact())
+        self._commit(tx)
+        tx = Transaction()
+        tx.set_meta(b"model", self.binding.encode())
         if self._kept is None:  # every node's final row was written
-            self.store.write([("meta", KEPT_META, None)])
+            tx.set_meta(KEPT_META, None)
         else:
-            self._put_kept(puts := [], set(np.flatnonzero(self._kept).tolist()))
-            self.store.write(puts)
-        self.store.write((), clear=("dirty",))
+            self._put_kept(tx, set(np.flatnonzero(self._kept).tolist()))
+        tx.clear_marks()
+        self.store.commit(tx)
         self._damaged = {}  # every row was written
         self._drop_unused_rows()
         stats.seconds = time.perf_counter() - t0
@@ -614,10 +626,10 @@ class Engine:
 
     def _drop_unused_rows(self) -> None:
         """After a backfill: the logs of layers this model does not have, and row files no page points into."""
-        pages = self.store.column("layerpages")
-        extra = [("layerpages", key, None) for key in pages.keys(from_key=bytes((self.num_layers,)))]
-        if extra:
-            self.store.write(extra)
+        tx = Transaction()
+        tx.add(layer_logs_from(self.store, self.num_layers))  # deleted: logs of layers this model does not have
+        if len(tx):
+            self.store.commit(tx)
         used = set().union(*(log.files_in_use() for log in self.logs.values()))
         for path in glob.glob(os.path.join(self.store.path, "*-rows-*.f32")):
             if path not in used:
@@ -648,7 +660,9 @@ class Engine:
     def _write_layer_rows(self, layer: int, iids: np.ndarray, rows: np.ndarray) -> None:
         step = 50_000
         for start in range(0, len(iids), step):
-            self._commit(self.logs[layer].put_rows(iids[start:start + step], rows[start:start + step]))
+            tx = Transaction()
+            tx.add(self.logs[layer].put_rows(iids[start:start + step], rows[start:start + step]))
+            self._commit(tx)
 
     def from_scratch(self) -> tuple[np.ndarray, np.ndarray]:
         """Every node's final embedding computed in memory (nothing is written)."""
@@ -674,9 +688,10 @@ class Engine:
         return np.fromiter(map(known.__getitem__, combos.tolist()), np.int16, len(combos))[inverse]
 
     def _write_final(self, iids: np.ndarray, rows: np.ndarray, *, publish: bool, stats: RecomputeStats,
-                     event_ts: float | None, force: bool, puts: list | None = None) -> list:
-        """Metadata (versions, modes) and outbox entries of final-layer rows."""
-        puts = [] if puts is None else puts
+                     event_ts: float | None, force: bool, tx: Transaction | None = None) -> Transaction:
+        """Metadata (versions, modes) and outbox entries of final-layer rows, added to ``tx`` (a new one when
+        None) and returned; with ``force`` committed a chunk at a time (the one returned is then empty)."""
+        tx = Transaction() if tx is None else tx
         now = time.time()
         chunk = 50_000
         meta = self.meta
@@ -687,16 +702,16 @@ class Engine:
             versions = self._next_versions(old_version)
             times = np.maximum(last_ts, event_ts or 0.0)
             meta.set(ids, versions, times, self._mode_codes(degree, flags))
-            puts.extend(meta.encode(ids, rows[start:start + chunk]))
+            tx.add(meta.encode(ids, rows[start:start + chunk]))
             sent = ids if self._published is None else ids[self._in(self._published, ids)]
             if publish and len(sent):
-                self._outbox(puts, encode_outbox(sent, now))
+                self._outbox(tx, encode_outbox(sent, now))
                 stats.published += len(sent)
             if force:
-                puts.append(("meta", _OUTBOX_SEQ, keys.U64.pack(self._seq)))
-                self._commit(puts)
-                puts = []
-        return puts
+                self._outbox_seq(tx)
+                self._commit(tx)
+                tx = Transaction()
+        return tx
 
     # ------------------------------------------------------------------ incremental
     def _read_marks(self) -> dict[int, tuple[np.ndarray, np.ndarray]]:
@@ -764,7 +779,7 @@ class Engine:
         degree_changed = input_ids[(input_flags & DIRTY_DEGREE) != 0]
         changed = input_ids[(input_flags & DIRTY_INPUT) != 0]
         self.tables.invalidate(0, changed)
-        puts: list[tuple[str, bytes, bytes | None]] = []
+        tx = Transaction()
         new_deferred: dict[int, np.ndarray] = {}
         final_iids = np.zeros(0, dtype=np.int64)
         final_rows = np.zeros((0, self.tables.dims[-1]), dtype=np.float32)
@@ -801,8 +816,8 @@ class Engine:
             self.tables.set(layer + 1, moved, moved_rows)
             self.tables.set(layer + 1, gone, None)
             if layer < self.num_layers - 1:  # final rows are written with their metadata
-                puts.extend(self.logs[layer + 1].put_rows(moved, moved_rows))
-                puts.extend(self.logs[layer + 1].put_rows(gone[self.logs[layer + 1].held(gone)], None))
+                tx.add(self.logs[layer + 1].put_rows(moved, moved_rows))
+                tx.add(self.logs[layer + 1].put_rows(gone[self.logs[layer + 1].held(gone)], None))
             stats.recomputed.append(len(targets))
             stats.changed.append(len(moved))
             changed = np.concatenate([moved, gone])
@@ -827,19 +842,19 @@ class Engine:
                         final_iids = np.concatenate([final_iids, again[present]])
                         final_rows = np.concatenate([final_rows, current[present]])
                 stats.deleted = len(gone)
-                self._outputs_for_deleted(gone, puts, publish, stats)
-        self._write_final(final_iids, final_rows, publish=publish, stats=stats, event_ts=event_ts, force=False,
-                          puts=puts)
+                self._outputs_for_deleted(gone, tx, publish, stats)
+        self._write_final(final_iids, final_rows, publish=publish, stats=stats, event_ts=event_ts, force=False, tx=tx)
         for log in self.logs.values():  # after the last encode of this WriteBatch
-            puts.extend(log.compact())
+            tx.add(log.compact())
         waiting = [(np.full(len(nodes), DEFERRED_TAG + layer), nodes) for layer, nodes in new_deferred.items()]
         if sum(len(nodes) for _, nodes in waiting):
             tags, nodes = np.concatenate([t for t, _ in waiting]), np.concatenate([n for _, n in waiting])
-            puts.append(store.mark_put(tags, nodes, np.ones(len(nodes), dtype=np.uint8)))
-        puts.append(("meta", _OUTBOX_SEQ, keys.U64.pack(self._seq)))
+            tx.add_marks(tags, nodes, np.ones(len(nodes), dtype=np.uint8))
+        self._outbox_seq(tx)
         t = stats.lap("outputs", t)
         # every mark was read above and nothing applies events meanwhile: clear them all at once
-        stats.rows_written = self._commit(puts, clear=("dirty",))
+        tx.clear_marks()
+        stats.rows_written = self._commit(tx)
         self._damaged = {}  # their marks were among those: their rows are written
         stats.lap("write", t)
         stats.seconds = time.perf_counter() - t0
@@ -851,14 +866,14 @@ class Engine:
         bad = self._damaged.get(layer)
         return np.zeros(len(targets), dtype=bool) if bad is None else np.isin(targets, bad)
 
-    def _commit(self, puts: list, clear: tuple[str, ...] = ()) -> int:
-        """Write ``puts`` in one WriteBatch (its callers run under :meth:`_forgetting_on_failure`)."""
-        written = self.store.write(puts, clear=clear)
+    def _commit(self, tx: Transaction) -> int:
+        """Commit ``tx`` (its callers run under :meth:`_forgetting_on_failure`)."""
+        written = self.store.commit(tx)
         for log in self.logs.values():  # frames of the pages this batch deleted may now be reused
             log.committed()
         return written
 
-    def _outputs_for_deleted(self, gone: np.ndarray, puts: list, publish: bool, stats: RecomputeStats, *,
+    def _outputs_for_deleted(self, gone: np.ndarray, tx: Transaction, publish: bool, stats: RecomputeStats, *,
                              again: bool = False) -> None:
         """Withdraw the final embeddings of deleted nodes that have one (``again``: every one of ``gone``)."""
         if not len(gone):
@@ -870,10 +885,10 @@ class Engine:
         if not len(ids):
             return
         self.meta.set(ids, versions, times, np.full(len(ids), self._deleted_code, dtype=np.int16))
-        puts.extend(self.meta.encode(ids, None))
+        tx.add(self.meta.encode(ids, None))
         sent = ids if self._published is None else ids[self._in(self._published, ids)]
         if publish and len(sent):
-            self._outbox(puts, encode_outbox(sent, time.time()))
+            self._outbox(tx, encode_outbox(sent, time.time()))
             stats.published += len(sent)
 
     def outbox_columns(self, iids: np.ndarray, computed_at: float) -> UpdateColumns:

@@ -55,6 +55,7 @@ from graph_state.exceptions import (StateModelMismatch, StateNoEmbeddings, State
 from graph_state.bulk import BulkLoad
 from graph_state.db import check_manifest, family_options, layout_error, other_families, state_corrupted
 from graph_state.store import GraphStore
+from graph_state.transaction import Transaction
 from model import CONFIG_FILE, LoadedModel, ModelConfig, ModelError, load_model_dir
 from stream.events import Event, InvalidEvent, NodeUpsert, check_features, decode_event_json
 from workers.atomic import atomic_output
@@ -284,11 +285,10 @@ class _ReadOnlyStore(GraphStore):
     def _fold_sampled(self) -> None:
         """The in-memory sampled-by index is complete; a new snapshot of it is for a writer to store."""
 
-    def write(self, puts: Iterable[tuple[str, bytes, bytes | None]], clear: Iterable[str] = ()) -> int:
-        puts = list(puts)
-        if list(clear) or any(cf != "dirty" or value is None for cf, _, value in puts):
+    def commit(self, tx: Transaction) -> int:
+        if tx.records or tx.cleared:
             raise self._refuse()
-        self.damaged_marks += sum(len(value) // keys.DIRTY_MARK_RECORD.itemsize for _, _, value in puts)
+        self.damaged_marks += sum(len(iids) for _, iids, _ in tx.marks)
         return 0
 
 

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import orjson
 
+from graph_state.transaction import Transaction
 from stream.backends import DEFAULT_KAFKA_CLIENT, open_consumer, open_producer
 from stream.rollout import CONTROL_TOPIC, Marker, encode_marker, marker_rank, version_topic
 
@@ -48,7 +49,7 @@ if TYPE_CHECKING:
     from graph_state.store import GraphStore
     from workers.worker import Worker
 
-__all__ = ["RolloutError", "RolloutView", "stored_rollout", "rollout_puts", "worker_report", "read_rollout",
+__all__ = ["RolloutError", "RolloutView", "stored_rollout", "record_rollout", "worker_report", "read_rollout",
            "start", "promote", "rollback", "retire", "status", "add_rollout_parser"]
 
 logger = logging.getLogger(__name__)
@@ -72,9 +73,10 @@ def stored_rollout(store: GraphStore, model_tag: str) -> tuple[str, int]:
     return (serving.decode() if serving else model_tag), (int(number) if number else 0)
 
 
-def rollout_puts(marker: Marker) -> list[tuple[str, bytes, bytes]]:
-    """The state's record of having passed ``marker`` (written with the offsets past it)."""
-    return [("meta", SERVING_META, marker.serving.encode()), ("meta", ROLLOUT_META, str(marker.rollout).encode())]
+def record_rollout(tx: Transaction, marker: Marker) -> None:
+    """Add the state's record of having passed ``marker`` to ``tx`` (committed with the offsets past it)."""
+    tx.set_meta(SERVING_META, marker.serving.encode())
+    tx.set_meta(ROLLOUT_META, str(marker.rollout).encode())
 
 
 # ---------------------------------------------------------------------- the rollout topic
@@ -247,7 +249,10 @@ def start(live_state: str, state: str, model_dir: str, *, bootstrap: str | None 
             # the copy serves what the live state served when copied (its own model before any marker); the live
             # worker's undelivered updates are its own
             serving, number = stored_rollout(store, live_model)
-            store.write(rollout_puts(Marker(number, serving)), clear=("outbox",))
+            tx = Transaction()
+            record_rollout(tx, Marker(number, serving))
+            tx.clear_outbox()
+            store.commit(tx)
             nodes = None
             report(phase="backfill", layer=0, layers=engine.num_layers, nodes=nodes)
             with _bar(engine.num_layers, f"backfill {config.model_id}", unit="layer") as bar:

@@ -68,7 +68,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import numpy as np
 
-from graph_state import keys
+from graph_state.transaction import Transaction
 from graph_state.store import GraphStore
 from stream.backends import open_consumer, open_producer
 from stream.clients import ConsumerClient, PartitionKey, ProducerClient, Record
@@ -81,7 +81,7 @@ from stream.rollout import CONTROL_KEY, Marker, marker_of, marker_rank, stamp_he
 from workers.heap import freeze_warm_heap
 from workers.metrics import MetricsServer, WorkerMetrics
 from workers.ownership import Ownership
-from workers.rollout import rollout_puts, stored_rollout, worker_report
+from workers.rollout import record_rollout, stored_rollout, worker_report
 from workers.settings import WorkerSettings
 
 if TYPE_CHECKING:  # torch-backed modules are imported by Worker.run, after /healthz is up
@@ -286,7 +286,9 @@ class OutboxPublisher:
     def confirm(self, out: Outgoing) -> None:
         """Delete the outbox records of a delivered ``out``."""
         if out.keys:
-            self.store.write(("outbox", key, None) for key in out.keys)
+            tx = Transaction()
+            tx.remove_outbox(out.keys)
+            self.store.commit(tx)
 
     def retake(self) -> None:
         """Forget what :meth:`prepare` took and was not confirmed: the next prepare reads it again.
@@ -855,7 +857,7 @@ class Worker:
             self._stop.set()
             return
         past = {tp: offset + 1 for tp, (offset, _) in self._held.items()}
-        self._store_offsets(past, rollout_puts(marker))
+        self._store_offsets(past, marker)
         consumer.seek_to(past)
         self._held.clear()
         self._held_since = None
@@ -865,13 +867,16 @@ class Worker:
         logger.warning("passed rollout marker %d: %s serves from here on (this worker computes %s)",
                        marker.rollout, marker.serving, engine.model_tag)
 
-    def _store_offsets(self, offsets: dict[PartitionKey, int], puts: Iterable[tuple[str, bytes, bytes]] = ()) -> None:
-        """Store next offsets past markers (with ``puts``, in one write); the stored skips are done. A stored
-        offset never moves back."""
+    def _store_offsets(self, offsets: dict[PartitionKey, int], marker: Marker | None = None) -> None:
+        """Store next offsets past markers (with the record of having passed ``marker``, in one write); the
+        stored skips are done. A stored offset never moves back."""
         assert self.store is not None
         offsets = {tp: max(o, self._expected.get(tp, 0)) for tp, o in offsets.items()}
-        self.store.write([*(("offsets", keys.offset_key(*tp), keys.U64.pack(o)) for tp, o in offsets.items()),
-                          *puts])
+        tx = Transaction()
+        tx.set_offsets(offsets)
+        if marker is not None:
+            record_rollout(tx, marker)
+        self.store.commit(tx)
         self._expected.update(offsets)
         for tp in offsets:
             self._skipped.pop(tp, None)
@@ -1032,7 +1037,9 @@ class Worker:
                            "topic or the broker was replaced); resuming at its %s offset %d (--on-offset-reset %s)",
                            tp[0], tp[1], stored, end, s.on_offset_reset, moved[tp], s.on_offset_reset)
         # the one deliberate move back of a stored offset (GraphStore.apply refuses it)
-        self.store.write(("offsets", keys.offset_key(*tp), keys.U64.pack(offset)) for tp, offset in moved.items())
+        tx = Transaction()
+        tx.set_offsets(moved)
+        self.store.commit(tx)
         self._expected.update(moved)
         consumer.seek_to(moved)
 

@@ -8,6 +8,7 @@ import numpy as np
 
 from graph_state.marks import DIRTY_COUNT, DIRTY_DEGREE, DIRTY_INPUT, DIRTY_SAMPLE
 from graph_state.store import GraphStore
+from graph_state.transaction import Transaction
 from stream.events import EdgeUpsert, NodeUpsert
 
 
@@ -48,14 +49,18 @@ def test_blocks_combine_and_clearing(tmp_path: Path) -> None:
         store.apply([EdgeUpsert("a", "b", 1.0, 1.0)])
         a = store.iid("a")
         # two blocks written through write(), one mark in both
-        store.write([store.mark_put(np.asarray([7]), np.asarray([a]), np.asarray([DIRTY_COUNT])),
-                     store.mark_put(np.asarray([7, 0]), np.asarray([a, a]), np.asarray([DIRTY_SAMPLE, 16]))])
+        tx = Transaction()
+        tx.add_marks(np.asarray([7]), np.asarray([a]), np.asarray([DIRTY_COUNT]))
+        tx.add_marks(np.asarray([7, 0]), np.asarray([a, a]), np.asarray([DIRTY_SAMPLE, 16]))
+        store.commit(tx)
         got = _marks(store)
         assert got[(7, "a")] == DIRTY_COUNT | DIRTY_SAMPLE
         assert got[(0, "a")] == DIRTY_INPUT | DIRTY_DEGREE | 16
     with GraphStore(path) as store:
         assert _marks(store) == got
-        store.write((), clear=("dirty",))
+        tx = Transaction()
+        tx.clear_marks()
+        store.commit(tx)
         assert store.dirty_count() == 0 and _marks(store) == {}
     with GraphStore(path) as store:
         assert store.dirty_count() == 0

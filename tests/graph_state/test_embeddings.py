@@ -9,8 +9,16 @@ import pytest
 
 from graph_state import keys
 from graph_state.store import GraphStore
+from graph_state.transaction import Transaction
 from graph_state.embeddings import (PAGE_ROWS, EmbeddingMeta, EmbeddingTables, MetaTable, decode_outbox,
                             decode_page, encode_outbox)
+
+
+def _commit(store: GraphStore, records: list) -> int:
+    """The page logs' records, committed as the engine commits them."""
+    tx = Transaction()
+    tx.add(records)
+    return store.commit(tx)
 
 
 def _set(table: MetaTable, iids, versions, times, modes) -> None:
@@ -27,7 +35,7 @@ def test_meta_table_pages_round_trip_through_a_fresh_table(tmp_path) -> None:
         rows = np.arange(4 * 3, dtype=np.float32).reshape(4, 3) - 4.5
         puts = table.encode(iids, rows)
         assert [(cf, value is None) for cf, _, value in puts] == [("embpages", False)]  # one page for four rows
-        store.write(puts)
+        _commit(store, puts)
         rec, page_modes, has_rows = decode_page(puts[0][2])
         assert has_rows and rec["iid"].tolist() == iids.tolist() and rec["version"].tolist() == [5, 1, 2, 9]
         assert [page_modes[m] for m in rec["mode"].tolist()] == modes
@@ -38,7 +46,7 @@ def test_meta_table_pages_round_trip_through_a_fresh_table(tmp_path) -> None:
         _set(table, iids[:1], [6], [11.0], ["deleted"])
         puts = table.encode(iids[:1], None)
         assert [(cf, value is None) for cf, _, value in puts] == [("embpages", False)]
-        store.write(puts)
+        _commit(store, puts)
         again = MetaTable(store)
         version, event_ts, mode = again.get(np.asarray([3, 0, 99], dtype=np.int64))
         assert version.tolist() == [6, 1, 0]
@@ -60,13 +68,13 @@ def test_a_page_whose_records_are_all_superseded_is_deleted_in_the_same_batch(tm
     with GraphStore(tmp_path / "s") as store:
         table = MetaTable(store)
         _set(table, [1, 2], [1, 1], [0.0, 0.0], ["full", "full"])
-        store.write(table.encode(np.asarray([1, 2]), np.ones((2, 4), dtype=np.float32)))
+        _commit(store, table.encode(np.asarray([1, 2]), np.ones((2, 4), dtype=np.float32)))
         first = keys.encode_iid(0)
         assert store.column("embpages").get(first) is not None
         _set(table, [1, 2], [2, 2], [1.0, 1.0], ["full", "full"])
         puts = table.encode(np.asarray([2, 1]), np.full((2, 4), 2.0, dtype=np.float32))
         assert ("embpages", first, None) in puts
-        store.write(puts)
+        _commit(store, puts)
         assert store.column("embpages").get(first) is None
         assert (table.live(), table.stored_slots()) == (2, 2)
         rows, present = MetaTable(store).rows(np.asarray([1, 2]), 4)
@@ -94,7 +102,7 @@ def test_the_log_stays_within_twice_the_live_records_and_reloads_to_the_same_sta
             want_version[ids] += 1
             want_rows[ids] = rng.standard_normal((len(ids), dim)).astype(np.float32)
             _set(table, ids, want_version[ids], np.full(len(ids), float(step)), ["full"] * len(ids))
-            store.write(table.encode(ids, want_rows[ids]) + table.compact())
+            _commit(store, table.encode(ids, want_rows[ids]) + table.compact())
             table.committed()
             assert table.stored_slots() <= 2 * table.live() + PAGE_ROWS + 400  # one batch may overshoot
         assert table.stored_slots() <= 2 * table.live() + PAGE_ROWS + 400
@@ -130,7 +138,7 @@ def test_compaction_moves_withdrawn_records_into_pages_without_rows(tmp_path) ->
         table = MetaTable(store, gc_slack=0)
         ids = np.arange(1000, dtype=np.int64)
         _set(table, ids, np.full(1000, 3), np.full(1000, 1.0), ["deleted"] * 1000)
-        store.write(table.encode(ids, None))  # withdrawn: pages without rows
+        _commit(store, table.encode(ids, None))  # withdrawn: pages without rows
         want = np.zeros((1000, 2), dtype=np.float32)
         version = np.full(1000, 3)
         for back in (ids[ids % 10 != 0], ids[(ids % 10 != 0) & (ids % 100 >= 10)]):  # 90 %, then 90 % of those
@@ -140,7 +148,7 @@ def test_compaction_moves_withdrawn_records_into_pages_without_rows(tmp_path) ->
             puts = table.encode(back, want[back])
             superseded = table.stored_slots() - table.live()
             moves = table.compact()  # as the engine does: after the last encode of a WriteBatch
-            store.write(puts + moves)
+            _commit(store, puts + moves)
         assert superseded > table.live() == 1000  # the second round left more superseded records than live ones
         kinds = {decode_page(value)[2] for _, _, value in moves if value is not None}
         assert kinds == {False, True}  # withdrawn records and rows both moved to new pages
@@ -170,7 +178,7 @@ def test_a_frame_is_reused_only_once_the_deletion_of_its_page_is_stored(tmp_path
         table = MetaTable(store)
         ids = np.asarray([1, 2], dtype=np.int64)
         _set(table, ids, [1, 1], [0.0, 0.0], ["full", "full"])
-        store.write(table.encode(ids, np.ones((2, 4), dtype=np.float32)))
+        _commit(store, table.encode(ids, np.ones((2, 4), dtype=np.float32)))
         table.committed()
         assert _frame(store, 0) == 0
         _set(table, ids, [2, 2], [1.0, 1.0], ["full", "full"])
@@ -186,11 +194,11 @@ def test_a_frame_is_reused_only_once_the_deletion_of_its_page_is_stored(tmp_path
         # the reloaded table frees the frames nothing stored points at, and keeps frame 0 until page 0 goes
         _set(again, ids, [2, 2], [1.0, 1.0], ["full", "full"])
         puts = again.encode(ids, np.full((2, 4), 5.0, dtype=np.float32))
-        store.write(puts)
+        _commit(store, puts)
         assert _frame(store, 1) == 1  # frame 0 still belonged to page 0 when this was written
         again.committed()
         _set(again, ids, [3, 3], [2.0, 2.0], ["full", "full"])
-        store.write(again.encode(ids, np.full((2, 4), 6.0, dtype=np.float32)))
+        _commit(store, again.encode(ids, np.full((2, 4), 6.0, dtype=np.float32)))
         assert _frame(store, 2) == 0  # page 0's deletion is stored: its frame is reused
         rows, _ = MetaTable(store).rows(ids, 4)
         assert (rows == 6.0).all()
@@ -204,10 +212,10 @@ def test_logs_of_several_layers_share_a_family_without_seeing_each_other(tmp_pat
     with GraphStore(tmp_path / "s") as store:
         final, one, two = logs(store)
         _set(final, [1], [3], [2.0], ["full"])
-        store.write(final.encode(np.asarray([1]), np.full((1, 4), 9.0, dtype=np.float32))
+        _commit(store, final.encode(np.asarray([1]), np.full((1, 4), 9.0, dtype=np.float32))
                     + one.put_rows(np.asarray([1, 2]), np.asarray([[1.0] * 4, [2.0] * 4], dtype=np.float32))
                     + two.put_rows(np.asarray([2, 3]), np.full((2, 2), 5.0, dtype=np.float32)))
-        store.write(one.put_rows(np.asarray([2]), None))  # withdrawn from layer 1 only
+        _commit(store, one.put_rows(np.asarray([2]), None))  # withdrawn from layer 1 only
         assert sorted(p.name for p in (tmp_path / "s").glob("*-rows-*.f32")) == [
             "final-rows-4.f32", "layer1-rows-4.f32", "layer2-rows-2.f32"]
         final, one, two = logs(store)
@@ -228,7 +236,7 @@ def test_frames_that_lost_their_rows_are_reported_by_the_check(tmp_path) -> None
         ids = np.arange(3 * PAGE_ROWS, dtype=np.int64)
         rows = np.random.default_rng(2).standard_normal((len(ids), dim)).astype(np.float32)
         _set(table, ids, np.ones(len(ids)), np.zeros(len(ids)), ["full"] * len(ids))
-        store.write(table.encode(ids, rows))
+        _commit(store, table.encode(ids, rows))
         table.committed()
         assert MetaTable(store).damaged().tolist() == []
         path = tmp_path / "s" / f"final-rows-{dim}.f32"

@@ -543,15 +543,15 @@ def test_a_failed_recompute_write_leaves_the_caches_as_stored(model_dirs: dict[s
         engine.recompute()
         before = _metas(store)
         store.apply([EdgeUpsert("v1", "v2", 10), NodeUpsert("v3", 10, (0.5, -0.5, 0.25, 1.0))])
-        real_write = store.write
+        real_commit = store.commit
 
         def failing(*args: Any, **kwargs: Any) -> int:
             raise OSError("disk full")
 
-        monkeypatch.setattr(store, "write", failing)
+        monkeypatch.setattr(store, "commit", failing)
         with pytest.raises(OSError):
             engine.recompute()
-        monkeypatch.setattr(store, "write", real_write)
+        monkeypatch.setattr(store, "commit", real_commit)
         assert _metas(store) == before
         versions, _, _ = engine.meta.get(np.asarray([store.iid(v) for v in before]))
         assert versions.tolist() == [before[v].version for v in before]  # the cache reads the log again

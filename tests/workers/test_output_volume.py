@@ -33,6 +33,7 @@ import pytest
 
 from graph_state import keys
 from graph_state.store import GraphStore
+from graph_state.transaction import Transaction
 from stream.events import EdgeDelete, NodeDelete
 from stream.updates import VERSION_HEADER, decode_update
 from stream.delivery import Delivery, UpdateColumns
@@ -114,7 +115,9 @@ class Outbox:
         self.store, self.seq = store, 0
 
     def add(self, *iids: int) -> None:
-        self.store.write([("outbox", keys.U64.pack(self.seq), encode_outbox(np.array(iids, dtype=np.int64), 1.0))])
+        tx = Transaction()
+        tx.put_outbox(self.seq, encode_outbox(np.array(iids, dtype=np.int64), 1.0))
+        self.store.commit(tx)
         self.seq += 1
 
 

@@ -356,8 +356,11 @@ def test_outbox_publisher_encodes_columns_and_deletes_only_confirmed_records(tmp
                              ["deleted" if d else "full" for d in deleted.tolist()], rows, deleted)
 
     with GraphStore(str(tmp_path / "s")) as store:
-        store.write([("outbox", keys.U64.pack(0), encode_outbox(np.array([1, 2, 3]), 100.0)),
-                     ("outbox", keys.U64.pack(1), encode_outbox(np.array([4, 5]), 200.0))])
+        from graph_state.transaction import Transaction
+        tx = Transaction()
+        tx.put_outbox(0, encode_outbox(np.array([1, 2, 3]), 100.0))
+        tx.put_outbox(1, encode_outbox(np.array([4, 5]), 200.0))
+        store.commit(tx)
         publisher = OutboxPublisher(store, None, resolve)  # type: ignore[arg-type]
         first = publisher.prepare(limit=1)  # whole records: the first one alone reaches the limit
         assert first.keys == [keys.U64.pack(0)] and len(first) == 3
