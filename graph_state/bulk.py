@@ -148,6 +148,8 @@ class BulkLoad:
         ids = self.ids
         for name in dict.fromkeys(names):
             if name not in ids:
+                if not isinstance(name, str) or not name:
+                    raise ValueError(f"Expected a non-empty string node id (got {name!r})")
                 ids[name] = len(ids)
 
     def _intern(self, name: str) -> int:
@@ -192,6 +194,8 @@ class BulkLoad:
         src, dst, weight, ts, upsert, seq = self._edge_columns()
         named = (src >= 0) & (dst >= 0)
         src, dst, weight, ts, upsert, seq = (c[named] for c in (src, dst, weight, ts, upsert, seq))
+        if not len(src):
+            return src, dst, weight, ts
         n = max(len(self.ids), 1)
         pair = src * n + dst
         order = np.lexsort((seq, pair))

@@ -1120,7 +1120,11 @@ class GraphStore:
         A marker written first and removed with the last records makes a load
         cut short by a crash refuse to open, rather than pass for a smaller graph.
         """
-        self._meta_put(_BULK_MARKER, True)
+        marker = Batch(self._handles)
+        self._meta_put(_BULK_MARKER, True, marker)
+        durable = WriteOptions()
+        durable.sync = True  # the ingest below is durable at once: the marker must be first on disk
+        self._db.write(marker.wb, durable)
         opts = IngestExternalFileOptions()
         opts.set_move_files(True)
         try:

@@ -108,6 +108,8 @@ def check_device(device: str | torch.device) -> torch.device:
     if found.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {device!r}: torch sees no CUDA GPU here (torch {torch.__version__}, CUDA build "
                          f"{torch.version.cuda}); run the backfill with --device cpu")
+    if found.type == "cuda" and found.index is not None and found.index >= torch.cuda.device_count():
+        raise ValueError(f"device {device!r}: torch sees {torch.cuda.device_count()} CUDA GPU(s), numbered from 0")
     return found
 
 
@@ -214,6 +216,7 @@ class Engine:
                                    "fanouts": list(cfg.fanouts), "cold_start": cfg.cold_start}, sort_keys=True)
         self.gnn = model.model
         self.device = torch.device("cpu")  # where the layers run: another only during backfill(device=...)
+        self._device_table: tuple[np.ndarray, torch.Tensor] | None = None  # the input table copied to the device
         self.policy = model.cold_start
         self.plain = self.policy.name == "plain"
         self.chunk_nodes = chunk_nodes
@@ -486,6 +489,16 @@ class Engine:
         """``array`` as a tensor on the engine's device (the CPU but during :meth:`backfill` on another)."""
         return torch.from_numpy(array).to(self.device, non_blocking=True)  # on the CPU: the array's memory
 
+    def _table_tensor(self, table: np.ndarray) -> torch.Tensor:
+        """A layer's input table as :meth:`_tensor`, copied to another device once per table (every chunk of a
+        layer reads rows of the same one), not once per chunk."""
+        if self.device.type == "cpu":
+            return self._tensor(table)
+        held = self._device_table
+        if held is None or held[0] is not table:  # the array is held, so its identity is not reused meanwhile
+            self._device_table = held = (table, self._tensor(table))
+        return held[1]
+
     def _projector(self, layer: int) -> Project:
         def project(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             with _threads_for(len(rows)):
@@ -525,7 +538,7 @@ class Engine:
                                              self._projector(layer))
                 nbr_rows = pos[len(chunk):].reshape(mat.shape)
                 with torch.no_grad(), _threads_for(len(chunk)):
-                    h = self.gnn.layer_projected(layer, self._tensor(table), self._tensor(nbr_rows),
+                    h = self.gnn.layer_projected(layer, self._table_tensor(table), self._tensor(nbr_rows),
                                                  self._tensor(valid), self._tensor(pos[:len(chunk)] + half))
             else:
                 flat = mat[valid]
@@ -536,7 +549,7 @@ class Engine:
                 else:
                     nbr_count = self._tensor(np.zeros(len(flat), dtype=np.int64))
                 with torch.no_grad(), _threads_for(len(chunk)):
-                    h = self.gnn.layer_indexed(layer, self._tensor(table[pos[:len(chunk)]]), self._tensor(table),
+                    h = self.gnn.layer_indexed(layer, self._tensor(table[pos[:len(chunk)]]), self._table_tensor(table),
                                                self._tensor(pos[len(chunk):]), self_count, nbr_count)
             h = h.cpu()  # no copy on the CPU
             if len(chunk) == len(targets):  # one chunk: keep torch's output, no copy
@@ -569,6 +582,7 @@ class Engine:
             yield
         finally:
             self.device = torch.device("cpu")
+            self._device_table = None
             self.gnn.to(self.device)
 
     def _backfill(self, progress: Callable[[int], None] | None, publish: bool) -> RecomputeStats:

@@ -596,17 +596,21 @@ def load_events(state: str, path: str, *, seed: int | None = None, model_dir: st
         if _takes_bulk(store):  # an empty state: table files, up to the first node_delete
             load = BulkLoad(store, fanouts=config.fanouts if config is not None else ())
             rest: list[tuple[int, Event]] = []
+            seen = last
             for line_no, ev in events:
                 if ev.op == "node_delete":
                     rest.append((line_no, ev))
                     break
                 load.add(ev)
+                seen = line_no
                 if line_no - last >= 65_536:
                     bar.update(line_no - last)
                     last = line_no
+            bar.update(seen - last)
+            last = seen
+            invalid.flush()  # the lines skipped are listed before the tables go in
             bar.set_postfix_str("writing tables")
             load.finish()
-            invalid.flush()
             bulk_events = applied = load.events
             events = itertools.chain(rest, events)
         for chunk in _batches(events, batch):

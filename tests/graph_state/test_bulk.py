@@ -144,3 +144,40 @@ def test_bulk_load_writes_the_sampled_by_index_of_the_fanouts(tmp_path: Path, se
             assert [sorted(store.sampled_by(k, u)) for u in everyone.tolist()] == want[k], k
             assert np.array_equal(store.sample_matrix(k, everyone), want_rows[k]), k
         assert sum(map(len, want[2])) > 0
+
+
+@pytest.mark.parametrize("events", [
+    [],
+    [NodeUpsert("a", 1, (1.0, 2.0)), NodeUpsert("b", 2, (0.5, 0.5))],
+    [EdgeDelete("x", "y", 1)],
+], ids=["nothing", "features only", "a delete of nothing"])
+def test_a_bulk_load_without_edges_equals_apply(tmp_path: Path, events: list) -> None:
+    with GraphStore(tmp_path / "applied", seed=0) as applied:
+        applied.apply(events)
+        want = _records(applied)
+    with GraphStore(tmp_path / "bulk", seed=0) as store:
+        load = BulkLoad(store, fanouts=(2,))
+        for ev in events:
+            load.add(ev)
+        assert load.finish()["edges"] == 0
+        assert _records(store) == want
+    with pytest.raises(ValueError, match="non-empty string node id"):
+        with GraphStore(tmp_path / "names", seed=0) as store:
+            BulkLoad(store).add_edges(["a", ""], ["b", "c"], np.ones(2), np.ones(2))
+
+
+def test_graph_load_into_a_new_state_takes_files_without_edges(tmp_path: Path) -> None:
+    from stream.events import encode_event
+    from tests.workers.reference import run_gnnstream
+    files = {  # name: (events, nodes after the load, events in the bulk part)
+        "empty": ([], 0, 0),
+        "features": ([NodeUpsert("a", 1, (1.0, 2.0)), NodeUpsert("b", 2, (0.5, 0.5))], 2, 2),
+        "a delete first": ([NodeDelete("a", 1), EdgeUpsert("a", "b", 2, 1.0)], 2, 0),
+    }
+    for name, (events, nodes, bulk) in files.items():
+        path = tmp_path / f"{name}.jsonl"
+        path.write_bytes(b"".join(encode_event(ev) + b"\n" for ev in events))
+        done = run_gnnstream("graph", "load", "--state", tmp_path / name, path, "--seed", 0)
+        assert done.returncode == 0, done.stderr
+        summary = json.loads(done.stdout)
+        assert (summary["events"], summary["nodes"], summary["bulk_events"]) == (len(events), nodes, bulk), summary
