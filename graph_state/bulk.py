@@ -307,7 +307,8 @@ class BulkLoad:
     def _neighbour_index(self, v: np.ndarray, u: np.ndarray, names: list[str], encoded: list[bytes],
                          iid_keys: list[bytes], by_name: np.ndarray) -> Iterable[Iterable[tuple[bytes, bytes]]]:
         """The ``nbrs`` records of the entries ``(v, u)`` (sorted by ``v``) in key order, a slice of whole
-        neighbour lists at a time (each slice's ranks computed and sorted as it is reached); ``u`` is left in index order (rank, then id) within each ``v``."""
+        neighbour lists at a time (each slice's ranks computed and sorted as it is reached); ``u`` is left in
+        index order (rank, then id) within each ``v``."""
         rank = seeded_rank_bytes(self.store.seed)
         starts = np.flatnonzero(np.append(True, v[1:] != v[:-1]))[1:]  # where each neighbour list but the first begins
         cut = np.unique(np.searchsorted(starts, np.arange(_RANK_SLICE, len(v), _RANK_SLICE)))

@@ -16,7 +16,8 @@ from graph_state import keys
 from graph_state.exceptions import StateCorrupted, StateLayoutError, StoreLockedError
 
 __all__ = ["Family", "open_db", "open_follower", "family_options", "check_iterator", "state_corrupted",
-           "is_corruption", "check_manifest", "record_manifest", "layout_error", "other_families", "REMEDY", "MANIFEST_RECORD"]
+           "is_corruption", "check_manifest", "record_manifest", "layout_error",
+           "other_families", "REMEDY", "MANIFEST_RECORD"]
 
 logger = logging.getLogger(__name__)
 
@@ -217,7 +218,7 @@ def open_db(path: str, lock_timeout: float) -> Rdict:
     opts = Options(raw_mode=True)
     opts.create_if_missing(True)
     opts.create_missing_column_families(True)
-    opts.set_paranoid_checks(True)  # RocksDB's default, relied on: damage found at open or in the background is an error
+    opts.set_paranoid_checks(True)  # RocksDB's default, relied on: damage found at open or in the background fails
     cache = Cache(_BLOCK_CACHE_BYTES)
     cfs = {name: family_options(cache, name) for name in keys.COLUMN_FAMILIES}
     deadline = time.monotonic() + lock_timeout

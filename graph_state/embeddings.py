@@ -26,7 +26,8 @@ from graph_state.idsets import unique_ids
 from graph_state.prefixes import grow_columns
 from graph_state.store import GraphStore
 
-__all__ = ["EmbeddingTables", "MetaTable", "EmbeddingMeta", "FrameReused", "read_final_rows", "layer_logs_from", "encode_pages",
+__all__ = ["EmbeddingTables", "MetaTable", "EmbeddingMeta", "FrameReused", "read_final_rows",
+           "layer_logs_from", "encode_pages",
            "decode_page", "PAGE_ROWS", "encode_outbox", "decode_outbox"]
 
 logger = logging.getLogger(__name__)

@@ -723,7 +723,8 @@ class GraphStore:
         batch.node_columns = touched, degree, flags, last_ts
         # every node whose cached prefix may have changed: compare before and after, vectorised over nodes
         width = max((*self.fanouts, *(d.k for d in self._dense_samples.values())), default=0)
-        ids, before_m, after_m, deg = prefix_changes(batch.initial_top, batch.initial_degree, self._nodes, self._top, width)
+        ids, before_m, after_m, deg = prefix_changes(batch.initial_top, batch.initial_degree, self._nodes, self._top,
+                                                     width)
         for d in self._dense_samples.values():  # write-through: the new S_k rows replace the old ones
             d.grow(self._next_iid)
             d.mat[ids] = after_m[:, :d.k]

@@ -257,7 +257,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=None,
                    help="sampling seed of a new state without --model (default 0); with --model it must be the "
                         "model's")
-    p.add_argument("--batch", type=int, default=1000, help="events per atomic batch after the table files (default 1000)")
+    p.add_argument("--batch", type=int, default=1000,
+                   help="events per atomic batch after the table files (default 1000)")
     _invalid_args(p)
     p.set_defaults(func=_graph_load)
     p = gsub.add_parser("show", help="print a node's neighbours, sample and features as JSON (read-only)")
