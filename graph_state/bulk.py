@@ -42,6 +42,15 @@ _CHUNK = 1 << 20  # events gathered in Python lists before they become arrays
 _RANK_SLICE = 1 << 20  # neighbour entries ranked and sorted at a time
 
 
+def _last_per_key(keys_: np.ndarray, seq: np.ndarray) -> np.ndarray:
+    """The index of the latest entry (highest ``seq``) of each distinct key, in key order."""
+    if not len(keys_):
+        return np.zeros(0, dtype=np.int64)
+    order = np.lexsort((seq, keys_))
+    ordered = keys_[order]
+    return order[np.flatnonzero(np.append(ordered[1:] != ordered[:-1], True))]
+
+
 class BulkLoad:
     """Events gathered for one bulk load into ``store``.
 
@@ -53,8 +62,13 @@ class BulkLoad:
         StoreConfigError: the store already holds nodes or keeps fanouts.
     """
 
+    @staticmethod
+    def takes(store: Any) -> bool:
+        """Whether ``store`` can take a bulk load: it has interned no node (so holds none) and keeps no fanouts."""
+        return not store.fanouts and next(store.column("ids").keys(), None) is None
+
     def __init__(self, store: Any, fanouts: Sequence[int] = ()):
-        if store.num_nodes() or next(store.column("ids").keys(), None) is not None:
+        if next(store.column("ids").keys(), None) is not None:
             raise StoreConfigError(f"state {store.path!r} already holds a graph: a bulk load needs an empty state")
         if store.fanouts:
             raise StoreConfigError(f"state {store.path!r} keeps a sampled-by index (fanouts {list(store.fanouts)}): "
@@ -189,27 +203,21 @@ class BulkLoad:
             cols[1][where] = [self.ids.get(d, -1) for _, _, d in self._late]
         return tuple(cols)
 
-    def _final_edges(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """``(src, dst, weight, ts)`` of every directed edge the events leave, sorted by (src, dst)."""
-        src, dst, weight, ts, upsert, seq = self._edge_columns()
+    def _final_edges(self, edges: tuple[np.ndarray, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """``(src, dst, weight, ts)`` of every directed edge the events (:meth:`_edge_columns`) leave, sorted by
+        (src, dst): the last event of each pair decides."""
+        src, dst, weight, ts, upsert, seq = edges
         named = (src >= 0) & (dst >= 0)
         src, dst, weight, ts, upsert, seq = (c[named] for c in (src, dst, weight, ts, upsert, seq))
-        if not len(src):
-            return src, dst, weight, ts
-        n = max(len(self.ids), 1)
-        pair = src * n + dst
-        order = np.lexsort((seq, pair))
-        pair = pair[order]
-        last = order[np.flatnonzero(np.append(pair[1:] != pair[:-1], True))]  # the last event of each pair
+        last = _last_per_key(src * max(len(self.ids), 1) + dst, seq)
         last = last[upsert[last]]
-        last = last[np.argsort(src[last] * n + dst[last], kind="stable")]
         return src[last], dst[last], weight[last], ts[last]
 
-    def _node_columns(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _node_columns(self, edges: tuple[np.ndarray, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(last_ts, has_features, features)`` by iid; features only of the nodes that have them."""
         n = len(self.ids)
         last_ts = np.full(n, -np.inf)
-        e_src, e_dst, _, e_ts, e_upsert, _ = self._edge_columns()
+        e_src, e_dst, _, e_ts, e_upsert, _ = edges
         np.maximum.at(last_ts, e_src[e_upsert], e_ts[e_upsert])
         np.maximum.at(last_ts, e_dst[e_upsert], e_ts[e_upsert])
         self._flush_nodes()
@@ -219,8 +227,7 @@ class BulkLoad:
         if self._nodes:
             iids, ts, feats, seq = (np.concatenate(part) for part in zip(*self._nodes))
             np.maximum.at(last_ts, iids, ts)
-            order = np.lexsort((seq, iids))
-            last = order[np.flatnonzero(np.append(iids[order][1:] != iids[order][:-1], True))]  # a node's last upsert
+            last = _last_per_key(iids, seq)  # a node's last upsert
             features[iids[last]] = feats[last]
             has[iids] = True
         return last_ts, has, features
@@ -236,8 +243,9 @@ class BulkLoad:
         names = list(self.ids)
         encoded = [name.encode() for name in names]
         n = len(names)
-        src, dst, weight, ts = self._final_edges()
-        last_ts, has, features = self._node_columns()
+        edges = self._edge_columns()
+        src, dst, weight, ts = self._final_edges(edges)
+        last_ts, has, features = self._node_columns(edges)
         if progress:
             progress("graph worked out")
         # N(v): the distinct pairs either way, self-loops left out

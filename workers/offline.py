@@ -593,7 +593,7 @@ def load_events(state: str, path: str, *, seed: int | None = None, model_dir: st
         source = "the model expects" if in_dim is not None else "the state's nodes have"
         events = _numbered_events(path, 0, invalid, dim, source)
         last = 0
-        if _takes_bulk(store):  # an empty state: table files, up to the first node_delete
+        if BulkLoad.takes(store):  # an empty state: table files, up to the first node_delete
             load = BulkLoad(store, fanouts=config.fanouts if config is not None else ())
             rest: list[tuple[int, Event]] = []
             seen = last
@@ -624,11 +624,6 @@ def load_events(state: str, path: str, *, seed: int | None = None, model_dir: st
         seed_used = store.seed
     return {"events": applied, "bulk_events": bulk_events, **invalid.summary(report, dead_letters), "nodes": nodes,
             "seed": seed_used, "seconds": round(time.perf_counter() - t0, 3)}
-
-
-def _takes_bulk(store: GraphStore) -> bool:
-    """Whether ``graph load`` writes table files: the state holds no graph and keeps no fanouts."""
-    return not store.fanouts and next(store.column("ids").keys(), None) is None
 
 
 def backfill(state: str, model_dir: str, *, publish: bool = False, device: str = "cpu") -> dict[str, Any]:
