@@ -71,7 +71,8 @@ class ApplyResult:
     Attributes:
         fanouts: the fanouts the sample changes are reported for.
         event_touches: per event, ``(iid, position)`` pairs: the node whose
-            neighbour list changed and the rank position the change hit.
+            neighbour list changed and the rank position the change hit (known within the in-memory prefix,
+            :attr:`GraphStore.top_size` entries; a large number past it).
         sample_changed: per fanout, the iids whose ``S_k`` differs before and
             after the batch.
         count_changed: per fanout, the iids whose ``|S_k|`` changed.
@@ -114,7 +115,9 @@ class Batch:
         self.handles = handles
         self.nbrs_family = handles["nbrs"]
         self.pending_nbr: dict[int, dict[bytes, int | None]] = defaultdict(dict)
-        self.initial_top: dict[int, list[int]] = {}  # the neighbour ids of the cached prefixes, as they were
+        self.tops: dict[int, Any] = {}  # the prefixes this batch edits (graph_state.prefixes.Prefix), by node
+        self.fresh_tops: set[int] = set()  # those not taken from the prefix table (read, or of new nodes)
+        self.initial_top: dict[int, list[int]] = {}  # the neighbour ids of those prefixes, as they were
         self.initial_degree: dict[int, int] = {}
         self.edges: dict[bytes, bool] = {}
         self.stored_edges: dict[bytes, bool] = {}  # prefetched: does the edge exist before the batch

@@ -211,15 +211,6 @@ class EmbeddingTables:
             held[1][stale] = True
         return held[0], pos, len(table)
 
-    def keep_projected(self, layer: int, iids: np.ndarray, first: np.ndarray, second: np.ndarray) -> None:
-        """Hold projections of the cached rows of ``iids`` at ``layer`` computed elsewhere (a backfill's)."""
-        iids = np.asarray(iids, dtype=np.int64)
-        if not len(iids) or not self._grow(layer, int(iids.max()) + 1):
-            return
-        held = self._held_projections(layer, first.shape[1])
-        held[0][iids], held[0][len(self._rows[layer]) + iids] = first, second
-        held[1][iids] = self._loaded[layer][iids]
-
     def _held_projections(self, layer: int, width: int) -> tuple[np.ndarray, np.ndarray]:
         held = self._proj.get(layer)
         if held is None:

@@ -3,6 +3,7 @@ from, and the comparison that turns a batch's prefix edits into sample changes."
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
@@ -10,7 +11,7 @@ import numpy as np
 
 from graph_state import keys
 
-__all__ = ["Node", "GONE", "Prefix", "DenseSamples", "DenseNodes", "grow_columns", "padded_rows", "prefix_changes"]
+__all__ = ["Node", "GONE", "Prefix", "PrefixTable", "DenseNodes", "grow_columns", "padded_rows", "prefix_changes"]
 
 @dataclass(slots=True)
 class Node:
@@ -28,38 +29,98 @@ GONE = Node(-1, 0, 0.0)  # stands for a deleted node's record in the columns wri
 
 
 class Prefix:
-    """The first :attr:`GraphStore.top_size` entries of a neighbour list in rank order: the index keys and
-    the neighbour ids side by side (the ids of a sample are a slice, without unpacking entries)."""
+    """The first :attr:`GraphStore.top_size` entries of a neighbour list in rank order, as a batch edits them:
+    the ranks ``r(v, u)`` and the neighbour ids side by side (the ids of a sample are a slice)."""
 
-    __slots__ = ("keys", "ids")
+    __slots__ = ("ranks", "ids")
 
-    def __init__(self) -> None:
-        self.keys: list[bytes] = []
-        self.ids: list[int] = []
+    def __init__(self, ranks: list[int] | None = None, ids: list[int] | None = None) -> None:
+        self.ranks: list[int] = [] if ranks is None else ranks
+        self.ids: list[int] = [] if ids is None else ids
 
 
-class DenseSamples:
-    """``S_k`` of many nodes as a padded iid matrix (-1 where the sample is short).
+class PrefixTable:
+    """The neighbour-list prefixes of every node as two ``[capacity, width]`` matrices by iid.
 
-    Rows are filled on first read and dropped whenever the node's rank-ordered
-    prefix changes, so a valid row always equals :meth:`GraphStore.sample_iids`.
+    ``rank`` holds ``r(v, u)`` and ``ids`` the neighbour ``u`` of the first
+    ``length[v]`` entries of ``v``'s list in rank order (``ids`` is -1 past
+    them, so the first ``k`` columns of a row are ``S_k(v)`` padded as the
+    engine reads it). ``loaded`` says which rows are filled; the rest are read
+    from RocksDB when first needed. A batch edits :class:`Prefix` copies of
+    the rows it touches and writes them back with :meth:`put_many`.
     """
 
-    def __init__(self, k: int):
-        self.k = k
-        self.mat = np.full((0, k), -1, dtype=np.int64)
-        self.valid = np.zeros(0, dtype=bool)
+    def __init__(self, width: int):
+        self.width = width
+        self.rank = np.zeros((0, width), dtype=np.uint64)
+        self.ids = np.full((0, width), -1, dtype=np.int64)
+        self.length = np.zeros(0, dtype=np.int32)
+        self.loaded = np.zeros(0, dtype=bool)
+        self.count = 0  # rows loaded
 
     def grow(self, size: int) -> None:
-        have = len(self.valid)
+        have = len(self.loaded)
         if size <= have:
             return
-        new = max(size, 2 * have, 1024)
-        mat = np.full((new, self.k), -1, dtype=np.int64)
-        mat[:have] = self.mat
-        valid = np.zeros(new, dtype=bool)
-        valid[:have] = self.valid
-        self.mat, self.valid = mat, valid
+        new = max(size, have + have // 4, 1024)  # a quarter more: the matrices are the largest per-node state
+        rank = np.zeros((new, self.width), dtype=np.uint64)
+        rank[:have] = self.rank
+        ids = np.full((new, self.width), -1, dtype=np.int64)
+        ids[:have] = self.ids
+        length = np.zeros(new, dtype=np.int32)
+        length[:have] = self.length
+        loaded = np.zeros(new, dtype=bool)
+        loaded[:have] = self.loaded
+        self.rank, self.ids, self.length, self.loaded = rank, ids, length, loaded
+
+    def clear(self) -> None:
+        """Forget every row (they are read again when next needed); the memory is kept."""
+        self.loaded[:] = False
+        self.count = 0
+
+    def get(self, v: int) -> Prefix | None:
+        """A copy of ``v``'s row to edit, or None when it is not loaded."""
+        if v >= len(self.loaded) or not self.loaded[v]:
+            return None
+        n = int(self.length[v])
+        return Prefix(self.rank[v, :n].tolist(), self.ids[v, :n].tolist())
+
+    def copies(self, iids: np.ndarray) -> tuple[list[int], list[Prefix]]:
+        """Copies of the loaded rows among distinct ``iids`` to edit, read with one numpy call per matrix:
+        ``(their iids, a Prefix each)``."""
+        iids = iids[iids < len(self.loaded)]
+        iids = iids[self.loaded[iids]]
+        rows = zip(self.rank[iids].tolist(), self.ids[iids].tolist(), self.length[iids].tolist())
+        return iids.tolist(), [Prefix(rank[:n], ids[:n]) for rank, ids, n in rows]
+
+    def missing(self, iids: np.ndarray) -> np.ndarray:
+        """The distinct ``iids`` whose rows are not loaded."""
+        if not len(iids):
+            return iids
+        self.grow(int(iids.max()) + 1)
+        return np.unique(iids[~self.loaded[iids]])
+
+    def put_many(self, iids: Sequence[int], tops: Sequence[Prefix]) -> None:
+        """Store the prefixes ``tops`` as the rows of distinct ``iids``."""
+        if not len(iids):
+            return
+        idx = np.fromiter(iids, dtype=np.int64, count=len(iids))
+        self.grow(int(idx.max()) + 1)
+        lengths = [len(top.ids) for top in tops]
+        self.count += len(idx) - int(np.count_nonzero(self.loaded[idx]))
+        self.ids[idx] = padded_rows(list(itertools.chain.from_iterable(top.ids for top in tops)), lengths,
+                                    self.width)
+        flat = np.fromiter(itertools.chain.from_iterable(top.ranks for top in tops), dtype=np.uint64,
+                           count=sum(lengths))
+        ranks = np.zeros((len(idx), self.width), dtype=np.uint64)
+        ranks[self.ids[idx] >= 0] = flat  # row-major order of the held entries, as flattened
+        self.rank[idx] = ranks
+        self.length[idx] = lengths
+        self.loaded[idx] = True
+
+    def samples(self, iids: np.ndarray, k: int) -> np.ndarray:
+        """``S_k`` of loaded rows: ``[len(iids), k]`` ids in rank order, padded with -1 (a copy)."""
+        return self.ids[iids, :k]
 
 
 def grow_columns(owner: Any, names: Sequence[str], size: int) -> int | None:

@@ -34,7 +34,7 @@ from graph_state.exceptions import OffsetRegressionError, StoreConfigError
 from graph_state.idsets import unique_ids
 from graph_state.marks import (DIRTY_COUNT, DIRTY_DEGREE, DIRTY_INPUT, DIRTY_SAMPLE, DirtyMarks, combine, mark_records,
                                or_reduce, split)
-from graph_state.prefixes import GONE, DenseNodes, DenseSamples, Node, Prefix, prefix_changes
+from graph_state.prefixes import GONE, DenseNodes, Node, Prefix, PrefixTable, prefix_changes
 from graph_state.sampled import (FOLD_PAIRS, MAX_INDEXED_IDS, PAIR_BITS, SNAPSHOT_PAIRS, SampledIndex, member,
                                  sample_pairs)
 from graph_state.sampler import check_fanout, seeded_rank_bytes
@@ -44,7 +44,7 @@ __all__ = ["GraphStore", "ApplyResult"]
 
 logger = logging.getLogger(__name__)
 
-_MIN_TOP = 32
+_MIN_TOP = 8  # prefix width of a store without fanouts (or with small ones)
 _SAMPLED_DELTA = keys.SAMPLED_DELTA_RECORD
 _PACK_U64 = keys.U64.pack
 _UNREAD = object()  # a node record not read yet (``_nodes`` holds None for an absent node)
@@ -103,12 +103,9 @@ class GraphStore:
         self._iid: dict[str, int] = {}
         self._name: dict[int, str] = {}
         self._nodes: dict[int, Node | None] = {}
-        self._top: dict[int, Prefix] = {}
-        self._samples: dict[int, dict[int, list[int]]] = {}  # memo of S_k as iids, dropped when the prefix changes
         self._sampled: dict[int, SampledIndex] = {}  # the sampled-by index in memory, loaded on first use
         self._delta_seq: int | None = None  # key of the next batch's sampled-by changes
         self._delta_pairs = 0  # sampled-by changes stored since the snapshot (known once the index is loaded)
-        self._dense_samples: dict[int, DenseSamples] = {}  # S_k of many nodes at once, for the engine
         self._dense_nodes = DenseNodes()
         self._marks: DirtyMarks | None = None  # mirror of the dirty family, loaded on first use
         self._batch: Batch | None = None
@@ -232,11 +229,7 @@ class GraphStore:
         batch.wb.delete_range(b"", b"\xff" * 20, self._handles["sampled"])
         self._meta_put("fanouts", [], batch)
         self._db.write(batch.wb, self._write_opts)
-        old_size = self.top_size
         self.fanouts = ks
-        if self.top_size > old_size:
-            self._top.clear()  # cached prefixes are shorter than the new largest fanout
-        self._samples.clear()
         self._sampled.clear()
         self._check_indexable()
         pairs: dict[int, list[int]] = {k: [] for k in ks}
@@ -244,7 +237,7 @@ class GraphStore:
             top = self._top_of(iid).ids
             for k in ks:
                 pairs[k].extend((u << PAIR_BITS) | iid for u in top[:k])
-            if len(self._top) > self._cache_nodes:
+            if self._prefixes.count > self._cache_nodes:
                 self._trim_caches()
         self._sampled = {k: SampledIndex(np.sort(np.asarray(p, dtype=np.int64))) for k, p in pairs.items()}
         self._fold_sampled()  # the snapshot, written before the fanouts that make it current
@@ -255,7 +248,7 @@ class GraphStore:
 
     @property
     def top_size(self) -> int:
-        """How many rank-ordered neighbours are cached per node."""
+        """How many rank-ordered neighbours of each node the prefix table holds (the largest fanout, at least 8)."""
         return self._top_size
 
     @property
@@ -267,6 +260,8 @@ class GraphStore:
     def fanouts(self, ks: tuple[int, ...]) -> None:
         self._fanouts = ks
         self._top_size = max(_MIN_TOP, max(ks, default=0))
+        if getattr(self, "_prefixes", None) is None or self._prefixes.width != self._top_size:
+            self._prefixes = PrefixTable(self._top_size)  # rows of another width are read again
 
     # ------------------------------------------------------------------ ids
     def warm_ids(self) -> int:
@@ -370,68 +365,95 @@ class GraphStore:
         yield from added[ai:]
 
     def _top_of(self, v: int) -> Prefix:
-        top = self._top.get(v)
+        """``v``'s prefix: inside a batch, the batch's copy to edit (taken on first touch, with the ids and degree
+        before the batch); outside one, a copy of the stored row (read from RocksDB and kept when not loaded)."""
+        batch = self._batch
+        if batch is not None:
+            top = batch.tops.get(v)
+            if top is not None:
+                return top
+        top = self._prefixes.get(v)
         if top is None:
             top = Prefix()
             self._refill(v, top, self.top_size)
-            self._top[v] = top
-        batch = self._batch
-        if batch is not None and v not in batch.initial_top:
-            batch.initial_top[v] = top.ids[:]
+            if batch is None:
+                self._prefixes.put_many((v,), (top,))
+            else:
+                batch.fresh_tops.add(v)
+        if batch is not None:
             node = self._node(v)
-            batch.initial_degree[v] = node.degree if node else 0
+            self._begin_prefix(batch, v, top, node.degree if node else 0)
         return top
+
+    @staticmethod
+    def _begin_prefix(batch: Batch, v: int, top: Prefix, degree: int) -> None:
+        batch.tops[v] = top
+        batch.initial_top[v] = top.ids[:]
+        batch.initial_degree[v] = degree
 
     def _refill(self, v: int, top: Prefix, degree: int) -> None:
         """Read entries after the last one held until ``top`` holds ``min(degree, top_size)``."""
         want = min(degree, self.top_size)
-        held, ids = top.keys, top.ids
-        if len(held) >= want:
+        ranks, ids = top.ranks, top.ids
+        if len(ids) >= want:
             return
-        for key, u in self._iter_nbrs(v, held[-1] if held else None):
-            held.append(key)
+        after = keys.nbr_key(v, ranks[-1].to_bytes(8, "big"), self.name(ids[-1])) if ids else None
+        for key, u in self._iter_nbrs(v, after):
+            ranks.append(int.from_bytes(key[8:16], "big"))
             ids.append(u)
-            if len(held) >= want:
+            if len(ids) >= want:
                 break
+
+    def _position(self, top: Prefix, rank: int, u_name: str) -> int:
+        """Where an entry of ``rank`` for ``u_name`` goes in ``top`` (equal ranks: the ids decide)."""
+        ranks = top.ranks
+        pos = bisect.bisect_left(ranks, rank)
+        while pos < len(ranks) and ranks[pos] == rank and self.name(top.ids[pos]) < u_name:
+            pos += 1
+        return pos
 
     def _add_nbr(self, v: int, v_name: str, u: int, u_name: str, node: Node, batch: Batch) -> int:
         """Add ``u`` to ``N(v)``; return the rank position it took (or a large number)."""
-        top = self._top.get(v)
+        top = batch.tops.get(v)
         if top is None:
             top = self._top_of(v)
-        elif v not in batch.initial_top:  # _top_of's snapshot, with the record at hand
-            batch.initial_top[v] = top.ids[:]
-            batch.initial_degree[v] = node.degree
-        held = top.keys
-        key = keys.nbr_key(v, self._rank(v_name, u_name), u_name)
-        truncated = len(held) < node.degree
+        raw = self._rank(v_name, u_name)
+        rank = int.from_bytes(raw, "big")
+        truncated = len(top.ids) < node.degree
         node.degree += 1
+        key = keys.nbr_key(v, raw, u_name)
         batch.wb.put(key, _PACK_U64(u), batch.nbrs_family)
         batch.pending_nbr[v][key] = u
-        if truncated and key > held[-1]:
+        ranks = top.ranks
+        if truncated and rank > ranks[-1]:
             return 1 << 62
-        pos = bisect.bisect_left(held, key)
-        self._samples.pop(v, None)  # the memoised samples of v are out of date
-        held.insert(pos, key)
+        pos = bisect.bisect_left(ranks, rank)
+        if pos < len(ranks) and ranks[pos] == rank:
+            pos = self._position(top, rank, u_name)
+            if truncated and pos == len(ranks):
+                return 1 << 62
+        ranks.insert(pos, rank)
         top.ids.insert(pos, u)
-        if len(held) > self._top_size:
-            held.pop()
+        if len(ranks) > self._top_size:
+            ranks.pop()
             top.ids.pop()
         return pos
 
     def _remove_nbr(self, v: int, v_name: str, u: int, u_name: str, node: Node, batch: Batch) -> int:
         top = self._top_of(v)
-        key = keys.nbr_key(v, self._rank(v_name, u_name), u_name)
+        raw = self._rank(v_name, u_name)
         node.degree -= 1
-        batch.delete("nbrs", key)
-        batch.pending_nbr[v][key] = None
-        pos = bisect.bisect_left(top.keys, key)
-        if pos < len(top.keys) and top.keys[pos] == key:
-            self._forget_sample(v)
-            del top.keys[pos]
-            del top.ids[pos]
-            self._refill(v, top, node.degree)
-            return pos
+        batch.delete("nbrs", keys.nbr_key(v, raw, u_name))
+        batch.pending_nbr[v][keys.nbr_key(v, raw, u_name)] = None
+        rank, ranks, ids = int.from_bytes(raw, "big"), top.ranks, top.ids
+        pos = bisect.bisect_left(ranks, rank)
+        while pos < len(ranks) and ranks[pos] == rank:
+            if ids[pos] == u:
+                del ranks[pos]
+                del ids[pos]
+                self._refill(v, top, node.degree)
+                return pos
+            pos += 1
         return 1 << 62
 
     # ------------------------------------------------------------------ apply
@@ -524,7 +546,8 @@ class GraphStore:
                     self._iid[name] = iid
                     self._name[iid] = name
         known = self._iid
-        cold = [known[n] for n in names if n in known and known[n] not in self._nodes]
+        present = np.fromiter((known[n] for n in names if n in known), np.int64)
+        cold = [iid for iid in present.tolist() if iid not in self._nodes]
         if cold:  # from the in-memory mirror where it has them (it holds what is stored), else one multi-get
             ids = np.fromiter(cold, np.int64, len(cold))
             dense = self._dense_nodes
@@ -539,6 +562,10 @@ class GraphStore:
             if cold:
                 for iid, raw in zip(cold, self._cf["nodes"].get([keys.encode_iid(i) for i in cold])):
                     self._nodes[iid] = Node.decode(raw)
+        node = self._node
+        for v, top in zip(*self._prefixes.copies(np.unique(present))):  # the prefixes the batch may edit
+            record = node(v)
+            self._begin_prefix(batch, v, top, record.degree if record else 0)
         pairs: dict[bytes, None] = {}
         for ev in events:
             if ev.op in ("edge_upsert", "edge_delete"):
@@ -557,9 +584,9 @@ class GraphStore:
             result.created.add(iid)
             result.features_changed.add(iid)
             result.deleted.discard(iid)
-            if iid not in self._top:  # a new or deleted node has no neighbour entries
-                self._top[iid] = Prefix()
-            self._top_of(iid)
+            if iid not in batch.tops:  # a new or deleted node has no neighbour entries
+                self._begin_prefix(batch, iid, Prefix(), 0)
+                batch.fresh_tops.add(iid)
         if ts > node.last_ts:
             node.last_ts = float(ts)
         self._put_node(iid, node, batch)
@@ -687,8 +714,7 @@ class GraphStore:
         pending = batch.pending_nbr[v]
         for key, _ in entries:
             pending[key] = None
-        self._top[v] = Prefix()
-        self._forget_sample(v)
+        batch.tops[v] = Prefix()
         if entries:
             touches.append((v, 0))
             result.degree_changed.add(v)
@@ -721,14 +747,11 @@ class GraphStore:
         for iid, deg, flag, ts in columns:
             put(pack_key(iid), pack_node(deg, flag, ts), family)
         batch.node_columns = touched, degree, flags, last_ts
-        # every node whose cached prefix may have changed: compare before and after, vectorised over nodes
-        width = max((*self.fanouts, *(d.k for d in self._dense_samples.values())), default=0)
-        ids, before_m, after_m, deg = prefix_changes(batch.initial_top, batch.initial_degree, self._nodes, self._top,
+        # every node whose prefix may have changed: compare before and after, vectorised over nodes
+        width = max(self.fanouts, default=0)
+        ids, before_m, after_m, deg = prefix_changes(batch.initial_top, batch.initial_degree, self._nodes, batch.tops,
                                                      width)
-        for d in self._dense_samples.values():  # write-through: the new S_k rows replace the old ones
-            d.grow(self._next_iid)
-            d.mat[ids] = after_m[:, :d.k]
-            d.valid[ids] = True
+        self._keep_prefixes(batch)
         delta: list[np.ndarray] = []  # this batch's sampled-by changes: one record
         mark_parts: list[tuple[int, np.ndarray, int]] = [
             (0, np.fromiter(result.features_changed, np.int64, len(result.features_changed)), DIRTY_INPUT),
@@ -764,29 +787,32 @@ class GraphStore:
             batch.put("dirty", key, value)
             batch.marks = marks, flags
 
+    def _keep_prefixes(self, batch: Batch) -> None:
+        """Write the batch's edited prefixes that changed, or were read from RocksDB, back into the table."""
+        fresh, initial, nodes = batch.fresh_tops, batch.initial_top, self._nodes
+        empty = Prefix()
+        kept = [(v, top if nodes.get(v) is not None else empty) for v, top in batch.tops.items()
+                if v in fresh or top.ids != initial[v]]
+        if kept:
+            self._prefixes.put_many(*zip(*kept))
+
     # ------------------------------------------------------------------ caches
-    def _forget_sample(self, v: int) -> None:
-        """Drop the memoised samples of ``v`` (its rank-ordered prefix changed; dense rows are rewritten at the end of the batch)."""
-        self._samples.pop(v, None)
 
     def _invalidate_caches(self) -> None:
         self._iid.clear()
         self._name.clear()
         self._nodes.clear()
-        self._top.clear()
-        self._samples.clear()
+        self._prefixes.clear()
         self._sampled.clear()
         self._delta_seq, self._delta_pairs = None, 0
-        self._dense_samples.clear()
         self._dense_nodes = DenseNodes()
         self._marks = None
         self._next_iid = self._meta_get("next_iid") or 0
         self.feature_dim = self._meta_get("feature_dim")
 
     def _trim_caches(self) -> None:
-        if len(self._top) > self._cache_nodes:
-            self._top.clear()
-            self._samples.clear()
+        if self._prefixes.count > self._cache_nodes:
+            self._prefixes.clear()
         if len(self._nodes) > self._cache_nodes:
             self._nodes.clear()
         if len(self._iid) > 2 * self._cache_nodes:
@@ -818,24 +844,11 @@ class GraphStore:
         return bool(node and node.flags & keys.FLAG_HAS_FEATURES)
 
     def sample_iids(self, iid: int, k: int) -> list[int]:
-        """``S_k`` of node ``iid`` as interned ids in rank order; O(k) reads.
-
-        The list may be shared with the store's memo: do not modify it.
-        """
-        memo = self._samples.get(iid)
-        if memo is not None and k in memo:
-            return memo[k]
-        return self._read_sample(iid, k, remember=self._batch is None)
-
-    def _read_sample(self, iid: int, k: int, remember: bool) -> list[int]:
-        """``S_k`` of ``iid`` from its neighbour-list prefix (or index); ``remember`` keeps it in the memo."""
+        """``S_k`` of node ``iid`` as interned ids in rank order; O(k) reads."""
         if self._node(iid) is None:
             return []
         if k <= self.top_size:
-            out = self._top_of(iid).ids[:k]
-            if remember:
-                self._samples.setdefault(iid, {})[k] = out
-            return out
+            return self._top_of(iid).ids[:k]
         out = []
         for _, u in self._iter_nbrs(iid):
             if len(out) >= k:
@@ -867,8 +880,8 @@ class GraphStore:
     def sample_matrix(self, k: int, iids: np.ndarray) -> np.ndarray:
         """``S_k`` of many nodes: an ``[len(iids), k]`` iid matrix in rank order, padded with -1.
 
-        Rows are cached (write-through: a row is dropped when the node's
-        sample changes), so a node read again costs no RocksDB read.
+        Outside a batch the rows come from the prefix table; rows not loaded
+        yet are read from RocksDB first and kept there.
         """
         iids = np.asarray(iids, dtype=np.int64)
         if self._batch is not None or k > self.top_size:
@@ -877,20 +890,16 @@ class GraphStore:
                 s = self.sample_iids(v, k)
                 out[row, :len(s)] = s
             return out
-        dense = self._dense_samples.get(k)
-        if dense is None:
-            dense = self._dense_samples[k] = DenseSamples(k)
-        if len(iids):
-            dense.grow(int(iids.max()) + 1)
-            missing = iids[~dense.valid[iids]]
-            if len(missing):
-                mat = dense.mat
-                for v in unique_ids(missing).tolist():  # the rows are the cache: no memo besides
-                    s = self._read_sample(v, k, remember=False)
-                    mat[v, :len(s)] = s
-                    mat[v, len(s):] = -1
-                dense.valid[missing] = True
-        return dense.mat[iids]
+        table = self._prefixes
+        missing = table.missing(iids).tolist()
+        if missing:
+            tops = []
+            for v in missing:
+                top = Prefix()
+                self._refill(v, top, self.top_size)
+                tops.append(top)
+            table.put_many(missing, tops)
+        return table.samples(iids, k)
 
     def _check_indexable(self) -> None:
         if self._next_iid > MAX_INDEXED_IDS:
@@ -1021,16 +1030,7 @@ class GraphStore:
         iid = self.iid(name)
         if iid is None or self._node(iid) is None:
             return []
-        top = self._top.get(iid)
-        if top is not None and k <= self.top_size:
-            held = top.keys[:k]
-        else:
-            held = []
-            for key, _ in self._iter_nbrs(iid):
-                if len(held) >= k:
-                    break
-                held.append(key)
-        return [key[16:].decode() for key in held]
+        return [self.name(u) for u in self.sample_iids(iid, k)]
 
     def features(self, name: str) -> np.ndarray | None:
         iid = self.iid(name)

@@ -514,8 +514,9 @@ class Engine:
         a target then costs one gathered sum and no matrix product, and only
         the rows that changed are projected again. Backfill, recompute and
         :meth:`from_scratch` all compute such a layer this way, so they agree
-        exactly; against the layer's plain form (and PyG) the difference is
-        float rounding (4.5e-7 in ``bench/backfill.py``).
+        up to the rounding of a matrix product over other sets of rows; against
+        the layer's plain form (and PyG) the difference is float rounding
+        (4.5e-7 in ``bench/backfill.py``).
 
         Returns:
             The new rows and the number of sampled neighbours read.
@@ -592,24 +593,26 @@ class Engine:
         self.tables.clear()
         for log in self.logs.values():
             log.clear()
-        prev = self._full_inputs(targets)
-        table, pos = prev(targets)
-        self.tables.set(0, targets, table[pos])
+        feats, _ = self.store.feature_rows(targets.tolist(), self.tables.dims[0])
+        self.tables.set(0, targets, feats)
+        prev = self._backfill_inputs(0, targets, feats)
+        del feats
         for layer in range(self.num_layers):
+            if self._projects[layer]:  # all projections first: the table a layer reads stays as it is meanwhile
+                project = self._projector(layer)
+                for start in range(0, len(targets), self.chunk_nodes):
+                    prev.projected(targets[start:start + self.chunk_nodes], project)
             h, sampled = self.compute_layer(layer, targets, prev)
             stats.sampled_neighbours += sampled
-            if self._projects[layer]:  # the next batches start from the projections computed here
-                table, _, half = prev.projected(np.zeros(0, dtype=np.int64), self._projector(layer))
-                self.tables.keep_projected(layer, targets, table[:len(targets)], table[half:half + len(targets)])
             stats.recomputed.append(len(targets))
             stats.changed.append(len(targets))
             if layer < self.num_layers - 1:  # final rows are written with their metadata
                 self._write_layer_rows(layer + 1, targets, h)
                 self.tables.set(layer + 1, targets, h)
+                prev = self._backfill_inputs(layer + 1, targets, h)
             else:
                 owned = self._in(self._kept, targets)
                 self.tables.set(layer + 1, targets[owned], h[owned])
-            prev = _DenseRows(targets, h)
             if progress:
                 progress(layer + 1)
         self._write_final(targets[owned], h[owned], publish=publish, stats=stats, event_ts=None, force=True)
@@ -670,6 +673,14 @@ class Engine:
     def _full_inputs(self, targets: np.ndarray) -> Rows:
         feats, _ = self.store.feature_rows(targets.tolist(), self.tables.dims[0])
         return _DenseRows(targets, feats)
+
+    def _backfill_inputs(self, layer: int, targets: np.ndarray, rows: np.ndarray) -> Rows:
+        """The ``h^layer`` rows of every node, just set in the tables, as the next layer's inputs: the tables
+        themselves (they keep the projections the next batches start from), or a copy of ``rows`` when the
+        graph has more nodes than they hold."""
+        if len(targets) and int(targets.max()) < self.tables.max_rows:
+            return _CachedRows(self.tables, layer)
+        return _DenseRows(targets, rows)
 
     def _write_layer_rows(self, layer: int, iids: np.ndarray, rows: np.ndarray) -> None:
         step = 50_000

@@ -279,10 +279,6 @@ def test_projections_are_kept_beside_the_cache_and_redone_only_for_rows_that_cha
         tables.invalidate(1, [1])
         both([1])
         assert seen.pop() == [0.0]  # read again (the log holds nothing: zeros), projected again
-        tables.keep_projected(1, np.asarray([2]), np.asarray([[7.0, 7.0]], dtype=np.float32),
-                              np.asarray([[8.0, 8.0]], dtype=np.float32))
-        first, second = both([2])
-        assert seen == [] and first.tolist() == [[7.0, 7.0]] and second.tolist() == [[8.0, 8.0]]
         tables.clear()
         tables.set(1, np.asarray([2]), rows[2:3])
         both([2])
