@@ -90,8 +90,11 @@ class PrefixTable:
         ``(their iids, a Prefix each)``."""
         iids = iids[iids < len(self.loaded)]
         iids = iids[self.loaded[iids]]
-        rows = zip(self.rank[iids].tolist(), self.ids[iids].tolist(), self.length[iids].tolist())
-        return iids.tolist(), [Prefix(rank[:n], ids[:n]) for rank, ids, n in rows]
+        lengths = self.length[iids]
+        held = np.arange(self.width) < lengths[:, None]  # only the held entries become Python ints
+        ranks, ids = self.rank[iids][held].tolist(), self.ids[iids][held].tolist()
+        ends = np.cumsum(lengths).tolist()
+        return iids.tolist(), [Prefix(ranks[a:b], ids[a:b]) for a, b in zip([0, *ends[:-1]], ends)]
 
     def missing(self, iids: np.ndarray) -> np.ndarray:
         """The distinct ``iids`` whose rows are not loaded."""
