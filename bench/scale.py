@@ -108,7 +108,8 @@ def one_size(nodes: int, edges: int, args: argparse.Namespace) -> dict[str, Any]
             out["stream"] = {key: summary[key] for key in (
                 "events", "updates_per_second", "batch_latency_p50_ms", "batch_latency_p99_ms", "apply_p50_ms",
                 "recompute_p50_ms", "recomputed_per_event_per_layer", "published_per_event")}
-            out["stream"]["apply_ms_per_batch_by_phase"] = summary["apply_ms_per_batch_by_phase"]
+            for key in ("apply_ms_per_batch_by_phase", "recompute_ms_per_batch_by_phase"):
+                out["stream"][key] = summary[key]
         finally:
             store.close()
     finally:

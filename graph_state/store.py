@@ -366,7 +366,8 @@ class GraphStore:
 
     def _top_of(self, v: int) -> Prefix:
         """``v``'s prefix: inside a batch, the batch's copy to edit (taken on first touch, with the ids and degree
-        before the batch); outside one, a copy of the stored row (read from RocksDB and kept when not loaded)."""
+        before the batch); outside one, a copy of the table's row, or read from RocksDB when it is not loaded
+        (rows are loaded many at a time, by :meth:`sample_matrix` and batches)."""
         batch = self._batch
         if batch is not None:
             top = batch.tops.get(v)
@@ -376,9 +377,7 @@ class GraphStore:
         if top is None:
             top = Prefix()
             self._refill(v, top, self.top_size)
-            if batch is None:
-                self._prefixes.put_many((v,), (top,))
-            else:
+            if batch is not None:
                 batch.fresh_tops.add(v)
         if batch is not None:
             node = self._node(v)
@@ -1030,7 +1029,15 @@ class GraphStore:
         iid = self.iid(name)
         if iid is None or self._node(iid) is None:
             return []
-        return [self.name(u) for u in self.sample_iids(iid, k)]
+        top = self._prefixes.get(iid) if k <= self.top_size else None
+        if top is not None:
+            return [self.name(u) for u in top.ids[:k]]
+        held = []  # the names are in the index keys: no lookup each
+        for key, _ in self._iter_nbrs(iid):
+            if len(held) >= k:
+                break
+            held.append(key[16:].decode())
+        return held
 
     def features(self, name: str) -> np.ndarray | None:
         iid = self.iid(name)
