@@ -403,14 +403,6 @@ class GraphStore:
             if len(ids) >= want:
                 break
 
-    def _position(self, top: Prefix, rank: int, u_name: str) -> int:
-        """Where an entry of ``rank`` for ``u_name`` goes in ``top`` (equal ranks: the ids decide)."""
-        ranks = top.ranks
-        pos = bisect.bisect_left(ranks, rank)
-        while pos < len(ranks) and ranks[pos] == rank and self.name(top.ids[pos]) < u_name:
-            pos += 1
-        return pos
-
     def _add_nbr(self, v: int, v_name: str, u: int, u_name: str, node: Node, batch: Batch) -> int:
         """Add ``u`` to ``N(v)``; return the rank position it took (or a large number)."""
         top = batch.tops.get(v)
@@ -424,13 +416,11 @@ class GraphStore:
         batch.wb.put(key, _PACK_U64(u), batch.nbrs_family)
         batch.pending_nbr[v][key] = u
         ranks = top.ranks
-        if truncated and rank > ranks[-1]:
-            return 1 << 62
         pos = bisect.bisect_left(ranks, rank)
-        if pos < len(ranks) and ranks[pos] == rank:
-            pos = self._position(top, rank, u_name)
-            if truncated and pos == len(ranks):
-                return 1 << 62
+        while pos < len(ranks) and ranks[pos] == rank and self.name(top.ids[pos]) < u_name:
+            pos += 1  # equal ranks: the ids decide
+        if truncated and pos == len(ranks):  # after the last entry held: past the prefix
+            return 1 << 62
         ranks.insert(pos, rank)
         top.ids.insert(pos, u)
         if len(ranks) > self._top_size:
@@ -441,9 +431,10 @@ class GraphStore:
     def _remove_nbr(self, v: int, v_name: str, u: int, u_name: str, node: Node, batch: Batch) -> int:
         top = self._top_of(v)
         raw = self._rank(v_name, u_name)
+        key = keys.nbr_key(v, raw, u_name)
         node.degree -= 1
-        batch.delete("nbrs", keys.nbr_key(v, raw, u_name))
-        batch.pending_nbr[v][keys.nbr_key(v, raw, u_name)] = None
+        batch.delete("nbrs", key)
+        batch.pending_nbr[v][key] = None
         rank, ranks, ids = int.from_bytes(raw, "big"), top.ranks, top.ids
         pos = bisect.bisect_left(ranks, rank)
         while pos < len(ranks) and ranks[pos] == rank:
@@ -532,9 +523,10 @@ class GraphStore:
     def _prefetch(self, events: Sequence[Any], batch: Batch) -> None:
         """Read the ids, node records and edges a batch will look at with one multi-get each."""
         names: dict[str, None] = {}
+        linked: dict[str, None] = {}  # edge endpoints: the nodes whose prefixes the batch may edit
         for ev in events:
             if ev.op in ("edge_upsert", "edge_delete"):
-                names[ev.src] = names[ev.dst] = None
+                names[ev.src] = names[ev.dst] = linked[ev.src] = linked[ev.dst] = None
             else:
                 names[ev.id] = None
         unknown = [n for n in names if n not in self._iid]
@@ -545,8 +537,7 @@ class GraphStore:
                     self._iid[name] = iid
                     self._name[iid] = name
         known = self._iid
-        present = np.fromiter((known[n] for n in names if n in known), np.int64)
-        cold = [iid for iid in present.tolist() if iid not in self._nodes]
+        cold = [known[n] for n in names if n in known and known[n] not in self._nodes]
         if cold:  # from the in-memory mirror where it has them (it holds what is stored), else one multi-get
             ids = np.fromiter(cold, np.int64, len(cold))
             dense = self._dense_nodes
@@ -561,8 +552,8 @@ class GraphStore:
             if cold:
                 for iid, raw in zip(cold, self._cf["nodes"].get([keys.encode_iid(i) for i in cold])):
                     self._nodes[iid] = Node.decode(raw)
-        node = self._node
-        for v, top in zip(*self._prefixes.copies(np.unique(present))):  # the prefixes the batch may edit
+        node = self._node  # copies of the prefixes the batch may edit: its edge endpoints'
+        for v, top in zip(*self._prefixes.copies(np.fromiter((known[n] for n in linked if n in known), np.int64))):
             record = node(v)
             self._begin_prefix(batch, v, top, record.degree if record else 0)
         pairs: dict[bytes, None] = {}
@@ -788,10 +779,8 @@ class GraphStore:
 
     def _keep_prefixes(self, batch: Batch) -> None:
         """Write the batch's edited prefixes that changed, or were read from RocksDB, back into the table."""
-        fresh, initial, nodes = batch.fresh_tops, batch.initial_top, self._nodes
-        empty = Prefix()
-        kept = [(v, top if nodes.get(v) is not None else empty) for v, top in batch.tops.items()
-                if v in fresh or top.ids != initial[v]]
+        fresh, initial = batch.fresh_tops, batch.initial_top  # a deleted node's prefix is empty already
+        kept = [(v, top) for v, top in batch.tops.items() if v in fresh or top.ids != initial[v]]
         if kept:
             self._prefixes.put_many(*zip(*kept))
 
