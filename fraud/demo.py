@@ -2,7 +2,8 @@
 
 1. train a GraphSAGE model and a logistic fraud head on the first 70 % (by
    time) of the Bitcoin OTC ratings (reused from ``out/model`` on later runs);
-2. start the embedded Kafka broker, the worker and the fraud scorer;
+2. start the embedded Kafka broker, the worker (in this process) and the fraud
+   scorer (in a process of its own, as `gnnstream score` runs in production);
 3. once the worker consumes, replay the whole Bitcoin OTC stream into ``graph-events`` at a
    steady rate (2,000 events/s);
    The last rating is held back: once the rest is applied, the worker's
@@ -41,7 +42,7 @@ from fraud.datasets import BITCOIN_OTC, read_snap, snap_events
 from workers.heap import tune_collector
 from workers.offline import verify
 from workers.replay import produce_file
-from fraud.scorer import FraudScorer
+from fraud.scorer import SCORES_TOPIC, FraudScorer
 from workers.settings import WorkerSettings
 from fraud.train import distrust_labels, roc_auc, roc_curve, train_fraud_model
 from workers.worker import Worker
@@ -184,6 +185,21 @@ def _replay(go: Any, results: Any, bootstrap: str, data: str, **options: Any) ->
         results.put(f"{type(exc).__name__}: {exc}")
 
 
+def _score(stop: Any, counts: Any, bootstrap: str, model_dir: str, kafka_client: str) -> None:
+    """The scorer process: scores until ``stop`` is set, keeping ``counts`` (scored, deleted) current."""
+    scorer = FraudScorer(bootstrap, model_dir, kafka_client=kafka_client)
+
+    def report() -> None:
+        while not stop.wait(0.25):
+            counts[0], counts[1] = scorer.scored, scorer.deleted
+        scorer.stop()
+
+    reporter = threading.Thread(target=report, name="scorer-counts", daemon=True)
+    reporter.start()
+    scorer.run()
+    counts[0], counts[1] = scorer.scored, scorer.deleted
+
+
 def run_demo(data: Path, out: Path, *, rate: float, limit: int = 0, epochs: int = 300,
              retrain: bool = False, kafka_client: str = DEFAULT_KAFKA_CLIENT) -> dict[str, Any]:
     if not data.exists():
@@ -207,18 +223,17 @@ def run_demo(data: Path, out: Path, *, rate: float, limit: int = 0, epochs: int 
                                   metrics_port=0, batch_size=1000, batch_wait_ms=100, kafka_client=kafka_client,
                                   query_port=free_port())
         worker = Worker(settings)
-        scorer = FraudScorer(broker.bootstrap, model_dir, kafka_client=kafka_client)
         summary: dict[str, Any] = {}
         produced: dict[str, Any] = {}
+        # the replay and the scorer run in processes of their own, as they would in production: in this one
+        # they would share the interpreter's lock with the worker, and their work would show up as its latency
+        ctx = multiprocessing.get_context("spawn")
         # the scorer runs until it has read what the worker published (an idle limit alone could end it
         # before the worker's first publish when the worker starts slowly)
-        threads = [
-            threading.Thread(target=lambda: summary.update(worker.run(max_idle_s=5.0)), name="worker"),
-            threading.Thread(target=scorer.run, name="scorer"),
-        ]
-        # the replay runs in a process of its own: in this one it would share the interpreter's lock with the
-        # worker and the scorer, and its pacing would show up as their latency
-        ctx = multiprocessing.get_context("spawn")
+        stop_scorer, scored = ctx.Event(), ctx.Array("q", 2)
+        scorer = ctx.Process(target=_score, name="scorer", daemon=True,
+                             args=(stop_scorer, scored, broker.bootstrap, str(model_dir), kafka_client))
+        threads = [threading.Thread(target=lambda: summary.update(worker.run(max_idle_s=5.0)), name="worker")]
         go, results = ctx.Event(), ctx.Queue()
         replay = ctx.Process(target=_replay, name="replay", daemon=True,
                              args=(go, results, broker.bootstrap, str(replay_file)),
@@ -226,6 +241,7 @@ def run_demo(data: Path, out: Path, *, rate: float, limit: int = 0, epochs: int 
                                          topic=settings.events_topic, kafka_client=kafka_client))
         t0 = time.perf_counter()
         replay.start()
+        scorer.start()
         for t in threads:
             t.start()
         # replay once the worker consumes (its group join takes a few seconds): the freshness measured is
@@ -249,7 +265,7 @@ def run_demo(data: Path, out: Path, *, rate: float, limit: int = 0, epochs: int 
         read, since = -1, time.monotonic()
         t_applied, shown = None, 0.0
         what_if: dict[str, Any] | None = None
-        while any(t.is_alive() for t in threads):
+        while threads[0].is_alive() or scorer.is_alive():
             threads[0].join(0.25)
             h = worker.health
             if t_applied is None and h.applied >= produced["produced"]:
@@ -263,19 +279,21 @@ def run_demo(data: Path, out: Path, *, rate: float, limit: int = 0, epochs: int 
                 continue
             shown = time.monotonic()
             print(f"\rworker: {h.applied:,}/{produced['produced']:,} events applied, {h.published:,} embeddings "
-                  f"published, scorer: {scorer.scored:,} scored", end="", file=sys.stderr)
+                  f"published, scorer: {scored[0]:,} scored", end="", file=sys.stderr)
             if threads[0].is_alive():
                 continue
             time.sleep(0.5)
-            if scorer.scored + scorer.deleted != read:
-                read, since = scorer.scored + scorer.deleted, time.monotonic()
+            if scored[0] + scored[1] != read:
+                read, since = scored[0] + scored[1], time.monotonic()
             if read >= h.published or time.monotonic() - since > 30.0:
-                scorer.stop()
-                threads[1].join()
+                stop_scorer.set()
+                scorer.join(30.0)
+                if scorer.exitcode != 0:
+                    raise SystemExit(f"the scorer process stopped with exit code {scorer.exitcode}")
         print(file=sys.stderr)
         seconds = time.perf_counter() - t0
         dead = _read_topic(broker.bootstrap, settings.dlq_topic, f"demo-dlq-{os.getpid()}", kafka_client)
-        scores = _read_topic(broker.bootstrap, scorer.out_topic, f"demo-scores-{os.getpid()}", kafka_client)
+        scores = _read_topic(broker.bootstrap, SCORES_TOPIC, f"demo-scores-{os.getpid()}", kafka_client)
     latest: dict[str, dict[str, Any]] = {}
     for r in scores:
         if r.value is None:
@@ -304,7 +322,7 @@ def run_demo(data: Path, out: Path, *, rate: float, limit: int = 0, epochs: int 
         # from the first event produced to the last one applied
         "events_per_s": round((summary.get("applied") or 0) / max((t_applied or t0 + seconds) - t_replay, 1e-9), 1),
         "embeddings_published": summary.get("published"),
-        "scores_published": scorer.scored,
+        "scores_published": scored[0],
         "dead_letters": len(dead),
         "freshness_p50_s": _percentile(latencies, 50),
         "freshness_p99_s": _percentile(latencies, 99),

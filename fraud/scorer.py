@@ -90,11 +90,12 @@ from stream.rollout import CONTROL_TOPIC, SERVING_HEADER, is_serving, rollout_of
 from stream.updates import BINARY_MAGIC, decode_update
 from model.head import ScoreHead, load_head
 
-__all__ = ["FraudScorer", "encode_score", "encode_scores", "decode_updates", "DecodedUpdates", "compare_scores",
+__all__ = ["FraudScorer", "SCORES_TOPIC", "encode_score", "encode_scores", "decode_updates", "DecodedUpdates", "compare_scores",
            "ks_statistic", "canary_mask"]
 
 logger = logging.getLogger(__name__)
 
+SCORES_TOPIC = "fraud-scores"  # where serving scores go unless told otherwise
 _NUMBERS = frozenset((int, float))
 _VALUE, _TOPIC, _HEADERS = operator.attrgetter("value"), operator.attrgetter("topic"), operator.attrgetter("headers")
 _QUANTILES = (("p10", 0.1), ("p50", 0.5), ("p90", 0.9))
@@ -279,7 +280,7 @@ class FraudScorer:
     """
 
     def __init__(self, bootstrap: str, heads: ScoreHead | str | os.PathLike | Sequence[ScoreHead | str | os.PathLike],
-                 *, in_topic: str | None = None, out_topic: str = "fraud-scores", canary: float = 0.0,
+                 *, in_topic: str | None = None, out_topic: str = SCORES_TOPIC, canary: float = 0.0,
                  canary_topic: str | None = None, control_topic: str | None = CONTROL_TOPIC,
                  report_every_s: float = 30.0, group: str = "gnnstream-fraud-scorer", partitions: int = 4,
                  kafka_client: str = DEFAULT_KAFKA_CLIENT):
