@@ -16,6 +16,11 @@ size runs in a process of its own (so each has its own peak RSS) and reports:
   updates/s and p50 / p99 batch latency;
 - peak RSS of the process.
 
+The small graph is loaded and backfilled first, then the large one, each
+while the other waits. The two streams then run in lock step, one batch of
+each in turn, so both see the machine as it is at that moment: the ratio of
+their updates/s is measured side by side, batch by batch, not minutes apart.
+
 The JSON on stdout holds both sizes and the ratio of the large graph's
 updates/s to the small one's. Progress goes to stderr.
 
@@ -68,11 +73,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="directory keeping loaded copies of the graphs; later runs copy them instead of loading "
                         "(the load figures are then the first run's)")
     p.add_argument("--one", nargs=2, type=int, metavar=("NODES", "EDGES"), help=argparse.SUPPRESS)
+    p.add_argument("--lockstep", action="store_true", help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
 
 def one_size(nodes: int, edges: int, args: argparse.Namespace) -> dict[str, Any]:
-    """Load, start, backfill and stream one graph (the ``--one`` child)."""
+    """Load, start, backfill and stream one graph (the ``--one`` child).
+
+    With ``--lockstep`` it says ``ready`` on stdout before the stream, then
+    runs a batch for each line read from stdin and answers ``done`` after it.
+    """
     tune_collector()
     work = Path(tempfile.mkdtemp(prefix="gnnstream-bench-scale-", dir=args.workdir))
     out: dict[str, Any] = {"nodes": nodes, "edges_requested": edges}
@@ -98,10 +108,14 @@ def one_size(nodes: int, edges: int, args: argparse.Namespace) -> dict[str, Any]
             events, counts = stream_events(graph, args.events, rng, 0.90, 0.05, 1_800_000_000, args.batch)
             out["event_counts"] = counts
             stream = BatchLog(engine.num_layers)
+            _say("ready", args.lockstep)
             bar = Progress("stream", len(events))
             for start in range(0, len(events), args.batch):
                 chunk = events[start:start + args.batch]
+                if args.lockstep and not sys.stdin.readline():
+                    raise SystemExit("the lock-step parent went away")
                 run_batch(store, engine, chunk, stream)
+                _say("done", args.lockstep)
                 bar.update(len(chunk))
             bar.close()
             summary = stream.summary()
@@ -115,6 +129,53 @@ def one_size(nodes: int, edges: int, args: argparse.Namespace) -> dict[str, Any]
     finally:
         close_run(out, work, keep=False)
     return out
+
+
+def _say(word: str, lockstep: bool) -> None:
+    if lockstep:
+        sys.stdout.write(word + "\n")
+        sys.stdout.flush()
+
+
+def _expect(child: subprocess.Popen, word: str) -> None:
+    line = child.stdout.readline().strip()
+    if line != word:
+        child.kill()
+        raise SystemExit(f"a size's process said {line!r} where {word!r} was expected (exit {child.wait()})")
+
+
+def run_lockstep(sizes: list[tuple[str, int, int]], args: argparse.Namespace) -> dict[str, Any]:
+    """Load and backfill each size in turn (the others wait), then stream one batch of each in turn."""
+    children: dict[str, subprocess.Popen] = {}
+    try:
+        for name, nodes, edges in sizes:
+            log(f"{name}: {nodes} nodes, {edges} edges, in a process of its own")
+            cmd = [sys.executable, __file__, "--one", str(nodes), str(edges), "--lockstep", "--events",
+                   str(args.events), "--batch", str(args.batch), "--seed", str(args.seed)]
+            for flag, value in (("--workdir", args.workdir), ("--store-cache", args.store_cache)):
+                if value:
+                    cmd += [flag, value]
+            children[name] = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            _expect(children[name], "ready")
+        log("streaming both sizes in lock step")
+        for _ in range(0, args.events, args.batch):
+            for child in children.values():
+                child.stdin.write("go\n")
+                child.stdin.flush()
+                _expect(child, "done")
+        results = {}
+        for name, child in children.items():
+            child.stdin.close()
+            out = child.stdout.read()
+            if child.wait() != 0:
+                raise SystemExit(f"the {name} size's process failed (exit {child.returncode})")
+            results[name] = json.loads(out.strip().splitlines()[-1])
+        return results
+    finally:
+        for child in children.values():
+            if child.poll() is None:
+                child.kill()
+                child.wait()
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -131,15 +192,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "model": "sage 128-128-128", "fanouts": list(FANOUTS), "events": args.events, "batch": args.batch,
         "sizes": {"large": [large_nodes, args.large_edges], "small": [small_nodes, small_edges]},
     }, "code": code_fingerprint(), "machine_load_at_start": machine_load()}
-    for name, nodes, edges in (("small", small_nodes, small_edges), ("large", large_nodes, args.large_edges)):
-        log(f"{name}: {nodes} nodes, {edges} edges, in a process of its own")
-        cmd = [sys.executable, __file__, "--one", str(nodes), str(edges), "--events", str(args.events),
-               "--batch", str(args.batch), "--seed", str(args.seed)]
-        for flag, value in (("--workdir", args.workdir), ("--store-cache", args.store_cache)):
-            if value:
-                cmd += [flag, value]
-        done = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=True)
-        result[name] = json.loads(done.stdout.strip().splitlines()[-1])
+    result.update(run_lockstep([("small", small_nodes, small_edges), ("large", large_nodes, args.large_edges)], args))
     large, small = result["large"], result["small"]
     ratio = large["stream"]["updates_per_second"] / small["stream"]["updates_per_second"]
     result["summary"] = {
