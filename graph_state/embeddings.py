@@ -39,6 +39,9 @@ _PAGE_FORMAT = 2  # rows in a frame of the row file, the record names the frame
 _FRAME = struct.Struct(">QQ")  # frame, sum of the rows' 32-bit words
 _GROWTH_DIVISOR = 4  # a row file grows by at least a quarter of its size at a time
 PAGE_ROWS = 128  # records per page of the final-embedding log (64 KB of rows at 128 dims)
+# compaction keeps the superseded slots of a log within 1 / SUPERSEDED_SHARE of its live records (plus gc_slack):
+# the row files then stop growing soon after a backfill, and later rows reuse the frames compaction frees
+SUPERSEDED_SHARE = 4
 
 
 class FrameReused(RuntimeError):
@@ -263,9 +266,10 @@ class MetaTable:
     in-memory index (page, slot per node) and the metadata arrays are
     rebuilt from one scan of the log on first use. A page whose records
     were all superseded is deleted in the batch that supersedes the last
-    one, and when superseded slots outnumber live ones (plus ``gc_slack``),
-    :meth:`compact` moves the sparsest pages' live records into new pages,
-    so the log stays within about twice the live size.
+    one, and when superseded slots exceed a :data:`SUPERSEDED_SHARE` of the
+    live ones (plus ``gc_slack``), :meth:`compact` moves the sparsest pages'
+    live records into new pages, so the log stays within about 1.25 times
+    the live size.
 
     The rows of a page sit in a fixed-size *frame* of the row file
     (``final-rows-<width>.f32`` in the store's directory), not in RocksDB:
@@ -533,8 +537,8 @@ class MetaTable:
 
     def compact(self) -> list[tuple[str, bytes, bytes | None]]:
         """The log writes moving the live records of the sparsest pages into new pages, while superseded
-        slots exceed twice the live ones plus ``gc_slack``; at most as many records as were encoded since
-        the last call (at least a page's worth) move.
+        slots exceed a :data:`SUPERSEDED_SHARE` of the live ones plus ``gc_slack``; at most as many records
+        as were encoded since the last call (at least a page's worth) move.
 
         Call it after the last :meth:`encode` of a WriteBatch: moved records
         are written as held in memory (rows from :attr:`row_cache` where it
@@ -544,7 +548,8 @@ class MetaTable:
         puts: list[tuple[str, bytes, bytes | None]] = []
         recent, self._recent = self._recent, set()
         budget, self._recent_rows = max(self._recent_rows, PAGE_ROWS), 0
-        excess = self._slots - 2 * sum(self._live.values()) - self.gc_slack
+        live = sum(self._live.values())
+        excess = self._slots - live - live // SUPERSEDED_SHARE - self.gc_slack
         if excess <= 0:
             return puts
         # the sparsest pages first (then the oldest), while the moves fit the budget and until enough is freed
