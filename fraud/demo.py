@@ -288,9 +288,12 @@ def run_demo(data: Path, out: Path, *, rate: float, limit: int = 0, epochs: int 
             if read >= h.published or time.monotonic() - since > 30.0:
                 stop_scorer.set()
                 scorer.join(30.0)
-                if scorer.exitcode != 0:
-                    raise SystemExit(f"the scorer process stopped with exit code {scorer.exitcode}")
+                if scorer.is_alive():
+                    scorer.terminate()
+                    raise SystemExit("the scorer process did not stop within 30 s of being asked to")
         print(file=sys.stderr)
+        if scorer.exitcode != 0:  # it may also have died while the worker ran
+            raise SystemExit(f"the scorer process stopped with exit code {scorer.exitcode}")
         seconds = time.perf_counter() - t0
         dead = _read_topic(broker.bootstrap, settings.dlq_topic, f"demo-dlq-{os.getpid()}", kafka_client)
         scores = _read_topic(broker.bootstrap, SCORES_TOPIC, f"demo-scores-{os.getpid()}", kafka_client)
