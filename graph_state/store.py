@@ -237,8 +237,6 @@ class GraphStore:
             top = self._top_of(iid).ids
             for k in ks:
                 pairs[k].extend((u << PAIR_BITS) | iid for u in top[:k])
-            if self._prefixes.count > self._cache_nodes:
-                self._trim_caches()
         self._sampled = {k: SampledIndex(np.sort(np.asarray(p, dtype=np.int64))) for k, p in pairs.items()}
         self._fold_sampled()  # the snapshot, written before the fanouts that make it current
         batch = Batch(self._handles)
