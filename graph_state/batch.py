@@ -70,9 +70,6 @@ class ApplyResult:
 
     Attributes:
         fanouts: the fanouts the sample changes are reported for.
-        event_touches: per event, ``(iid, position)`` pairs: the node whose
-            neighbour list changed and the rank position the change hit (known within the in-memory prefix,
-            :attr:`GraphStore.top_size` entries; a large number past it).
         sample_changed: per fanout, the iids whose ``S_k`` differs before and
             after the batch.
         count_changed: per fanout, the iids whose ``|S_k|`` changed.
@@ -85,7 +82,6 @@ class ApplyResult:
     """
 
     fanouts: tuple[int, ...]
-    event_touches: list[list[tuple[int, int]]] = field(default_factory=list)
     sample_changed: dict[int, set[int]] = field(default_factory=dict)
     count_changed: dict[int, set[int]] = field(default_factory=dict)
     features_changed: set[int] = field(default_factory=set)
@@ -102,10 +98,6 @@ class ApplyResult:
         self.phases[phase] = self.phases.get(phase, 0.0) + now - since
         return now
 
-    def event_sample_changes(self, index: int, k: int) -> set[int]:
-        """The iids whose ``S_k`` was changed by event ``index`` of the batch."""
-        return {iid for iid, pos in self.event_touches[index] if pos < k}
-
 
 class Batch:
     """Writes of one batch plus the overlay needed to read them back."""
@@ -115,10 +107,10 @@ class Batch:
         self.handles = handles
         self.nbrs_family = handles["nbrs"]
         self.pending_nbr: dict[int, dict[bytes, int | None]] = defaultdict(dict)
-        self.tops: dict[int, Any] = {}  # the prefixes this batch edits (graph_state.prefixes.Prefix), by node
-        self.fresh_tops: set[int] = set()  # those not taken from the prefix table (read, or of new nodes)
-        self.initial_top: dict[int, list[int]] = {}  # the neighbour ids of those prefixes, as they were
-        self.initial_degree: dict[int, int] = {}
+        # per neighbour-index key the batch wrote: the neighbour's iid if the entry was stored before, else -1
+        self.nbr_first: dict[bytes, int] = {}
+        self.initial_degree: dict[int, int] = {}  # degrees before the batch of the nodes whose lists it changed
+        self.fresh_from = 0  # iids from here on were interned by this batch: nothing of theirs is stored
         self.edges: dict[bytes, bool] = {}
         self.stored_edges: dict[bytes, bool] = {}  # prefetched: does the edge exist before the batch
         self.marks: tuple[np.ndarray, np.ndarray] | None = None  # dirty marks written, for the in-memory mirror

@@ -1,17 +1,16 @@
 """Node records and neighbour-list prefixes in memory: the columns the engine reads many nodes at once
-from, and the comparison that turns a batch's prefix edits into sample changes."""
+from, and the merge that applies a batch's neighbour changes to many prefixes at once."""
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
 from graph_state import keys
 
-__all__ = ["Node", "GONE", "Prefix", "PrefixTable", "DenseNodes", "grow_columns", "padded_rows", "prefix_changes"]
+__all__ = ["Node", "GONE", "PrefixTable", "DenseNodes", "grow_columns", "merge_rows"]
 
 @dataclass(slots=True)
 class Node:
@@ -28,17 +27,6 @@ class Node:
 GONE = Node(-1, 0, 0.0)  # stands for a deleted node's record in the columns written at the end of a batch
 
 
-class Prefix:
-    """The first :attr:`GraphStore.top_size` entries of a neighbour list in rank order, as a batch edits them:
-    the ranks ``r(v, u)`` and the neighbour ids side by side (the ids of a sample are a slice)."""
-
-    __slots__ = ("ranks", "ids")
-
-    def __init__(self, ranks: list[int] | None = None, ids: list[int] | None = None) -> None:
-        self.ranks: list[int] = [] if ranks is None else ranks
-        self.ids: list[int] = [] if ids is None else ids
-
-
 class PrefixTable:
     """The neighbour-list prefixes of every node as two ``[capacity, width]`` matrices by iid.
 
@@ -46,8 +34,9 @@ class PrefixTable:
     ``length[v]`` entries of ``v``'s list in rank order (``ids`` is -1 past
     them, so the first ``k`` columns of a row are ``S_k(v)`` padded as the
     engine reads it). ``loaded`` says which rows are filled; the rest are read
-    from RocksDB when first needed. A batch edits :class:`Prefix` copies of
-    the rows it touches and writes them back with :meth:`put_many`.
+    from RocksDB when first needed. A batch reads the rows of the nodes whose
+    lists it changed, merges its changes into them with :func:`merge_rows` and
+    writes them back with :meth:`put_rows`.
     """
 
     def __init__(self, width: int):
@@ -78,23 +67,11 @@ class PrefixTable:
         self.loaded[:] = False
         self.count = 0
 
-    def get(self, v: int) -> Prefix | None:
-        """A copy of ``v``'s row to edit, or None when it is not loaded."""
+    def row(self, v: int) -> list[int] | None:
+        """The neighbour ids of ``v``'s row, or None when it is not loaded."""
         if v >= len(self.loaded) or not self.loaded[v]:
             return None
-        n = int(self.length[v])
-        return Prefix(self.rank[v, :n].tolist(), self.ids[v, :n].tolist())
-
-    def copies(self, iids: np.ndarray) -> tuple[list[int], list[Prefix]]:
-        """Copies of the loaded rows among distinct ``iids`` to edit, read with one numpy call per matrix:
-        ``(their iids, a Prefix each)``."""
-        iids = iids[iids < len(self.loaded)]
-        iids = iids[self.loaded[iids]]
-        lengths = self.length[iids]
-        held = np.arange(self.width) < lengths[:, None]  # only the held entries become Python ints
-        ranks, ids = self.rank[iids][held].tolist(), self.ids[iids][held].tolist()
-        ends = np.cumsum(lengths).tolist()
-        return iids.tolist(), [Prefix(ranks[a:b], ids[a:b]) for a, b in zip([0, *ends[:-1]], ends)]
+        return self.ids[v, :self.length[v]].tolist()
 
     def missing(self, iids: np.ndarray) -> np.ndarray:
         """The distinct ``iids`` whose rows are not loaded."""
@@ -103,23 +80,14 @@ class PrefixTable:
         self.grow(int(iids.max()) + 1)
         return np.unique(iids[~self.loaded[iids]])
 
-    def put_many(self, iids: Sequence[int], tops: Sequence[Prefix]) -> None:
-        """Store the prefixes ``tops`` as the rows of distinct ``iids``."""
+    def put_rows(self, iids: np.ndarray, rank: np.ndarray, ids: np.ndarray, length: np.ndarray) -> None:
+        """Store ``[len(iids), width]`` rows (ids -1 past ``length``) as the rows of distinct ``iids``."""
         if not len(iids):
             return
-        idx = np.fromiter(iids, dtype=np.int64, count=len(iids))
-        self.grow(int(idx.max()) + 1)
-        lengths = [len(top.ids) for top in tops]
-        self.count += len(idx) - int(np.count_nonzero(self.loaded[idx]))
-        self.ids[idx] = padded_rows(list(itertools.chain.from_iterable(top.ids for top in tops)), lengths,
-                                    self.width)
-        flat = np.fromiter(itertools.chain.from_iterable(top.ranks for top in tops), dtype=np.uint64,
-                           count=sum(lengths))
-        ranks = np.zeros((len(idx), self.width), dtype=np.uint64)
-        ranks[self.ids[idx] >= 0] = flat  # row-major order of the held entries, as flattened
-        self.rank[idx] = ranks
-        self.length[idx] = lengths
-        self.loaded[idx] = True
+        self.grow(int(iids.max()) + 1)
+        self.count += len(iids) - int(np.count_nonzero(self.loaded[iids]))
+        self.rank[iids], self.ids[iids], self.length[iids] = rank, ids, length
+        self.loaded[iids] = True
 
     def samples(self, iids: np.ndarray, k: int) -> np.ndarray:
         """``S_k`` of loaded rows: ``[len(iids), k]`` ids in rank order, padded with -1 (a copy)."""
@@ -180,44 +148,49 @@ class DenseNodes:
         self.known[idx] = True
 
 
-def padded_rows(flat: list[int], lengths: list[int], width: int) -> np.ndarray:
-    """A ``[len(lengths), width]`` matrix of consecutive runs of ``flat``, padded with -1."""
-    out = np.full((len(lengths), width), -1, dtype=np.int64)
-    if flat:
-        counts = np.asarray(lengths, dtype=np.int64)
-        row = np.repeat(np.arange(len(counts)), counts)
-        col = np.arange(len(flat)) - np.repeat(np.cumsum(counts) - counts, counts)
-        out[row, col] = np.asarray(flat, dtype=np.int64)
-    return out
+def merge_rows(rank: np.ndarray, ids: np.ndarray, length: np.ndarray, truncated: np.ndarray,
+               degree: np.ndarray, added: tuple[np.ndarray, np.ndarray, np.ndarray],
+               removed: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The prefixes of ``n`` neighbour lists after a batch's changes, for all of them at once.
 
+    Args:
+        rank, ids, length: the rows before (``[n, width]``, ids -1 past ``length``).
+        truncated: per row, whether the list held entries past the row before.
+        degree: per row, the list's length after.
+        added: ``(row, rank, id)`` of the entries added (none of them held before).
+        removed: ``(row, id)`` of the entries removed (held or not).
 
-def prefix_changes(initial_top: Mapping[int, list[int]], degree0: Mapping[int, int], nodes: Mapping[int, Node | None],
-                    tops: Mapping[int, Prefix], width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """``(ids, before, after, moved)``: the nodes whose first ``width`` prefix ids (all that can be sampled)
-    differ after the batch, those ids before and after as ``[len(ids), width]`` matrices padded with -1, and
-    ``(v, degree before, degree after)`` rows of every node whose degree changed."""
-    changed: list[int] = []
-    before_ids: list[int] = []  # the first ``width`` neighbour ids of every changed prefix, flattened
-    after_ids: list[int] = []
-    before_len: list[int] = []
-    after_len: list[int] = []
-    moved: list[int] = []  # v, degree before, degree after of every node whose degree changed, flattened
-    empty = Prefix()
-    for v, before_top in initial_top.items():
-        node = nodes.get(v)
-        deg_before = degree0[v]
-        if node is None:
-            after_top, deg_after = empty.ids, 0
-        else:
-            after_top, deg_after = tops.get(v, empty).ids, node.degree
-        if deg_before != deg_after:
-            moved += v, deg_before, deg_after
-        before, after = before_top[:width], after_top[:width]
-        if before != after:
-            changed.append(v)
-            before_ids.extend(before)
-            before_len.append(len(before))
-            after_ids.extend(after)
-            after_len.append(len(after))
-    return (np.asarray(changed, dtype=np.int64), padded_rows(before_ids, before_len, width),
-            padded_rows(after_ids, after_len, width), np.fromiter(moved, np.int64, len(moved)).reshape(-1, 3))
+    Returns:
+        ``(rank, ids, length, exact)``: the rows after. A row with ``exact``
+        False cannot be told from what was held: removals left fewer than
+        ``width`` entries known to come before the first one not held, or two
+        entries share a rank (the ids decide then). Its caller reads it again.
+    """
+    n, width = ids.shape
+    held = np.arange(width) < length[:, None]
+    row, r, u = np.nonzero(held)[0], rank[held], ids[held]
+    add_row, add_rank, add_id = added
+    if len(removed[0]):
+        span = int(max(u.max(initial=0), removed[1].max())) + 1
+        keep = ~np.isin(row * span + u, removed[0] * span + removed[1])
+        row, r, u = row[keep], r[keep], u[keep]
+    row, r, u = np.concatenate([row, add_row]), np.concatenate([r, add_rank]), np.concatenate([u, add_id])
+    order = np.lexsort((r, row))
+    row, r, u = row[order], r[order], u[order]
+    exact = np.ones(n, dtype=bool)
+    tie = (row[1:] == row[:-1]) & (r[1:] == r[:-1])
+    exact[row[1:][tie]] = False
+    # a truncated row knows its list only up to its last held entry: later ones may follow entries not held
+    last = np.maximum(length - 1, 0)
+    last_rank, last_id = rank[np.arange(n), last][row], ids[np.arange(n), last][row]
+    known = ~(truncated[row] & ((r > last_rank) | ((r == last_rank) & (u != last_id))))
+    row, r, u = row[known], r[known], u[known]
+    count = np.bincount(row, minlength=n)
+    pos = np.arange(len(row)) - (np.cumsum(count) - count)[row]
+    fit = pos < width
+    new_rank = np.zeros((n, width), dtype=np.uint64)
+    new_ids = np.full((n, width), -1, dtype=np.int64)
+    new_rank[row[fit], pos[fit]] = r[fit]
+    new_ids[row[fit], pos[fit]] = u[fit]
+    exact &= ~(truncated & (count < np.minimum(degree, width)))
+    return new_rank, new_ids, np.minimum(count, width).astype(np.int32), exact

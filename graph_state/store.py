@@ -14,7 +14,6 @@ rebuilt lazily after a restart.
 
 from __future__ import annotations
 
-import bisect
 import gc
 import json
 import logging
@@ -34,7 +33,7 @@ from graph_state.exceptions import OffsetRegressionError, StoreConfigError
 from graph_state.idsets import unique_ids
 from graph_state.marks import (DIRTY_COUNT, DIRTY_DEGREE, DIRTY_INPUT, DIRTY_SAMPLE, DirtyMarks, combine, mark_records,
                                or_reduce, split)
-from graph_state.prefixes import GONE, DenseNodes, Node, Prefix, PrefixTable, prefix_changes
+from graph_state.prefixes import GONE, DenseNodes, Node, PrefixTable, merge_rows
 from graph_state.sampled import (FOLD_PAIRS, MAX_INDEXED_IDS, PAIR_BITS, SNAPSHOT_PAIRS, SampledIndex, member,
                                  sample_pairs)
 from graph_state.sampler import check_fanout, seeded_rank_bytes
@@ -234,7 +233,7 @@ class GraphStore:
         self._check_indexable()
         pairs: dict[int, list[int]] = {k: [] for k in ks}
         for iid in self.node_iids():
-            top = self._top_of(iid).ids
+            top = self._prefix_ids(iid)
             for k in ks:
                 pairs[k].extend((u << PAIR_BITS) | iid for u in top[:k])
         self._sampled = {k: SampledIndex(np.sort(np.asarray(p, dtype=np.int64))) for k, p in pairs.items()}
@@ -337,10 +336,10 @@ class GraphStore:
         batch.nodes.add(iid)
 
     # ------------------------------------------------------------------ neighbour lists
-    def _iter_nbrs(self, v: int, after: bytes | None = None) -> Iterator[tuple[bytes, int]]:
-        """Neighbour entries of ``v`` in rank order, merging the open batch."""
+    def _iter_nbrs(self, v: int, after: bytes | None = None, stored: bool = False) -> Iterator[tuple[bytes, int]]:
+        """Neighbour entries of ``v`` in rank order, merging the open batch unless ``stored`` (as before it)."""
         prefix = keys.nbr_prefix(v)
-        pending = self._batch.pending_nbr.get(v, {}) if self._batch is not None else {}
+        pending = self._batch.pending_nbr.get(v, {}) if self._batch is not None and not stored else {}
         added = sorted((k, u) for k, u in pending.items() if u is not None and (after is None or k > after))
         ai = 0
         it = self._cf["nbrs"].iter()
@@ -362,87 +361,62 @@ class GraphStore:
             del it
         yield from added[ai:]
 
-    def _top_of(self, v: int) -> Prefix:
-        """``v``'s prefix: inside a batch, the batch's copy to edit (taken on first touch, with the ids and degree
-        before the batch); outside one, a copy of the table's row, or read from RocksDB when it is not loaded
-        (rows are loaded many at a time, by :meth:`sample_matrix` and batches)."""
-        batch = self._batch
-        if batch is not None:
-            top = batch.tops.get(v)
-            if top is not None:
-                return top
-        top = self._prefixes.get(v)
-        if top is None:
-            top = Prefix()
-            self._refill(v, top, self.top_size)
-            if batch is not None:
-                batch.fresh_tops.add(v)
-        if batch is not None:
-            node = self._node(v)
-            self._begin_prefix(batch, v, top, node.degree if node else 0)
-        return top
-
-    @staticmethod
-    def _begin_prefix(batch: Batch, v: int, top: Prefix, degree: int) -> None:
-        batch.tops[v] = top
-        batch.initial_top[v] = top.ids[:]
-        batch.initial_degree[v] = degree
-
-    def _refill(self, v: int, top: Prefix, degree: int) -> None:
-        """Read entries after the last one held until ``top`` holds ``min(degree, top_size)``."""
-        want = min(degree, self.top_size)
-        ranks, ids = top.ranks, top.ids
-        if len(ids) >= want:
-            return
-        after = keys.nbr_key(v, ranks[-1].to_bytes(8, "big"), self.name(ids[-1])) if ids else None
-        for key, u in self._iter_nbrs(v, after):
-            ranks.append(int.from_bytes(key[8:16], "big"))
-            ids.append(u)
-            if len(ids) >= want:
+    def _stored_prefix(self, v: int, stored: bool = False) -> tuple[list[bytes], list[int]]:
+        """The first :attr:`top_size` entries of ``v``'s list: rank bytes and ids (``stored``: as before the
+        open batch)."""
+        ranks: list[bytes] = []
+        ids: list[int] = []
+        for key, u in self._iter_nbrs(v, stored=stored):
+            if len(ids) >= self._top_size:
                 break
+            ranks.append(key[8:16])
+            ids.append(u)
+        return ranks, ids
 
-    def _add_nbr(self, v: int, v_name: str, u: int, u_name: str, node: Node, batch: Batch) -> int:
-        """Add ``u`` to ``N(v)``; return the rank position it took (or a large number)."""
-        top = batch.tops.get(v)
-        if top is None:
-            top = self._top_of(v)
-        raw = self._rank(v_name, u_name)
-        rank = int.from_bytes(raw, "big")
-        truncated = len(top.ids) < node.degree
+    def _prefix_ids(self, v: int) -> list[int]:
+        """``v``'s prefix ids: the table's row, or read from RocksDB when it is not loaded (leaving the table
+        alone; rows are loaded many at a time, by :meth:`sample_matrix` and batches)."""
+        row = self._prefixes.row(v)
+        return row if row is not None else self._stored_prefix(v)[1]
+
+    def _load_rows(self, iids: np.ndarray, fresh_from: int | None = None) -> None:
+        """Read the rows of ``iids`` that the prefix table lacks from RocksDB, as stored (before any open
+        batch); nodes interned from ``fresh_from`` on have no entries stored."""
+        table = self._prefixes
+        missing = table.missing(iids)
+        if not len(missing):
+            return
+        width = table.width
+        rank = np.zeros((len(missing), width), dtype=np.uint64)
+        ids = np.full((len(missing), width), -1, dtype=np.int64)
+        length = np.zeros(len(missing), dtype=np.int32)
+        for row, v in enumerate(missing.tolist()):
+            if fresh_from is not None and v >= fresh_from:
+                continue
+            raw, held = self._stored_prefix(v, stored=True)
+            if held:
+                n = len(held)
+                rank[row, :n] = np.frombuffer(b"".join(raw), dtype=">u8")
+                ids[row, :n] = held
+                length[row] = n
+        table.put_rows(missing, rank, ids, length)
+
+    def _add_nbr(self, v: int, v_name: str, u: int, u_name: str, node: Node, batch: Batch) -> None:
+        """Add ``u`` to ``N(v)``: its index entry and degree (the prefix follows at the end of the batch)."""
+        key = keys.nbr_key(v, self._rank(v_name, u_name), u_name)
+        batch.initial_degree.setdefault(v, node.degree)
         node.degree += 1
-        key = keys.nbr_key(v, raw, u_name)
         batch.wb.put(key, _PACK_U64(u), batch.nbrs_family)
         batch.pending_nbr[v][key] = u
-        ranks = top.ranks
-        pos = bisect.bisect_left(ranks, rank)
-        while pos < len(ranks) and ranks[pos] == rank and self.name(top.ids[pos]) < u_name:
-            pos += 1  # equal ranks: the ids decide
-        if truncated and pos == len(ranks):  # after the last entry held: past the prefix
-            return 1 << 62
-        ranks.insert(pos, rank)
-        top.ids.insert(pos, u)
-        if len(ranks) > self._top_size:
-            ranks.pop()
-            top.ids.pop()
-        return pos
+        batch.nbr_first.setdefault(key, -1)
 
-    def _remove_nbr(self, v: int, v_name: str, u: int, u_name: str, node: Node, batch: Batch) -> int:
-        top = self._top_of(v)
-        raw = self._rank(v_name, u_name)
-        key = keys.nbr_key(v, raw, u_name)
+    def _remove_nbr(self, v: int, v_name: str, u: int, u_name: str, node: Node, batch: Batch) -> None:
+        key = keys.nbr_key(v, self._rank(v_name, u_name), u_name)
+        batch.initial_degree.setdefault(v, node.degree)
         node.degree -= 1
         batch.delete("nbrs", key)
         batch.pending_nbr[v][key] = None
-        rank, ranks, ids = int.from_bytes(raw, "big"), top.ranks, top.ids
-        pos = bisect.bisect_left(ranks, rank)
-        while pos < len(ranks) and ranks[pos] == rank:
-            if ids[pos] == u:
-                del ranks[pos]
-                del ids[pos]
-                self._refill(v, top, node.degree)
-                return pos
-            pos += 1
-        return 1 << 62
+        batch.nbr_first.setdefault(key, u)
 
     # ------------------------------------------------------------------ apply
     def apply(
@@ -475,6 +449,7 @@ class GraphStore:
             if off < current.get(tp, 0):
                 raise OffsetRegressionError(f"offset of {tp[0]}[{tp[1]}] would move back from {current[tp]} to {off}")
         batch = Batch(self._handles)
+        batch.fresh_from = self._next_iid
         self._batch = batch
         result = ApplyResult(self.fanouts)
         t = result.lap("validate", t)
@@ -521,10 +496,9 @@ class GraphStore:
     def _prefetch(self, events: Sequence[Any], batch: Batch) -> None:
         """Read the ids, node records and edges a batch will look at with one multi-get each."""
         names: dict[str, None] = {}
-        linked: dict[str, None] = {}  # edge endpoints: the nodes whose prefixes the batch may edit
         for ev in events:
             if ev.op in ("edge_upsert", "edge_delete"):
-                names[ev.src] = names[ev.dst] = linked[ev.src] = linked[ev.dst] = None
+                names[ev.src] = names[ev.dst] = None
             else:
                 names[ev.id] = None
         unknown = [n for n in names if n not in self._iid]
@@ -550,10 +524,6 @@ class GraphStore:
             if cold:
                 for iid, raw in zip(cold, self._cf["nodes"].get([keys.encode_iid(i) for i in cold])):
                     self._nodes[iid] = Node.decode(raw)
-        node = self._node  # copies of the prefixes the batch may edit: its edge endpoints'
-        for v, top in zip(*self._prefixes.copies(np.fromiter((known[n] for n in linked if n in known), np.int64))):
-            record = node(v)
-            self._begin_prefix(batch, v, top, record.degree if record else 0)
         pairs: dict[bytes, None] = {}
         for ev in events:
             if ev.op in ("edge_upsert", "edge_delete"):
@@ -572,9 +542,6 @@ class GraphStore:
             result.created.add(iid)
             result.features_changed.add(iid)
             result.deleted.discard(iid)
-            if iid not in batch.tops:  # a new or deleted node has no neighbour entries
-                self._begin_prefix(batch, iid, Prefix(), 0)
-                batch.fresh_tops.add(iid)
         if ts > node.last_ts:
             node.last_ts = float(ts)
         self._put_node(iid, node, batch)
@@ -597,10 +564,10 @@ class GraphStore:
         batch.edges[key] = record is not None
 
     def _link(self, a: int, a_name: str, an: Node, b: int, b_name: str, bn: Node,
-              batch: Batch, result: ApplyResult, touches: list, add: bool) -> None:
+              batch: Batch, result: ApplyResult, add: bool) -> None:
         change = self._add_nbr if add else self._remove_nbr
-        touches.append((a, change(a, a_name, b, b_name, an, batch)))
-        touches.append((b, change(b, b_name, a, a_name, bn, batch)))
+        change(a, a_name, b, b_name, an, batch)
+        change(b, b_name, a, a_name, bn, batch)
         result.degree_changed.update((a, b))
 
     def _run_events(self, events: Sequence[Any], batch: Batch, result: ApplyResult) -> None:
@@ -611,7 +578,6 @@ class GraphStore:
         anything else goes through the ``_apply_<op>`` handlers.
         """
         handlers = {op: getattr(self, "_apply_" + op) for op in ("edge_upsert", "edge_delete", "node_upsert", "node_delete")}
-        append = result.event_touches.append
         iid_of, node_of, put_node = self._iid.get, self._nodes.get, batch.nodes.add
         edges, stored = batch.edges, batch.stored_edges.get
         put, family, pack_edge, edge_key = batch.wb.put, batch.handles["edges"], keys.EDGE_RECORD.pack, keys.edge_key
@@ -625,14 +591,12 @@ class GraphStore:
             return self._edge_exists(key) if known is None else known
 
         for ev in events:
-            touches: list[tuple[int, int]] = []
-            append(touches)
             ts = ev.ts
             if ts > max_ts:
                 max_ts = float(ts)
             if ev.op != "edge_upsert" or (s := iid_of(ev.src)) is None or (d := iid_of(ev.dst)) is None \
                     or (sn := node_of(s)) is None or (dn := node_of(d)) is None:
-                handlers[ev.op](ev, batch, result, touches)
+                handlers[ev.op](ev, batch, result)
                 continue
             # both endpoints exist and are read: _touch without the lookups it would repeat
             if ts > sn.last_ts:
@@ -646,22 +610,22 @@ class GraphStore:
             put(key, pack_edge(float(ev.weight), float(ts)), family)
             edges[key] = True
             if not existed and s != d and not exists(edge_key(d, s)):
-                touches.append((s, add_nbr(s, ev.src, d, ev.dst, sn, batch)))
-                touches.append((d, add_nbr(d, ev.dst, s, ev.src, dn, batch)))
+                add_nbr(s, ev.src, d, ev.dst, sn, batch)
+                add_nbr(d, ev.dst, s, ev.src, dn, batch)
                 degree_changed.add(s)
                 degree_changed.add(d)
         result.max_ts = max_ts
 
-    def _apply_edge_upsert(self, ev: Any, batch: Batch, result: ApplyResult, touches: list) -> None:
+    def _apply_edge_upsert(self, ev: Any, batch: Batch, result: ApplyResult) -> None:
         s, sn = self._touch(ev.src, ev.ts, batch, result)
         d, dn = self._touch(ev.dst, ev.ts, batch, result)
         key = keys.edge_key(s, d)
         existed = self._edge_exists(key)
         self._set_edge(batch, key, keys.EDGE_RECORD.pack(float(ev.weight), float(ev.ts)))
         if not existed and s != d and not self._edge_exists(keys.edge_key(d, s)):
-            self._link(s, ev.src, sn, d, ev.dst, dn, batch, result, touches, add=True)
+            self._link(s, ev.src, sn, d, ev.dst, dn, batch, result, add=True)
 
-    def _apply_edge_delete(self, ev: Any, batch: Batch, result: ApplyResult, touches: list) -> None:
+    def _apply_edge_delete(self, ev: Any, batch: Batch, result: ApplyResult) -> None:
         s, d = self.iid(ev.src), self.iid(ev.dst)
         key = None if s is None or d is None else keys.edge_key(s, d)
         if key is None or not self._edge_exists(key):
@@ -671,22 +635,22 @@ class GraphStore:
             sn, dn = self._node(s), self._node(d)
             self._put_node(s, sn, batch)
             self._put_node(d, dn, batch)
-            self._link(s, ev.src, sn, d, ev.dst, dn, batch, result, touches, add=False)
+            self._link(s, ev.src, sn, d, ev.dst, dn, batch, result, add=False)
 
-    def _apply_node_upsert(self, ev: Any, batch: Batch, result: ApplyResult, touches: list) -> None:
+    def _apply_node_upsert(self, ev: Any, batch: Batch, result: ApplyResult) -> None:
         iid, node = self._touch(ev.id, ev.ts, batch, result)
         node.flags |= keys.FLAG_HAS_FEATURES
         self._put_node(iid, node, batch)
         batch.put("feats", keys.encode_iid(iid), np.asarray(ev.features, dtype="<f4").tobytes())
         result.features_changed.add(iid)
 
-    def _apply_node_delete(self, ev: Any, batch: Batch, result: ApplyResult, touches: list) -> None:
+    def _apply_node_delete(self, ev: Any, batch: Batch, result: ApplyResult) -> None:
         v = self.iid(ev.id)
         node = None if v is None else self._node(v)
         if node is None:
             return
-        self._top_of(v)  # snapshot the sample before the delete
         entries = list(self._iter_nbrs(v))
+        batch.initial_degree.setdefault(v, node.degree)
         for key, u in entries:
             u_name = key[16:].decode()
             for a, b in ((v, u), (u, v)):
@@ -695,16 +659,15 @@ class GraphStore:
                     self._set_edge(batch, edge, None)
             un = self._node(u)
             self._put_node(u, un, batch)
-            touches.append((u, self._remove_nbr(u, u_name, v, ev.id, un, batch)))
+            self._remove_nbr(u, u_name, v, ev.id, un, batch)
             result.degree_changed.add(u)
         # v's own neighbour list goes in one range delete (linear in the degree overall)
         batch.wb.delete_range(keys.nbr_prefix(v), keys.nbr_prefix(v + 1), self._handles["nbrs"])
-        pending = batch.pending_nbr[v]
-        for key, _ in entries:
+        pending, first = batch.pending_nbr[v], batch.nbr_first
+        for key, u in entries:
             pending[key] = None
-        batch.tops[v] = Prefix()
+            first.setdefault(key, u)
         if entries:
-            touches.append((v, 0))
             result.degree_changed.add(v)
         node.degree = 0
         loop = keys.edge_key(v, v)
@@ -735,11 +698,7 @@ class GraphStore:
         for iid, deg, flag, ts in columns:
             put(pack_key(iid), pack_node(deg, flag, ts), family)
         batch.node_columns = touched, degree, flags, last_ts
-        # every node whose prefix may have changed: compare before and after, vectorised over nodes
-        width = max(self.fanouts, default=0)
-        ids, before_m, after_m, deg = prefix_changes(batch.initial_top, batch.initial_degree, self._nodes, batch.tops,
-                                                     width)
-        self._keep_prefixes(batch)
+        ids, before_m, after_m, deg = self._settle_prefixes(batch)
         delta: list[np.ndarray] = []  # this batch's sampled-by changes: one record
         mark_parts: list[tuple[int, np.ndarray, int]] = [
             (0, np.fromiter(result.features_changed, np.int64, len(result.features_changed)), DIRTY_INPUT),
@@ -775,12 +734,59 @@ class GraphStore:
             batch.put("dirty", key, value)
             batch.marks = marks, flags
 
-    def _keep_prefixes(self, batch: Batch) -> None:
-        """Write the batch's edited prefixes that changed, or were read from RocksDB, back into the table."""
-        fresh, initial = batch.fresh_tops, batch.initial_top  # a deleted node's prefix is empty already
-        kept = [(v, top) for v, top in batch.tops.items() if v in fresh or top.ids != initial[v]]
-        if kept:
-            self._prefixes.put_many(*zip(*kept))
+    def _settle_prefixes(self, batch: Batch) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Merge the batch's neighbour changes into the prefixes of every node whose list changed, all at once,
+        and write them into the table.
+
+        Returns ``(ids, before, after, moved)``: the nodes whose prefix ids
+        changed, those ids before and after as ``[len(ids), width]`` matrices
+        padded with -1, and ``(v, degree before, degree after)`` rows of every
+        node whose degree changed.
+        """
+        table, width = self._prefixes, self._prefixes.width
+        if not batch.pending_nbr:
+            empty = np.zeros(0, dtype=np.int64)
+            return empty, np.zeros((0, width), np.int64), np.zeros((0, width), np.int64), empty.reshape(0, 3)
+        first = batch.nbr_first
+        add_row: list[int] = []
+        add_rank: list[bytes] = []
+        add_id: list[int] = []
+        rem_row: list[int] = []
+        rem_id: list[int] = []
+        for row, changes in enumerate(batch.pending_nbr.values()):  # net changes: entries stored now or before only
+            for key, u in changes.items():
+                was = first[key]
+                if u is None:
+                    if was >= 0:
+                        rem_row.append(row)
+                        rem_id.append(was)
+                elif was < 0:
+                    add_row.append(row)
+                    add_rank.append(key[8:16])
+                    add_id.append(u)
+        v = np.fromiter(batch.pending_nbr, np.int64, len(batch.pending_nbr))
+        self._load_rows(v, batch.fresh_from)
+        nodes, before_deg = self._nodes, batch.initial_degree
+        deg0 = np.fromiter((before_deg[i] for i in v.tolist()), np.int64, len(v))
+        deg1 = np.fromiter(((n.degree if (n := nodes[i]) is not None else 0) for i in v.tolist()), np.int64, len(v))
+        rank, ids, length = table.rank[v], table.ids[v], table.length[v]
+        new_rank, new_ids, new_len, exact = merge_rows(
+            rank, ids, length, deg0 > length, deg1,
+            (np.asarray(add_row, dtype=np.int64), np.frombuffer(b"".join(add_rank), dtype=">u8").astype(np.uint64),
+             np.asarray(add_id, dtype=np.int64)),
+            (np.asarray(rem_row, dtype=np.int64), np.asarray(rem_id, dtype=np.int64)))
+        for row in np.flatnonzero(~exact).tolist():  # read again, with the batch's changes merged
+            raw, held = self._stored_prefix(int(v[row]))
+            n = len(held)
+            new_rank[row], new_ids[row], new_len[row] = 0, -1, n
+            if n:
+                new_rank[row, :n] = np.frombuffer(b"".join(raw), dtype=">u8")
+                new_ids[row, :n] = held
+        table.put_rows(v, new_rank, new_ids, new_len)
+        changed = (ids != new_ids).any(axis=1)
+        moved = deg0 != deg1
+        return (v[changed], ids[changed], new_ids[changed],
+                np.stack([v[moved], deg0[moved], deg1[moved]], axis=1))
 
     # ------------------------------------------------------------------ caches
 
@@ -833,8 +839,8 @@ class GraphStore:
         """``S_k`` of node ``iid`` as interned ids in rank order; O(k) reads."""
         if self._node(iid) is None:
             return []
-        if k <= self.top_size:
-            return self._top_of(iid).ids[:k]
+        if k <= self.top_size and self._batch is None:
+            return self._prefix_ids(iid)[:k]
         out = []
         for _, u in self._iter_nbrs(iid):
             if len(out) >= k:
@@ -876,16 +882,8 @@ class GraphStore:
                 s = self.sample_iids(v, k)
                 out[row, :len(s)] = s
             return out
-        table = self._prefixes
-        missing = table.missing(iids).tolist()
-        if missing:
-            tops = []
-            for v in missing:
-                top = Prefix()
-                self._refill(v, top, self.top_size)
-                tops.append(top)
-            table.put_many(missing, tops)
-        return table.samples(iids, k)
+        self._load_rows(iids)
+        return self._prefixes.samples(iids, k)
 
     def _check_indexable(self) -> None:
         if self._next_iid > MAX_INDEXED_IDS:
@@ -1016,9 +1014,9 @@ class GraphStore:
         iid = self.iid(name)
         if iid is None or self._node(iid) is None:
             return []
-        top = self._prefixes.get(iid) if k <= self.top_size else None
-        if top is not None:
-            return [self.name(u) for u in top.ids[:k]]
+        row = self._prefixes.row(iid) if k <= self.top_size else None
+        if row is not None:
+            return [self.name(u) for u in row[:k]]
         held = []  # the names are in the index keys: no lookup each
         for key, _ in self._iter_nbrs(iid):
             if len(held) >= k:

@@ -87,17 +87,6 @@ def _open(path, seed, cache_nodes, with_seed=True):
     return GraphStore(path, seed=seed if with_seed else None, cache_nodes=cache_nodes, lock_timeout=2)
 
 
-def _expected_event_changes(model: GraphModel, ev, ks) -> dict[int, set[str]]:
-    """Apply ``ev`` to ``model`` and return, per k, the nodes whose S_k it changed."""
-    if isinstance(ev, (EdgeUpsert, EdgeDelete)):
-        touched = {ev.src, ev.dst}
-    else:
-        touched = {ev.id} | model.nbrs(ev.id)
-    before = {(v, k): model.sample(v, k) for v in touched for k in ks}
-    model.apply(ev)
-    return {k: {v for v in touched if model.sample(v, k) != before[(v, k)]} for k in ks}
-
-
 def _run_scenario(tmp_path_factory, scenario, require_hub_over: int = 0) -> None:
     seed, cache_nodes, events, sizes, actions, fanout_at = scenario
     path = tmp_path_factory.mktemp("store")
@@ -117,17 +106,11 @@ def _run_scenario(tmp_path_factory, scenario, require_hub_over: int = 0) -> None
             start_samples = {(v, k): model.sample(v, k) for v in names for k in FANOUTS}
             start_feats = {v: model.features.get(v) for v in names}
             start_deg = {v: len(model.nbrs(v)) for v in names}
-            per_event = []
             for ev in batch:
-                per_event.append(_expected_event_changes(model, ev, FANOUTS))
+                model.apply(ev)
                 max_hub = max(max_hub, len(model.nbrs(HUB)))
             result = store.apply(batch, {("graph-events", 0): pos})
 
-            # per-event reports (positions are known within the in-memory prefix) and net ones
-            for i, want in enumerate(per_event):
-                for k in (k for k in FANOUTS if k <= store.top_size):
-                    got = {store.name(x) for x in result.event_sample_changes(i, k)}
-                    assert got == want[k], f"event {i} ({batch[i]}) S_{k} changes"
             for k in store.fanouts:
                 changed = {v for v in names if model.sample(v, k) != start_samples[(v, k)]}
                 assert {store.name(x) for x in result.sample_changed[k]} == changed, f"sample_changed[{k}]"
@@ -223,15 +206,18 @@ def test_delete_one_direction_keeps_neighbour_while_reverse_edge_remains(store):
 def test_reciprocal_edges_count_once(store):
     r = store.apply([EdgeUpsert("a", "b", 1), EdgeUpsert("b", "a", 1)])
     assert store.degree("a") == store.degree("b") == 1
-    assert r.event_sample_changes(0, 1) == {store.iid("a"), store.iid("b")}
-    assert r.event_sample_changes(1, 1) == set(), "the reverse edge does not change N"
+    assert r.sample_changed[1] == {store.iid("a"), store.iid("b")}
+    store.apply([EdgeDelete("b", "a", 2)])
+    r = store.apply([EdgeUpsert("b", "a", 3)])
+    assert store.degree("a") == store.degree("b") == 1
+    assert r.sample_changed[1] == set() and r.count_changed[1] == set(), "the reverse edge does not change N"
 
 
 def test_self_loop_creates_node_but_no_neighbour(store):
     r = store.apply([EdgeUpsert("s", "s", 5, 0.5)])
     assert store.exists("s") and store.neighbors("s") == [] and store.degree("s") == 0
     assert list(store.edges()) == [("s", "s", 0.5, 5.0)]
-    assert r.event_sample_changes(0, 10) == set()
+    assert r.sample_changed[10] == set() and r.count_changed[10] == set()
     store.apply([EdgeUpsert("s", "t", 6), EdgeDelete("s", "s", 7)])
     assert store.neighbors("s") == ["t"] and list(store.edges()) == [("s", "t", 1.0, 6.0)]
 
@@ -248,7 +234,7 @@ def test_node_delete_cascades_and_edge_recreates_without_features(store):
     assert store.neighbors("b") == [] and store.neighbors("c") == [] and store.neighbors("a") == []
     assert store.exists("b") and store.exists("c")
     assert store.sampled_by(10, a) == [] and store.sampled_by(10, store.iid("b")) == []
-    assert r.event_sample_changes(0, 1) == {a, store.iid("b"), store.iid("c")}
+    assert r.sample_changed[1] == {a, store.iid("b"), store.iid("c")}
     assert a in r.deleted
     np.testing.assert_array_equal(store.features("b"), np.full(DIM, 1.0, np.float32))
     r = store.apply([EdgeUpsert("b", "a", 3)])
@@ -276,7 +262,7 @@ def test_deleting_absent_things_is_a_noop_and_creates_nothing(store):
     for name in ("x", "y", "never"):
         assert not store.exists(name) and store.iid(name) is None
     assert sorted(store.nodes()) == ["a", "b", "c"]
-    assert all(r.event_sample_changes(i, 10) == set() for i in range(7))
+    assert all(r.sample_changed[k] == set() and r.count_changed[k] == set() for k in FANOUTS)
     # deleting an already-deleted node is a no-op too
     store.apply([NodeDelete("c", 3)])
     before = raw_contents(store)
@@ -294,23 +280,32 @@ def test_node_upsert_replaces_features_as_float32(store):
     assert store.feature_dim == DIM
 
 
-def test_event_sample_changes_per_event_hand_made(tmp_path):
-    """Each event of one batch is reported exactly for the nodes whose S_k it changed."""
+@pytest.mark.parametrize("per_batch", [1, 7, 1000])
+def test_sample_changes_of_batches_hand_made(tmp_path, per_batch):
+    """Each batch reports exactly the nodes whose S_k differs before and after it, changes that cancel out
+    inside it included."""
     events = [EdgeUpsert("hub", f"n{i}", i) for i in range(40)]
     events += [EdgeDelete("hub", f"n{i}", 50 + i) for i in range(0, 40, 3)]
     events += [EdgeUpsert(f"n{i}", "hub", 100 + i) for i in range(0, 40, 6)]
     events += [NodeDelete("n5", 200), EdgeUpsert("n5", "hub", 201), NodeDelete("hub", 202),
-               EdgeUpsert("hub", "n1", 203)]
+               EdgeUpsert("hub", "n1", 203), EdgeUpsert("hub", "n2", 204), EdgeDelete("hub", "n2", 205)]
+    names = {"hub", *(f"n{i}" for i in range(40))}
     store = GraphStore(tmp_path / "db", seed=3)
     store.set_fanouts(FANOUTS)
     model = GraphModel(3)
     try:
-        result = store.apply(events)
-        for i, ev in enumerate(events):
-            want = _expected_event_changes(model, ev, FANOUTS)
-            for k, names in want.items():
-                assert {store.name(x) for x in result.event_sample_changes(i, k)} == names, (i, ev, k)
-        assert_store_matches(store, model, {"hub", *(f"n{i}" for i in range(40))}, CHECK_KS)
+        for at in range(0, len(events), per_batch):
+            batch = events[at:at + per_batch]
+            before = {(v, k): model.sample(v, k) for v in names for k in FANOUTS}
+            degree = {v: len(model.nbrs(v)) for v in names}
+            model.apply_all(batch)
+            result = store.apply(batch)
+            for k in FANOUTS:
+                want = {v for v in names if model.sample(v, k) != before[(v, k)]}
+                assert {store.name(x) for x in result.sample_changed[k]} == want, (at, k)
+                counts = {v for v in names if min(degree[v], k) != min(len(model.nbrs(v)), k)}
+                assert {store.name(x) for x in result.count_changed[k]} == counts, (at, k)
+        assert_store_matches(store, model, names, CHECK_KS)
     finally:
         store.close()
 
