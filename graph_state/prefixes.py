@@ -163,34 +163,47 @@ def merge_rows(rank: np.ndarray, ids: np.ndarray, length: np.ndarray, truncated:
     Returns:
         ``(rank, ids, length, exact)``: the rows after. A row with ``exact``
         False cannot be told from what was held: removals left fewer than
-        ``width`` entries known to come before the first one not held, or two
-        entries share a rank (the ids decide then). Its caller reads it again.
+        ``width`` entries known to come before the first one not held, or an
+        added entry shares a rank with another entry (the ids decide then).
+        Its caller reads it again. Nothing is sorted but the added entries.
     """
     n, width = ids.shape
-    held = np.arange(width) < length[:, None]
-    row, r, u = np.nonzero(held)[0], rank[held], ids[held]
+    cols = np.arange(width)
+    held = cols < length[:, None]
+    gone = np.zeros((n, width), dtype=bool)
+    if len(removed[0]):  # ids are -1 past a row's length, so only held entries match
+        match = ids[removed[0]] == removed[1][:, None]
+        hit = match.any(axis=1)
+        gone[removed[0][hit], match[hit].argmax(axis=1)] = True
     add_row, add_rank, add_id = added
-    if len(removed[0]):
-        span = int(max(u.max(initial=0), removed[1].max())) + 1
-        keep = ~np.isin(row * span + u, removed[0] * span + removed[1])
-        row, r, u = row[keep], r[keep], u[keep]
-    row, r, u = np.concatenate([row, add_row]), np.concatenate([r, add_rank]), np.concatenate([u, add_id])
-    order = np.lexsort((r, row))
-    row, r, u = row[order], r[order], u[order]
+    order = np.lexsort((add_rank, add_row))
+    add_row, add_rank, add_id = add_row[order], add_rank[order], add_id[order]
+    # where each added entry goes among its row's held ones (ranks ascend along a row)
+    at = ((rank[add_row] < add_rank[:, None]) & held[add_row]).sum(axis=1)
     exact = np.ones(n, dtype=bool)
-    tie = (row[1:] == row[:-1]) & (r[1:] == r[:-1])
-    exact[row[1:][tie]] = False
+    tie = (at < length[add_row]) & (rank[add_row, np.minimum(at, width - 1)] == add_rank)
+    exact[add_row[tie]] = False
+    exact[add_row[1:][(add_row[1:] == add_row[:-1]) & (add_rank[1:] == add_rank[:-1])]] = False
     # a truncated row knows its list only up to its last held entry: later ones may follow entries not held
-    last = np.maximum(length - 1, 0)
-    last_rank, last_id = rank[np.arange(n), last][row], ids[np.arange(n), last][row]
-    known = ~(truncated[row] & ((r > last_rank) | ((r == last_rank) & (u != last_id))))
-    row, r, u = row[known], r[known], u[known]
-    count = np.bincount(row, minlength=n)
-    pos = np.arange(len(row)) - (np.cumsum(count) - count)[row]
-    fit = pos < width
+    known = ~(truncated[add_row] & (at >= length[add_row]))
+    add_row, add_rank, add_id, at = add_row[known], add_rank[known], add_id[known], at[known]
+    added_in = np.bincount(add_row, minlength=n)
+    ahead = np.arange(len(add_row)) - (np.cumsum(added_in) - added_in)[add_row]  # added ones before it in its row
+    gone_before = np.zeros((n, width + 1), dtype=np.int64)
+    np.cumsum(gone, axis=1, out=gone_before[:, 1:])
+    inserted = np.bincount(add_row * (width + 1) + at, minlength=n * (width + 1)).reshape(n, width + 1)
+    keep = held & ~gone
+    pos = cols - gone_before[:, :width] + np.cumsum(inserted, axis=1)[:, :width]  # of each held entry, after
+    fit = keep & (pos < width)
+    target = (np.arange(n)[:, None] * width + pos)[fit]
+    add_pos = at - gone_before[add_row, at] + ahead
     new_rank = np.zeros((n, width), dtype=np.uint64)
     new_ids = np.full((n, width), -1, dtype=np.int64)
-    new_rank[row[fit], pos[fit]] = r[fit]
-    new_ids[row[fit], pos[fit]] = u[fit]
+    new_rank.ravel()[target] = rank[fit]
+    new_ids.ravel()[target] = ids[fit]
+    fit = add_pos < width
+    new_rank[add_row[fit], add_pos[fit]] = add_rank[fit]
+    new_ids[add_row[fit], add_pos[fit]] = add_id[fit]
+    count = keep.sum(axis=1) + added_in
     exact &= ~(truncated & (count < np.minimum(degree, width)))
     return new_rank, new_ids, np.minimum(count, width).astype(np.int32), exact
