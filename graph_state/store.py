@@ -361,7 +361,7 @@ class GraphStore:
             del it
         yield from added[ai:]
 
-    def _stored_prefix(self, v: int, stored: bool = False) -> tuple[list[bytes], list[int]]:
+    def _read_prefix(self, v: int, stored: bool = False) -> tuple[list[bytes], list[int]]:
         """The first :attr:`top_size` entries of ``v``'s list: rank bytes and ids (``stored``: as before the
         open batch)."""
         ranks: list[bytes] = []
@@ -377,7 +377,7 @@ class GraphStore:
         """``v``'s prefix ids: the table's row, or read from RocksDB when it is not loaded (leaving the table
         alone; rows are loaded many at a time, by :meth:`sample_matrix` and batches)."""
         row = self._prefixes.row(v)
-        return row if row is not None else self._stored_prefix(v)[1]
+        return row if row is not None else self._read_prefix(v)[1]
 
     def _load_rows(self, iids: np.ndarray, fresh_from: int | None = None) -> None:
         """Read the rows of ``iids`` that the prefix table lacks from RocksDB, as stored (before any open
@@ -393,7 +393,7 @@ class GraphStore:
         for row, v in enumerate(missing.tolist()):
             if fresh_from is not None and v >= fresh_from:
                 continue
-            raw, held = self._stored_prefix(v, stored=True)
+            raw, held = self._read_prefix(v, stored=True)
             if held:
                 n = len(held)
                 rank[row, :n] = np.frombuffer(b"".join(raw), dtype=">u8")
@@ -776,7 +776,7 @@ class GraphStore:
              np.asarray(add_id, dtype=np.int64)),
             (np.asarray(rem_row, dtype=np.int64), np.asarray(rem_id, dtype=np.int64)))
         for row in np.flatnonzero(~exact).tolist():  # read again, with the batch's changes merged
-            raw, held = self._stored_prefix(int(v[row]))
+            raw, held = self._read_prefix(int(v[row]))
             n = len(held)
             new_rank[row], new_ids[row], new_len[row] = 0, -1, n
             if n:
