@@ -109,8 +109,6 @@ class Batch:
         self.pending_nbr: dict[int, dict[bytes, int | None]] = defaultdict(dict)
         # per neighbour-index key the batch wrote: the neighbour's iid if the entry was stored before, else -1
         self.nbr_first: dict[bytes, int] = {}
-        self.initial_degree: dict[int, int] = {}  # degrees before the batch of the nodes whose lists it changed
-        self.fresh_from = 0  # iids from here on were interned by this batch: nothing of theirs is stored
         self.edges: dict[bytes, bool] = {}
         self.stored_edges: dict[bytes, bool] = {}  # prefetched: does the edge exist before the batch
         self.marks: tuple[np.ndarray, np.ndarray] | None = None  # dirty marks written, for the in-memory mirror

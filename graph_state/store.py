@@ -379,32 +379,31 @@ class GraphStore:
         row = self._prefixes.row(v)
         return row if row is not None else self._read_prefix(v)[1]
 
-    def _load_rows(self, iids: np.ndarray, fresh_from: int | None = None) -> None:
-        """Read the rows of ``iids`` that the prefix table lacks from RocksDB, as stored (before any open
-        batch); nodes interned from ``fresh_from`` on have no entries stored."""
-        table = self._prefixes
-        missing = table.missing(iids)
-        if not len(missing):
-            return
-        width = table.width
-        rank = np.zeros((len(missing), width), dtype=np.uint64)
-        ids = np.full((len(missing), width), -1, dtype=np.int64)
-        length = np.zeros(len(missing), dtype=np.int32)
-        for row, v in enumerate(missing.tolist()):
-            if fresh_from is not None and v >= fresh_from:
-                continue
-            raw, held = self._read_prefix(v, stored=True)
+    def _read_rows(self, iids: np.ndarray, stored: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`_read_prefix` of many nodes as prefix-table rows: ``(rank, ids, length)``."""
+        width = self._prefixes.width
+        rank = np.zeros((len(iids), width), dtype=np.uint64)
+        ids = np.full((len(iids), width), -1, dtype=np.int64)
+        length = np.zeros(len(iids), dtype=np.int32)
+        for row, v in enumerate(iids.tolist()):
+            raw, held = self._read_prefix(v, stored)
             if held:
                 n = len(held)
                 rank[row, :n] = np.frombuffer(b"".join(raw), dtype=">u8")
                 ids[row, :n] = held
                 length[row] = n
-        table.put_rows(missing, rank, ids, length)
+        return rank, ids, length
+
+    def _load_rows(self, iids: np.ndarray) -> None:
+        """Read the rows of ``iids`` that the prefix table lacks from RocksDB, as stored (before any open
+        batch)."""
+        missing = self._prefixes.missing(iids)
+        if len(missing):
+            self._prefixes.put_rows(missing, *self._read_rows(missing, stored=True))
 
     def _add_nbr(self, v: int, v_name: str, u: int, u_name: str, node: Node, batch: Batch) -> None:
         """Add ``u`` to ``N(v)``: its index entry and degree (the prefix follows at the end of the batch)."""
         key = keys.nbr_key(v, self._rank(v_name, u_name), u_name)
-        batch.initial_degree.setdefault(v, node.degree)
         node.degree += 1
         batch.wb.put(key, _PACK_U64(u), batch.nbrs_family)
         batch.pending_nbr[v][key] = u
@@ -412,7 +411,6 @@ class GraphStore:
 
     def _remove_nbr(self, v: int, v_name: str, u: int, u_name: str, node: Node, batch: Batch) -> None:
         key = keys.nbr_key(v, self._rank(v_name, u_name), u_name)
-        batch.initial_degree.setdefault(v, node.degree)
         node.degree -= 1
         batch.delete("nbrs", key)
         batch.pending_nbr[v][key] = None
@@ -449,7 +447,6 @@ class GraphStore:
             if off < current.get(tp, 0):
                 raise OffsetRegressionError(f"offset of {tp[0]}[{tp[1]}] would move back from {current[tp]} to {off}")
         batch = Batch(self._handles)
-        batch.fresh_from = self._next_iid
         self._batch = batch
         result = ApplyResult(self.fanouts)
         t = result.lap("validate", t)
@@ -650,7 +647,6 @@ class GraphStore:
         if node is None:
             return
         entries = list(self._iter_nbrs(v))
-        batch.initial_degree.setdefault(v, node.degree)
         for key, u in entries:
             u_name = key[16:].decode()
             for a, b in ((v, u), (u, v)):
@@ -765,23 +761,21 @@ class GraphStore:
                     add_rank.append(key[8:16])
                     add_id.append(u)
         v = np.fromiter(batch.pending_nbr, np.int64, len(batch.pending_nbr))
-        self._load_rows(v, batch.fresh_from)
-        nodes, before_deg = self._nodes, batch.initial_degree
-        deg0 = np.fromiter((before_deg[i] for i in v.tolist()), np.int64, len(v))
+        self._load_rows(v)
+        nodes = self._nodes
         deg1 = np.fromiter(((n.degree if (n := nodes[i]) is not None else 0) for i in v.tolist()), np.int64, len(v))
+        added_to, removed_from = np.asarray(add_row, dtype=np.int64), np.asarray(rem_row, dtype=np.int64)
+        # a degree counts its index entries: before the batch, less the net additions, plus the net removals
+        deg0 = deg1 - np.bincount(added_to, minlength=len(v)) + np.bincount(removed_from, minlength=len(v))
         rank, ids, length = table.rank[v], table.ids[v], table.length[v]
         new_rank, new_ids, new_len, exact = merge_rows(
             rank, ids, length, deg0 > length, deg1,
-            (np.asarray(add_row, dtype=np.int64), np.frombuffer(b"".join(add_rank), dtype=">u8").astype(np.uint64),
+            (added_to, np.frombuffer(b"".join(add_rank), dtype=">u8").astype(np.uint64),
              np.asarray(add_id, dtype=np.int64)),
-            (np.asarray(rem_row, dtype=np.int64), np.asarray(rem_id, dtype=np.int64)))
-        for row in np.flatnonzero(~exact).tolist():  # read again, with the batch's changes merged
-            raw, held = self._read_prefix(int(v[row]))
-            n = len(held)
-            new_rank[row], new_ids[row], new_len[row] = 0, -1, n
-            if n:
-                new_rank[row, :n] = np.frombuffer(b"".join(raw), dtype=">u8")
-                new_ids[row, :n] = held
+            (removed_from, np.asarray(rem_id, dtype=np.int64)))
+        again = np.flatnonzero(~exact)  # read again, with the batch's changes merged
+        if len(again):
+            new_rank[again], new_ids[again], new_len[again] = self._read_rows(v[again])
         table.put_rows(v, new_rank, new_ids, new_len)
         changed = (ids != new_ids).any(axis=1)
         moved = deg0 != deg1
