@@ -30,13 +30,14 @@ import logging
 import math
 import os
 import pickle
+import select
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, Literal, Sequence
 
@@ -145,7 +146,7 @@ class Delivery:
                 found before anything is sent).
             DeliveryError: the flush failed: all of them count as unsent.
         """
-        send, topic = self.producer.send, self.topic
+        send_many, topic = self.producer.send_many, self.topic
         for cols in columns:
             if not (np.isfinite(cols.rows).all() and np.isfinite(cols.event_ts).all()
                     and math.isfinite(cols.computed_at)):
@@ -153,16 +154,73 @@ class Delivery:
         count = 0
         extra = [*(self._worker or ()), *(headers or ())] or None
         for cols in _chunks(columns, _CHUNK):
-            for key, value, headers in encode_columns([cols], self.model, self.fmt):
-                if extra is not None:
-                    headers = extra if headers is None else [*headers, *extra]
-                send(topic, key, value, headers)
-            count += len(cols)
+            count += send_many(topic, encode_columns([cols], self.model, self.fmt), extra)
         self.producer.flush(timeout_s)
         return count
 
     def close(self, timeout_s: float = 5.0) -> None:
         self.producer.close(timeout_s)
+
+
+class _Pipe:
+    """Pickled objects over a stream socket, arrays out of band.
+
+    A message is a header (the pickle's length, the number of buffers and
+    each one's size), the pickle (protocol 5), then the raw bytes of every
+    contiguous array it holds. The sender writes arrays straight from their
+    memory; the receiver reads them into one reused arena and rebuilds the
+    arrays on it, so a batch of rows is copied once each way (an object a
+    receiver keeps must not outlive the next :meth:`recv`).
+    """
+
+    _HEAD = struct.Struct("<QI")
+
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+        self._arena = bytearray()
+
+    def send(self, obj: Any) -> None:
+        buffers: list[pickle.PickleBuffer] = []
+        data = pickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
+        raws = [b.raw() for b in buffers]
+        sizes = [r.nbytes for r in raws]
+        self.sock.sendall(self._HEAD.pack(len(data), len(raws)) + struct.pack(f"<{len(sizes)}Q", *sizes) + data)
+        for raw in raws:
+            self.sock.sendall(raw)
+
+    def recv(self) -> Any:
+        length, count = self._HEAD.unpack(self._read(self._HEAD.size))
+        sizes = struct.unpack(f"<{count}Q", self._read(8 * count)) if count else ()
+        data = self._read(length)
+        total = sum(sizes)
+        if len(self._arena) < total:
+            self._arena = bytearray(total)
+        views, start = [], 0
+        arena = memoryview(self._arena)
+        for size in sizes:
+            self._read_into(arena[start:start + size])
+            views.append(arena[start:start + size])
+            start += size
+        return pickle.loads(data, buffers=views)
+
+    def poll(self, timeout_s: float) -> bool:
+        """Whether a message (or the end of the stream) can be read now, waiting up to ``timeout_s``."""
+        return bool(select.select([self.sock], [], [], timeout_s)[0])
+
+    def _read(self, size: int) -> bytes:
+        buf = bytearray(size)
+        self._read_into(memoryview(buf))
+        return bytes(buf)
+
+    def _read_into(self, view: memoryview) -> None:
+        while len(view):
+            got = self.sock.recv_into(view)
+            if not got:
+                raise EOFError("the other end closed the socket")
+            view = view[got:]
+
+    def close(self) -> None:
+        self.sock.close()
 
 
 class DeliveryProcess:
@@ -182,7 +240,7 @@ class DeliveryProcess:
         self._args = ["--client", client, "--bootstrap", bootstrap, "--topic", topic, "--model", model,
                       "--format", fmt, *(["--worker", worker] if worker else [])]
         self._proc: subprocess.Popen[bytes] | None = None
-        self._conn: Connection | None = None
+        self._conn: _Pipe | None = None
         self._busy = False  # a call waits for the child's answer
         self._start()
 
@@ -196,7 +254,7 @@ class DeliveryProcess:
                                           stdin=subprocess.DEVNULL, start_new_session=True)
         finally:
             theirs.close()
-        self._conn = Connection(ours.detach())
+        self._conn = _Pipe(ours)
 
     @property
     def pid(self) -> int | None:
@@ -224,12 +282,12 @@ class DeliveryProcess:
         assert conn is not None and proc is not None
         self._busy = True
         try:
-            conn.send_bytes(pickle.dumps(request, protocol=pickle.HIGHEST_PROTOCOL))
+            conn.send(request)
             deadline = None if timeout_s is None else time.monotonic() + timeout_s
             while not conn.poll(0.5):
                 if proc.poll() is not None or (deadline is not None and time.monotonic() > deadline):
                     raise EOFError
-            return pickle.loads(conn.recv_bytes())
+            return conn.recv()
         except (EOFError, OSError):
             raise self._lost(doing) from None
         finally:
@@ -273,17 +331,17 @@ class DeliveryProcess:
                 proc.wait()
 
 
-def _serve(conn: Connection, delivery: Delivery) -> None:
+def _serve(conn: _Pipe, delivery: Delivery) -> None:
     """Answer the parent's requests until it says close or goes away."""
     while True:
         try:
-            request = pickle.loads(conn.recv_bytes())
+            request = conn.recv()
         except (EOFError, OSError):  # the parent is gone: nothing is waiting for an answer
             delivery.close(1.0)
             return
         if request[0] == "close":
             delivery.close(request[1])
-            conn.send_bytes(pickle.dumps(("closed",)))
+            conn.send(("closed",))
             return
         _, columns, timeout_s, headers = request
         try:
@@ -294,7 +352,7 @@ def _serve(conn: Connection, delivery: Delivery) -> None:
             reply = ("failed", str(exc), exc.failed, exc.pending)
         except Exception as exc:  # a client error of another kind: the parent retries the batch
             reply = ("failed", f"{type(exc).__name__}: {exc}", 0, 0)
-        conn.send_bytes(pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL))
+        conn.send(reply)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -311,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s delivery: %(message)s")
     from stream.backends import open_producer
-    conn = Connection(args.fd)
+    conn = _Pipe(socket.socket(fileno=args.fd))
     _serve(conn, Delivery(open_producer(args.client, args.bootstrap), args.topic, args.model, args.format,
                                   args.worker))
     return 0
