@@ -20,8 +20,10 @@ One loop iteration is a micro-batch, in numbered steps:
    send and flush them in order while this thread goes on with the next
    batch; the outbox records of a batch are deleted (by this
    thread) only after the publisher reported its flush succeeded
-   (at-least-once: consumers keep the highest version per node). At most
-   ``_MAX_IN_FLIGHT`` batches wait for delivery; then this thread waits too;
+   (at-least-once: consumers keep the highest version per node). While
+   the publisher is busy, new outbox records wait in the store and this
+   thread goes on; the publisher's next batch takes all of them, each node
+   once, so under a backlog delivery coalesces the updates of many batches;
 6. commit Kafka offsets, for lag tools only.
 
 If Kafka is unavailable the loop keeps its state and retries: the publisher
@@ -97,13 +99,13 @@ _SETUP_TIMEOUT_S = 10.0  # one topic-setup attempt against a broker that accepts
 _PROBE_TIMEOUT_S = 2.0
 _WAIT_LOG_EVERY_S = 60.0  # while waiting for Kafka, a warning at the first failure and then this often
 _POLL_STALE_S = 60.0  # /healthz turns 503 when the loop has not polled for this long
-_MAX_IN_FLIGHT = 2  # encoded batches waiting for (or in) delivery before the loop waits for the publisher
+_MAX_IN_FLIGHT = 1  # batches handed to the publisher thread and not delivered; more records wait in the outbox
 _FLUSH_TIMEOUT_S = 5.0  # one flush of the publisher thread; a failed one is retried
 _STOP_DELIVERY_S = 4.0  # on stop, the longest wait for the publisher to deliver what it holds
 _STOP_CLOSE_S = 1.0  # on stop, then the longest wait for each client to close (they close side by side)
 _RETRY_PAUSE_S = 1.0  # between failed deliveries of the publisher thread
 _TOPIC_CHECK_S = 30.0  # how often the loop looks for partitions added to the events topic
-_PUBLISH_LIMIT = 50_000  # messages per encoded batch (a batch holds whole outbox records)
+_PUBLISH_LIMIT = 250_000  # distinct nodes per encoded batch (a batch holds whole outbox records)
 _REPORT_EVERY_S = 5.0  # how often the worker records its progress in the rollout topic
 _MARKER_WAIT_LOG_S = 60.0  # a warning when partitions wait this long at a rollout marker for the others
 _op = operator.attrgetter("op")
@@ -197,24 +199,54 @@ class OutboxPublisher:
         self.min_change = float(min_change)
         self._taken: bytes | None = None  # the last outbox key prepare() took and confirm() has not deleted
         self._stamp: list[tuple[str, bytes]] | None = None  # headers of what prepare() takes (stream.rollout)
+        self._seen = np.zeros(0, dtype=bool)  # by iid, scratch of prepare()
         self.forget_sent()
 
     def pending(self) -> int:
         return sum(1 for _ in self.store.column("outbox").keys())
 
     def prepare(self, limit: int = 50_000) -> Outgoing:
-        """The outbox records after the last one taken, up to about ``limit`` messages."""
+        """The outbox records after the last one taken, up to about ``limit`` distinct nodes, as one batch.
+
+        Records are taken whole, in order, until they name ``limit``
+        distinct nodes. A node named by several of them goes out once, with
+        the computation time of the last one, in its state stored now (which
+        is that record's or a newer one): when delivery falls behind, the
+        records waiting for it coalesce.
+        """
         from graph_state.embeddings import decode_outbox
         taken = self._taken
         out = Outgoing([], [], np.zeros(0, dtype=np.float64), headers=self._stamp)
-        times = []
-        for key, raw in self.store.column("outbox").items():
-            if taken is not None and key <= taken:
+        records: list[tuple[float, np.ndarray]] = []
+        distinct = 0
+        for key, raw in self.store.column("outbox").items(from_key=taken):
+            if key == taken:
                 continue
             computed_at, iids = decode_outbox(raw)
-            cols = self.resolve(iids, computed_at)
+            seen = self._seen_map(iids)
+            distinct += len(iids) - int(np.count_nonzero(seen[iids]))
+            seen[iids] = True
             out.keys.append(key)
-            self._taken = key
+            records.append((computed_at, iids))
+            if distinct >= limit:
+                break
+        if not records:
+            return out
+        self._taken = out.keys[-1]
+        seen = self._seen
+        for _, iids in records:
+            seen[iids] = False
+        latest = []  # each record's nodes that no later record of the batch names
+        for computed_at, iids in reversed(records):
+            latest.append((computed_at, iids[~seen[iids]]))
+            seen[iids] = True
+        for _, iids in records:
+            seen[iids] = False
+        times = []
+        for computed_at, iids in reversed(latest):
+            if not len(iids):
+                continue
+            cols = self.resolve(iids, computed_at)
             if len(cols) and self.min_change > 0:
                 cols, skipped = self._changed(cols)
                 out.suppressed += skipped
@@ -222,11 +254,18 @@ class OutboxPublisher:
                 out.columns.append(cols)
                 out.count += len(cols)
                 times.append(cols.event_ts)
-            if out.count >= limit:
-                break
         if times:
             out.event_ts = np.concatenate(times)
         return out
+
+    def _seen_map(self, iids: np.ndarray) -> np.ndarray:
+        """A false-filled flag per interned id, covering ``iids`` (prepare() leaves it all false)."""
+        need = int(iids.max()) + 1 if len(iids) else 0
+        if need > len(self._seen):
+            grown = np.zeros(max(need, len(self._seen) * 3 // 2, 1024), dtype=bool)
+            grown[:len(self._seen)] = self._seen
+            self._seen = grown
+        return self._seen
 
     def _changed(self, cols: UpdateColumns) -> tuple[UpdateColumns, int]:
         """``cols`` less the updates ``min_change`` leaves out, and how many those are; remembers the rest."""
@@ -1082,6 +1121,8 @@ class Worker:
         self._expected.update(offsets)
         self._spent("apply", time.perf_counter() - t0)
         self.metrics.apply_seconds.observe(time.perf_counter() - t0)
+        if self._sender is not None:  # the publisher may be idle: hand it what waits before the recompute
+            self._publish(self._sender.publisher)
         for op, count in Counter(map(_op, good)).items():
             self.metrics.events.labels(op).inc(count)
         self.health.applied += len(good)
@@ -1118,7 +1159,9 @@ class Worker:
         self._deferred_keys = now
         self.metrics.deferred_total.inc(len(new))
         self.metrics.staleness.set(engine.deferred_age())
-        self._oldest_record_s = oldest_record_s
+        if oldest_record_s is not None and (self._oldest_record_s is None
+                                            or oldest_record_s < self._oldest_record_s):
+            self._oldest_record_s = oldest_record_s  # the oldest record not handed to the publisher yet
         if self._query is not None:
             self._query.notify()
 
@@ -1163,11 +1206,15 @@ class Worker:
             self.metrics.batch_size.observe(polled)
 
     def _publish(self, publisher: OutboxPublisher) -> None:
-        """Delete the outbox records of delivered batches and hand the new ones to the publisher thread.
+        """Delete the outbox records of delivered batches and hand new ones to the publisher thread.
 
-        Waits while ``_MAX_IN_FLIGHT`` batches are undelivered (for ever
-        unless stopping), and, when the last poll was empty, for what is in
-        flight (up to ``batch_wait_ms``: there is nothing to overlap it with).
+        At most ``_MAX_IN_FLIGHT`` batches wait for delivery. While that
+        many do, the new outbox records stay stored and the loop goes on with
+        the next events; the records waiting then go out together, each node
+        once (:meth:`OutboxPublisher.prepare`). While delivery fails, the loop
+        waits for it instead (for ever unless stopping). When the last poll
+        was empty, it waits for what is in flight (up to ``batch_wait_ms``:
+        there is nothing to overlap it with).
         """
         sender = self._sender
         if sender is None:  # not started (stopped while waiting for Kafka)
@@ -1176,18 +1223,16 @@ class Worker:
             if sender.failure is not None:
                 raise sender.failure
             self._confirm(publisher)
-            while sender.in_flight() >= _MAX_IN_FLIGHT:
-                if self._stop.is_set():
-                    return
+            if sender.in_flight() < _MAX_IN_FLIGHT:
+                out = publisher.prepare(_PUBLISH_LIMIT)
+                if not out.keys:
+                    break
+                out.oldest_record_s, self._oldest_record_s = self._oldest_record_s, None
+                sender.submit(out)
+            elif "publish" in self._errors and not self._stop.is_set():
                 sender.wait(0.5)
-                if sender.failure is not None:
-                    raise sender.failure
-                self._confirm(publisher)
-            out = publisher.prepare(_PUBLISH_LIMIT)
-            if not out.keys:
+            else:
                 break
-            out.oldest_record_s, self._oldest_record_s = self._oldest_record_s, None
-            sender.submit(out)
         if self._idle and sender.in_flight():
             sender.wait(self.settings.batch_wait_ms / 1000)
             self._confirm(publisher)

@@ -379,3 +379,39 @@ def test_outbox_publisher_encodes_columns_and_deletes_only_confirmed_records(tmp
         assert [k for k in store.column("outbox").keys()] == [keys.U64.pack(0)]
         publisher.retake()  # e.g. a restart: the unconfirmed record is read again
         assert publisher.prepare().keys == [keys.U64.pack(0)]
+
+
+def test_outbox_publisher_sends_a_node_of_several_records_once(tmp_path: Path) -> None:
+    """Records waiting together coalesce: each node goes out once, under the last record naming it, and the
+    limit counts distinct nodes."""
+    from graph_state import keys
+    from graph_state.embeddings import encode_outbox
+    from graph_state.store import GraphStore
+    from graph_state.transaction import Transaction
+    from stream.delivery import UpdateColumns
+    from workers.worker import OutboxPublisher
+
+    calls: list[tuple[list[int], float]] = []
+
+    def resolve(iids: np.ndarray, computed_at: float) -> UpdateColumns:
+        calls.append((iids.tolist(), computed_at))
+        n = len(iids)
+        return UpdateColumns([f"n{i}" for i in iids.tolist()], iids * 10, iids + 0.5, computed_at, ["full"] * n,
+                             np.ones((n, 2), dtype=np.float32), np.zeros(n, dtype=bool))
+
+    with GraphStore(str(tmp_path / "s")) as store:
+        tx = Transaction()
+        for seq, (iids, at) in enumerate([([1, 2, 3], 100.0), ([2, 4], 200.0), ([3, 2, 5], 300.0), ([6], 400.0),
+                                          ([1, 7], 500.0)]):
+            tx.put_outbox(seq, encode_outbox(np.array(iids), at))
+        store.commit(tx)
+        publisher = OutboxPublisher(store, None, resolve)  # type: ignore[arg-type]
+        first = publisher.prepare(limit=5)  # 3, then 4, then 5 distinct nodes: three records
+        assert first.keys == [keys.U64.pack(i) for i in range(3)]
+        assert calls == [([1], 100.0), ([4], 200.0), ([3, 2, 5], 300.0)]
+        assert len(first) == 5 and sorted(first.event_ts.tolist()) == [1.5, 2.5, 3.5, 4.5, 5.5]
+        calls.clear()
+        second = publisher.prepare(limit=5)  # the rest; nothing it took before is left out
+        assert second.keys == [keys.U64.pack(3), keys.U64.pack(4)]
+        assert calls == [([6], 400.0), ([1, 7], 500.0)]
+        assert not publisher.prepare().keys
