@@ -23,8 +23,14 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Callable, Iterable, Mapping, Optional, Sequence, Union
 
-__all__ = ["Record", "PartitionKey", "Headers", "AssignHook", "ConsumerClient", "ProducerClient", "header_list",
-           "wait_for_partitions"]
+__all__ = ["FETCH_WAIT_MS", "Record", "PartitionKey", "Headers", "AssignHook", "ConsumerClient", "ProducerClient",
+           "header_list", "wait_for_partitions"]
+
+FETCH_WAIT_MS = 100
+"""The longest a consumer's fetch waits at the broker for records (both backends; 500 ms by default in
+both clients). A broker answers a waiting fetch as soon as records arrive, unless it only answers when the
+wait is over, as the embedded broker does: then this bound is added to the latency of every event that
+arrives at a caught-up worker."""
 
 PartitionKey = tuple[str, int]
 """``(topic, partition)``."""

@@ -38,6 +38,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 from confluent_kafka import Producer as _RdProducer
 
 from stream.clients import (
+    FETCH_WAIT_MS,
     AssignHook,
     ConsumerClient,
     Headers,
@@ -145,7 +146,7 @@ class ConfluentConsumer(ConsumerClient):
             "bootstrap.servers": bootstrap, "group.id": group_id, "client.id": f"gnnstream-{group_id}",
             "enable.auto.commit": False, "enable.auto.offset.store": False,
             "auto.offset.reset": "earliest", "isolation.level": "read_uncommitted",  # as kafka-python
-            "session.timeout.ms": session_timeout_ms,
+            "session.timeout.ms": session_timeout_ms, "fetch.wait.max.ms": FETCH_WAIT_MS,
             "heartbeat.interval.ms": heartbeat_interval_ms or max(session_timeout_ms // 3, 100),
             "logger": logger, "error_cb": _log_error, "on_commit": self._committed,
         }

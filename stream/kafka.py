@@ -19,6 +19,7 @@ from kafka.admin import KafkaAdminClient
 from kafka.errors import KafkaError, KafkaTimeoutError
 
 from stream.clients import (
+    FETCH_WAIT_MS,
     AssignHook,
     ConsumerClient,
     Headers,
@@ -152,7 +153,7 @@ class EventConsumer(ConsumerClient):
         self._to_end: set[PartitionKey] = set()  # start at end: waiting for the high watermark
         settings: dict[str, Any] = dict(
             bootstrap_servers=bootstrap, group_id=group_id, enable_auto_commit=False,
-            auto_offset_reset="earliest", session_timeout_ms=session_timeout_ms,
+            auto_offset_reset="earliest", session_timeout_ms=session_timeout_ms, fetch_max_wait_ms=FETCH_WAIT_MS,
             heartbeat_interval_ms=heartbeat_interval_ms or max(session_timeout_ms // 3, 100),
             client_id=f"gnnstream-{group_id}")
         settings.update(config)
