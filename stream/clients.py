@@ -24,7 +24,7 @@ from types import TracebackType
 from typing import Callable, Iterable, Mapping, Optional, Sequence, Union
 
 __all__ = ["FETCH_WAIT_MS", "Record", "PartitionKey", "Headers", "AssignHook", "ConsumerClient", "ProducerClient",
-           "header_list", "wait_for_partitions"]
+           "header_list", "joined_headers", "wait_for_partitions"]
 
 FETCH_WAIT_MS = 100
 """The longest a consumer's fetch waits at the broker for records (both backends; 500 ms by default in
@@ -66,7 +66,7 @@ def header_list(headers: Headers) -> list[tuple[str, bytes]] | None:
     return [(str(k), bytes(v)) for k, v in pairs]
 
 
-def _joined(own: Headers, common: Headers) -> Headers:
+def joined_headers(own: Headers, common: Headers) -> Headers:
     """A record's own headers followed by the ones every record of a batch carries."""
     if not own:
         return common
@@ -164,7 +164,7 @@ class ProducerClient(ABC):
         own; how many. As :meth:`send` for each (a backend may do it with less work per record)."""
         count = 0
         for key, value, own in messages:
-            self.send(topic, key, value, _joined(own, headers))
+            self.send(topic, key, value, joined_headers(own, headers))
             count += 1
         return count
 

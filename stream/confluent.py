@@ -46,6 +46,7 @@ from stream.clients import (
     ProducerClient,
     Record,
     header_list,
+    joined_headers,
     wait_for_partitions,
 )
 from stream.exceptions import DeliveryError, StreamError
@@ -525,7 +526,7 @@ class ConfluentProducer(ProducerClient):
         count = 0
         try:
             for key, value, own in messages:
-                extra = common if not own else [*(header_list(own) or ()), *(common or ())]
+                extra = joined_headers(own, common)
                 try:
                     produce(topic, value, key, headers=extra)
                 except BufferError:

@@ -33,8 +33,9 @@ def columns(n: int, start: int = 0, seed: int = 0) -> UpdateColumns:
                          deleted.astype(np.int16))
 
 
-def sent(bootstrap: str, topic: str) -> list[tuple[bytes, bytes | None, list]]:
-    return [(r.key, r.value, [(k, v) for k, v in r.headers] if r.value is None else None)
+def sent(bootstrap: str, topic: str, all_headers: bool = False) -> list[tuple[bytes, bytes | None, list]]:
+    """``(key, value, headers)`` of every message (headers of tombstones only, unless ``all_headers``)."""
+    return [(r.key, r.value, [(k, v) for k, v in r.headers] if all_headers or r.value is None else None)
             for r in read_topic(bootstrap, topic, 1, idle_s=1.5)]
 
 
@@ -61,18 +62,20 @@ def test_the_child_sends_in_order_what_encode_columns_makes(broker: Any, unique_
     later = UpdateColumns(later.names, later.versions + 1000, later.event_ts, later.computed_at, later.modes,
                           later.rows, later.deleted)
     batch = [columns(_CHUNK + 300), later]  # more than one chunk
-    delivery = DeliveryProcess(client, broker.bootstrap, topic, "sage:2", fmt)
+    delivery = DeliveryProcess(client, broker.bootstrap, topic, "sage:2", fmt, worker="w1")
+    stamp = [("gnnstream.serving", b"sage:2")]
     try:
-        assert delivery.deliver(batch, 30.0) == _CHUNK + 350
+        assert delivery.deliver(batch, 30.0, stamp) == _CHUNK + 350
     finally:
         delivery.close(5.0)
-    expected = [(k, v, h if v is None else None) for k, v, h in encode_columns(batch, "sage:2", fmt)]
-    got = sent(broker.bootstrap, topic)
+    common = [("gnnstream.worker", b"w1"), *stamp]  # every message: after a tombstone's own version header
+    expected = [(k, v, [*(h or ()), *common]) for k, v, h in encode_columns(batch, "sage:2", fmt)]
+    got = sent(broker.bootstrap, topic, all_headers=True)
     assert sorted(got, key=repr) == sorted(expected, key=repr)
     assert sum(v is None for _, v, _ in got) == int(sum(c.deleted.sum() for c in batch)) > 0
     last = {k: (v, h) for k, v, h in got}  # a node's messages arrive in the order of the sets
     for key, value, headers in encode_columns([later], "sage:2", fmt):
-        assert last[key] == (value, headers if value is None else None), key
+        assert last[key] == (value, [*(headers or ()), *common]), key
 
 
 @pytest.mark.parametrize("client", KAFKA_CLIENTS)
