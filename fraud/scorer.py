@@ -87,7 +87,7 @@ from stream.clients import Record
 from stream.exceptions import InvalidUpdate
 from stream.kafka import ensure_topics
 from stream.rollout import CONTROL_TOPIC, SERVING_HEADER, is_serving, rollout_of, version_topic
-from stream.updates import BINARY_MAGIC, decode_update
+from stream.updates import BINARY_MAGIC, decode_binary_columns, decode_update
 from model.head import ScoreHead, load_head
 
 __all__ = ["FraudScorer", "SCORES_TOPIC", "encode_score", "encode_scores", "decode_updates", "DecodedUpdates", "compare_scores",
@@ -97,6 +97,7 @@ logger = logging.getLogger(__name__)
 
 SCORES_TOPIC = "fraud-scores"  # where serving scores go unless told otherwise
 _NUMBERS = frozenset((int, float))
+_BINARY = bytes((BINARY_MAGIC,))
 _VALUE, _TOPIC, _HEADERS = operator.attrgetter("value"), operator.attrgetter("topic"), operator.attrgetter("headers")
 _QUANTILES = (("p10", 0.1), ("p50", 0.5), ("p90", 0.9))
 
@@ -213,16 +214,21 @@ class DecodedUpdates:
 def decode_updates(values: Sequence[bytes]) -> DecodedUpdates:
     """Decode many update messages (JSON or binary, not tombstones) at once.
 
-    JSON messages are read with one ``orjson.loads`` each and their
-    embeddings turned into one float32 matrix; a batch that is not all
-    well-formed JSON updates of one dimension is decoded message by message
-    with :func:`stream.updates.decode_update`, which validates every field.
+    Binary messages are read as columns (:func:`stream.updates.decode_binary_columns`);
+    JSON messages with one ``orjson.loads`` each, their embeddings turned
+    into one float32 matrix. A batch that is not all well-formed updates of
+    one encoding and one dimension is decoded message by message with
+    :func:`stream.updates.decode_update`, which validates every field.
 
     Raises:
         InvalidUpdate: a message is not an update (from ``decode_update``).
     """
-    if any(v[:1] == bytes((BINARY_MAGIC,)) for v in values):
-        return _decode_each(values)
+    if values and values[0][:1] == _BINARY:
+        try:
+            ids, models, versions, times, rows = decode_binary_columns(values)
+        except InvalidUpdate:
+            return _decode_each(values)
+        return DecodedUpdates(ids, versions, models, times, rows)
     try:
         objs = list(map(orjson.loads, values))
         ids = [o["id"] for o in objs]

@@ -19,9 +19,8 @@ from __future__ import annotations
 import time
 from collections import abc
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
 from types import TracebackType
-from typing import Callable, Iterable, Mapping, Optional, Sequence, Union
+from typing import Callable, Iterable, Mapping, NamedTuple, Optional, Sequence, Union
 
 __all__ = ["FETCH_WAIT_MS", "Record", "PartitionKey", "Headers", "AssignHook", "ConsumerClient", "ProducerClient",
            "header_list", "joined_headers", "wait_for_partitions"]
@@ -38,9 +37,9 @@ Headers = Optional[Union[Mapping[str, bytes], Sequence[tuple[str, bytes]]]]
 AssignHook = Callable[[list[PartitionKey]], Optional[Mapping[PartitionKey, int]]]
 
 
-@dataclass(frozen=True, slots=True)
-class Record:
-    """One consumed Kafka message."""
+class Record(NamedTuple):
+    """One consumed Kafka message (a named tuple: a consumer builds one per message, and a tuple is built
+    several times faster than a frozen dataclass)."""
 
     topic: str
     partition: int

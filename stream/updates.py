@@ -61,6 +61,7 @@ __all__ = [
     "encode_update",
     "encode_updates",
     "decode_update",
+    "decode_binary_columns",
     "update_key",
     "tombstone",
     "is_tombstone",
@@ -233,6 +234,46 @@ def _decode_binary(data: bytes) -> EmbeddingUpdate:
         return EmbeddingUpdate(node_id, model, version, embedding, event_ts, computed_at, mode)
     except ValueError as exc:
         raise InvalidUpdate("bad_field", str(exc)) from None
+
+
+def decode_binary_columns(values: Sequence[bytes]) -> tuple[list[str], list[str], list[int], list[float], np.ndarray]:
+    """Decode many binary updates of one dimension at once (a consumer's poll).
+
+    Returns:
+        ``(ids, models, versions, event_ts, rows)``: each message's fields as
+        :func:`decode_update` reads them, the embeddings as one read-only
+        ``(len(values), dim)`` float32 matrix.
+
+    Raises:
+        InvalidUpdate: a value is not a well-formed binary update, or the
+            dimensions differ (:func:`decode_update` of each tells which).
+    """
+    size = _HEADER.size
+    try:
+        heads = list(map(_HEADER.unpack_from, values))
+    except struct.error:
+        raise InvalidUpdate("truncated", f"a binary update is shorter than its {size}-byte header") from None
+    if not heads:
+        return [], [], [], [], np.zeros((0, 0), dtype=np.float32)
+    magic, versions, times, _, dims, id_lens, model_lens, mode_lens = map(list, zip(*heads))
+    if set(magic) != {BINARY_MAGIC} or len(set(dims)) != 1 or not all(id_lens) or not all(model_lens) \
+            or not all(mode_lens):
+        raise InvalidUpdate("bad_field", "the updates are not all binary, non-empty and of one dimension")
+    dim = dims[0]
+    id_ends = [size + n for n in id_lens]
+    model_ends = list(map(int.__add__, id_ends, model_lens))
+    starts = list(map(int.__add__, model_ends, mode_lens))
+    if list(map(len, values)) != [start + 4 * dim for start in starts]:
+        raise InvalidUpdate("truncated", "a binary update's length is not the one its header says")
+    try:
+        ids = [value[size:end].decode("utf-8") for value, end in zip(values, id_ends)]
+        models = [value[a:b].decode("utf-8") for value, a, b in zip(values, id_ends, model_ends)]
+        for value, a, b in zip(values, model_ends, starts):
+            value[a:b].decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidUpdate("not_utf8", str(exc)) from None
+    rows = np.frombuffer(b"".join([value[start:] for value, start in zip(values, starts)]), dtype="<f4")
+    return ids, models, versions, times, rows.reshape(len(values), dim)
 
 
 def _decode_json(data: bytes) -> EmbeddingUpdate:

@@ -15,6 +15,7 @@ from stream.updates import (
     BINARY_MAGIC,
     VERSION_HEADER,
     EmbeddingUpdate,
+    decode_binary_columns,
     decode_update,
     encode_update,
     encode_updates,
@@ -137,6 +138,30 @@ def test_decode_errors(data: bytes, reason: str) -> None:
     with pytest.raises(InvalidUpdate) as info:
         decode_update(data)
     assert info.value.reason == reason
+
+
+def test_binary_columns_equal_one_at_a_time_and_refuse_what_decode_update_refuses() -> None:
+    rng = np.random.default_rng(3)
+    updates = [make(id=f"n\u00e9{i}", model=f"m:{i % 2}", version=i, embedding=rng.normal(size=5).astype(np.float32),
+                    event_ts=1000.0 + i, mode="full" if i % 3 else "cold_start") for i in range(20)]
+    values = [encode_update(u, fmt="binary") for u in updates]
+    ids, models, versions, times, rows = decode_binary_columns(values)
+    one = [decode_update(v) for v in values]
+    assert (ids, models, versions, times) == ([u.id for u in one], [u.model for u in one], [u.version for u in one],
+                                              [u.event_ts for u in one])
+    assert rows.dtype == np.float32 and rows.shape == (20, 5)
+    np.testing.assert_array_equal(rows, np.stack([u.embedding for u in one]))
+    assert decode_binary_columns([])[0] == []
+    good = values[0]
+    header = struct.Struct(">BQddIHHB")
+    empty_id = header.pack(BINARY_MAGIC, 1, 0.0, 0.0, 5, 0, 3, 4) + b"m:1full" + bytes(20)
+    bad_utf8 = header.pack(BINARY_MAGIC, 1, 0.0, 0.0, 5, 2, 3, 4) + b"\xff\xfe" + b"m:1full" + bytes(20)
+    for bad, reason in ((good[:-1], "truncated"), (good[:10], "truncated"), (good + b"\x00", "truncated"),
+                        (encode_update(make(embedding=[1.0]), fmt="binary"), "bad_field"),
+                        (encode_update(make()), "bad_field"), (empty_id, "bad_field"), (bad_utf8, "not_utf8")):
+        with pytest.raises(InvalidUpdate) as info:
+            decode_binary_columns([values[1], bad])
+        assert info.value.reason == reason, bad
 
 
 def test_constructor_and_encoder_checks() -> None:
