@@ -52,6 +52,7 @@ __all__ = ["main", "run_demo"]
 logger = logging.getLogger(__name__)
 
 DATA = BITCOIN_OTC
+DEMO_OUTPUT_FORMAT = "json"
 
 
 def _read_topic(bootstrap: str, topic: str, group: str, kafka_client: str = DEFAULT_KAFKA_CLIENT) -> list:
@@ -201,7 +202,8 @@ def _score(stop: Any, counts: Any, bootstrap: str, model_dir: str, kafka_client:
 
 
 def run_demo(data: Path, out: Path, *, rate: float, limit: int = 0, epochs: int = 300,
-             retrain: bool = False, kafka_client: str = DEFAULT_KAFKA_CLIENT) -> dict[str, Any]:
+             retrain: bool = False, kafka_client: str = DEFAULT_KAFKA_CLIENT,
+             output_format: str = DEMO_OUTPUT_FORMAT) -> dict[str, Any]:
     if not data.exists():
         raise SystemExit(f"demo data not found at {data}; the repository ships it in data/ (restore it with git checkout -- data)")
     out.mkdir(parents=True, exist_ok=True)
@@ -221,7 +223,7 @@ def run_demo(data: Path, out: Path, *, rate: float, limit: int = 0, epochs: int 
         print(f"embedded broker at {broker.bootstrap}", file=sys.stderr)
         settings = WorkerSettings(bootstrap=broker.bootstrap, state=str(run_dir / "state"), model=str(model_dir),
                                   metrics_port=0, batch_size=1000, batch_wait_ms=100, kafka_client=kafka_client,
-                                  query_port=free_port())
+                                  query_port=free_port(), output_format=output_format)
         worker = Worker(settings)
         summary: dict[str, Any] = {}
         produced: dict[str, Any] = {}
@@ -359,12 +361,15 @@ def main(argv: list[str] | None = None) -> int:
                         default=os.environ.get("GNNSTREAM_KAFKA_CLIENT", DEFAULT_KAFKA_CLIENT),
                         help="Kafka client of the worker, the scorer and the replay (env GNNSTREAM_KAFKA_CLIENT; "
                              f"default {DEFAULT_KAFKA_CLIENT})")
+    parser.add_argument("--output-format", choices=("json", "binary"), default=DEMO_OUTPUT_FORMAT,
+                        help="encoding of the embeddings the worker publishes and the scorer reads "
+                             f"(default {DEMO_OUTPUT_FORMAT})")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     tune_collector()
     logging.getLogger("kafka").setLevel(logging.ERROR)  # the client's event-loop timing notes are noise here
     result = run_demo(args.data, args.out, rate=args.rate, limit=args.limit, epochs=args.epochs, retrain=args.retrain,
-                      kafka_client=args.kafka_client)
+                      kafka_client=args.kafka_client, output_format=args.output_format)
     print("\ngnnstream demo — Bitcoin OTC trust network replayed through Kafka")
     width = max(len(k) for k in result)
     for key, value in result.items():

@@ -26,6 +26,8 @@ __all__ = ["produce_file", "tail_embeddings", "iter_file_messages"]
 
 logger = logging.getLogger(__name__)
 
+_PACE_S = 0.002  # a paced replay sleeps once it is this far ahead of its rate
+
 
 def iter_file_messages(path: str, fmt: str = "jsonl") -> Iterator[tuple[bytes | None, bytes]]:
     """``(key, value)`` pairs of a file: JSONL lines are sent as they are (even invalid ones)."""
@@ -63,7 +65,7 @@ def produce_file(bootstrap: str, path: str, *, topic: str = "graph-events", fmt:
             producer.send(topic, key, value)
             if rate > 0:
                 ahead = (i + 1) / rate - (time.perf_counter() - t0)
-                if ahead > 0:
+                if ahead > _PACE_S:  # sleep in steps of a few events, not after each
                     time.sleep(ahead)
             if i % 1000 == 999:
                 bar.update(1000)
