@@ -623,8 +623,8 @@ def paced_freshness(bootstrap: str, warm: list, events: list, rate: float, model
 def _alongside_report(side: dict[str, Any], lag: list[dict[str, float]]) -> dict[str, Any]:
     """What ``alongside`` returned, and the stream's freshness and lag while it ran."""
     if "latency" not in side:
-        raise SystemExit("the load beside the stream did not finish before the stream ended: give more "
-                         "--fresh-seconds")
+        raise SystemExit(f"the load beside the stream did not finish within the {lag[-1]['t_s']:.0f} s of the "
+                         f"stream: it fell behind its schedule")
     latencies = side["latency"]
     window = [x for x in lag if side["start_s"] <= x["t_s"] <= side["end_s"]]
     return {"alongside": side["result"], "alongside_window": {

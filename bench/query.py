@@ -232,7 +232,8 @@ def main(argv: list[str] | None = None) -> int:
     tune_collector()
     import bench.engine as engine_bench
     args.fanouts = [25, 10]
-    args.fresh_seconds = args.seconds * 2 + 15  # both kinds of load, then some stream after them
+    # both kinds of load, with room for a load that falls behind its schedule, then some stream after them
+    args.fresh_seconds = args.seconds * 4 + 30
     work = Path(tempfile.mkdtemp(prefix="gnnstream-query-", dir=args.workdir))
     result: dict[str, Any] = {"bench": "query", "code": code_fingerprint(), "machine_load_at_start": machine_load()}
     default = (WorkerSettings.kafka_client, WorkerSettings.output_format)
