@@ -236,7 +236,8 @@ def _decode_binary(data: bytes) -> EmbeddingUpdate:
         raise InvalidUpdate("bad_field", str(exc)) from None
 
 
-def decode_binary_columns(values: Sequence[bytes]) -> tuple[list[str], list[str], list[int], list[float], np.ndarray]:
+def decode_binary_columns(values: Sequence[bytes | bytearray | memoryview]
+                          ) -> tuple[list[str], list[str], list[int], list[float], np.ndarray]:
     """Decode many binary updates of one dimension at once (a consumer's poll).
 
     Returns:
@@ -266,10 +267,10 @@ def decode_binary_columns(values: Sequence[bytes]) -> tuple[list[str], list[str]
     if list(map(len, values)) != [start + 4 * dim for start in starts]:
         raise InvalidUpdate("truncated", "a binary update's length is not the one its header says")
     try:
-        ids = [value[size:end].decode("utf-8") for value, end in zip(values, id_ends)]
-        models = [value[a:b].decode("utf-8") for value, a, b in zip(values, id_ends, model_ends)]
+        ids = [str(value[size:end], "utf-8") for value, end in zip(values, id_ends)]
+        models = [str(value[a:b], "utf-8") for value, a, b in zip(values, id_ends, model_ends)]
         for value, a, b in zip(values, model_ends, starts):
-            value[a:b].decode("utf-8")
+            str(value[a:b], "utf-8")
     except UnicodeDecodeError as exc:
         raise InvalidUpdate("not_utf8", str(exc)) from None
     rows = np.frombuffer(b"".join([value[start:] for value, start in zip(values, starts)]), dtype="<f4")

@@ -121,7 +121,7 @@ def test_decode_updates_batches_json_and_binary_and_rejects_bad_ones() -> None:
     rng = np.random.default_rng(5)
     updates = [EmbeddingUpdate(f"n{i}", "m:1", i, rng.normal(size=4).astype(np.float32), 1000.0 + i, 2000.0, "full")
                for i in range(30)]
-    for fmts in (["json"], ["binary"], ["json", "binary"]):
+    for fmts in (["json"], ["binary"], ["json", "binary"], ["binary", "json"]):
         cols = decode_updates([encode_update(u, fmts[i % len(fmts)]) for i, u in enumerate(updates)])
         assert cols.ids == [u.id for u in updates] and cols.versions == [u.version for u in updates]
         assert cols.models == ["m:1"] * 30 and cols.event_ts == [u.event_ts for u in updates]
@@ -131,9 +131,10 @@ def test_decode_updates_batches_json_and_binary_and_rejects_bad_ones() -> None:
     for bad, reason in ((good.replace(b'"version":0', b'"version":true'), "bad_field"),
                         (good.replace(b'"embedding":[', b'"embedding":[true,'), "bad_type"),
                         (good[:-3], "not_json")):
-        with pytest.raises(InvalidUpdate) as info:
-            decode_updates([encode_update(updates[1]), bad])
-        assert info.value.reason == reason
+        for first in ("json", "binary"):  # a poll read as JSON, or first tried as binary columns
+            with pytest.raises(InvalidUpdate) as info:
+                decode_updates([encode_update(updates[1], first), bad])
+            assert info.value.reason == reason
     head = ScoreHead((0.5, -1.0, 0.25, 2.0), 0.1)
     messages = encode_scores(["a", "b"], head.score(np.eye(4, dtype=np.float32)[:2]), [3, 4], ["m:1", "m:1"],
                              [5.0, 6.5], 7.25)

@@ -151,6 +151,10 @@ def test_binary_columns_equal_one_at_a_time_and_refuse_what_decode_update_refuse
                                               [u.event_ts for u in one])
     assert rows.dtype == np.float32 and rows.shape == (20, 5)
     np.testing.assert_array_equal(rows, np.stack([u.embedding for u in one]))
+    for wrap in (bytearray, memoryview):
+        wrapped = decode_binary_columns([wrap(v) for v in values])
+        assert wrapped[:4] == (ids, models, versions, times)
+        np.testing.assert_array_equal(wrapped[4], rows)
     assert decode_binary_columns([])[0] == []
     good = values[0]
     header = struct.Struct(">BQddIHHB")
