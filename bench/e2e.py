@@ -562,6 +562,19 @@ def paced_freshness(bootstrap: str, warm: list, events: list, rate: float, model
     base_fresh = None
     side: dict[str, Any] = {}
     side_thread: threading.Thread | None = None
+
+    def run_alongside() -> None:
+        try:
+            side["result"] = alongside()
+        except BaseException as exc:  # reported by _alongside_report, after the stream
+            side["error"] = exc
+        side["end_s"] = time.monotonic() - t0
+
+    def alongside_done() -> None:  # once the load is over: the stream's figures while it ran
+        if side_thread is not None and not side_thread.is_alive() and "latency" not in side:
+            side["latency"] = [latency for _, latency in worker.latency_timeline]
+            side["fresh"] = histogram_quantiles(worker, "gnnstream_embedding_freshness_seconds", base_fresh)
+
     while time.monotonic() < deadline:
         time.sleep(1.0)
         if base_fresh is None and time.monotonic() - t0 >= args.fresh_warmup_s:
@@ -569,12 +582,9 @@ def paced_freshness(bootstrap: str, warm: list, events: list, rate: float, model
             base_fresh = histogram_state(worker, "gnnstream_embedding_freshness_seconds")
             if alongside is not None:
                 side["start_s"] = time.monotonic() - t0
-                side_thread = threading.Thread(target=lambda: side.update(result=alongside(),
-                                                                          end_s=time.monotonic() - t0))
+                side_thread = threading.Thread(target=run_alongside)
                 side_thread.start()
-        if side_thread is not None and not side_thread.is_alive() and "latency" not in side:
-            side["latency"] = [latency for _, latency in worker.latency_timeline]
-            side["fresh"] = histogram_quantiles(worker, "gnnstream_embedding_freshness_seconds", base_fresh)
+        alongside_done()
         produced, applied = sent.value, worker.health.applied - applied0
         lag.append({"t_s": round(time.monotonic() - t0, 2), "produced": produced, "applied": applied,
                     "lag": max(0, produced - applied)})
@@ -585,6 +595,7 @@ def paced_freshness(bootstrap: str, warm: list, events: list, rate: float, model
         engine = worker.engine
         if not child.is_alive() and applied >= len(events) and engine is not None and not engine.pending():
             break
+    alongside_done()  # it may have ended after the last look
     produce_s = lag[-1]["t_s"]
     child.join(30)
     time.sleep(1.0)  # the last batch's delivery
@@ -622,6 +633,11 @@ def paced_freshness(bootstrap: str, warm: list, events: list, rate: float, model
 
 def _alongside_report(side: dict[str, Any], lag: list[dict[str, float]]) -> dict[str, Any]:
     """What ``alongside`` returned, and the stream's freshness and lag while it ran."""
+    if "start_s" not in side:
+        raise SystemExit(f"the stream ended ({lag[-1]['t_s']:.0f} s) before its warm-up was over: the load beside "
+                         f"it never started")
+    if "error" in side:
+        raise side["error"]
     if "latency" not in side:
         raise SystemExit(f"the load beside the stream did not finish within the {lag[-1]['t_s']:.0f} s of the "
                          f"stream: it fell behind its schedule")

@@ -233,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     import bench.engine as engine_bench
     args.fanouts = [25, 10]
     # both kinds of load, with room for a load that falls behind its schedule, then some stream after them
-    args.fresh_seconds = args.seconds * 4 + 30
+    args.fresh_seconds = args.seconds * 5 + 10
     work = Path(tempfile.mkdtemp(prefix="gnnstream-query-", dir=args.workdir))
     result: dict[str, Any] = {"bench": "query", "code": code_fingerprint(), "machine_load_at_start": machine_load()}
     default = (WorkerSettings.kafka_client, WorkerSettings.output_format)
