@@ -320,6 +320,8 @@ def run_demo(data: Path, out: Path, *, rate: float, limit: int = 0, epochs: int 
     latencies = [lat for _, lat in timeline]
     plots = _plots(out, timeline, *(roc_curve(y, p) if auc is not None else (None, None)), auc)
     return {
+        "kafka_client": kafka_client,
+        "output_format": output_format,
         "events_produced": produced["produced"],
         "events_applied": summary.get("applied"),
         "replay_rate_events_per_s": rate or None,
