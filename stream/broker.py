@@ -206,6 +206,7 @@ class EmbeddedBroker:
                 if attempt < attempts:
                     logger.warning("port %d was taken right after it was picked; picking another", port)
                     continue
+                self._drop_own_log()  # nothing was logged
                 raise BrokerPortInUse(
                     f"port {port} on {_HOST} is already in use; choose another port "
                     "(or none, to pick a free one) or stop the process that holds it")
@@ -284,10 +285,15 @@ class EmbeddedBroker:
             pass
         self._paused = False
         logger.info("embedded broker pid %d stopped (exit code %s)", proc.pid, proc.returncode)
-        if self._own_log_dir is not None and not keep_log:
+        if not keep_log:
+            self._drop_own_log()
+        return proc.returncode
+
+    def _drop_own_log(self) -> None:
+        """Remove the temporary directory this object made for its log, if it made one."""
+        if self._own_log_dir is not None:
             shutil.rmtree(self._own_log_dir, ignore_errors=True)
             self._own_log_dir = self.log_path = None
-        return proc.returncode
 
     def pause(self, timeout_s: float = 5.0) -> None:
         """Freeze the broker (SIGSTOP): connections stay open, nothing answers.

@@ -184,13 +184,15 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 def serve(state_dir: str, model_dir: str | None, sock: socket.socket, *, notify_fd: int | None = None,
-          refresh_s: float = 0.5, ready: Callable[[], None] | None = None) -> None:
+          refresh_s: float = 0.5, ready: Callable[[], None] | None = None, scratch: str | None = None) -> None:
     """Serve the query API on ``sock`` until the notify pipe closes (or SIGINT/SIGTERM without one).
 
     Args:
         notify_fd: read end of the worker's pipe: a byte means "a batch was committed", EOF means "stop".
         refresh_s: without a pipe, how often to catch up with the state.
         ready: called once the state and the model are open, before the first request is answered.
+        scratch: an empty directory for the secondary instance's own files, which the caller removes (none:
+            a temporary one, removed on exit).
     """
     import uvicorn
 
@@ -198,7 +200,7 @@ def serve(state_dir: str, model_dir: str | None, sock: socket.socket, *, notify_
     import torch
     # one request's layers are a few dozen rows: a second thread only waits for a core the worker holds
     torch.set_num_threads(1)
-    own = tempfile.mkdtemp(prefix="gnnstream-query-")
+    own = scratch or tempfile.mkdtemp(prefix="gnnstream-query-")
     try:
         state = QueryState(state_dir, model_dir, own)
         app = QueryApp(state)
@@ -238,7 +240,8 @@ def serve(state_dir: str, model_dir: str | None, sock: socket.socket, *, notify_
         asyncio.run(run())
         state.close()
     finally:
-        shutil.rmtree(own, ignore_errors=True)
+        if scratch is None:
+            shutil.rmtree(own, ignore_errors=True)
 
 
 def _before_the_stream(nice: int = _PRIORITY) -> None:
@@ -268,13 +271,18 @@ class QueryProcess:
         self.host, self.port = host, sock.getsockname()[1]
         read_end, self._notify = os.pipe()
         os.set_blocking(self._notify, False)
+        # the server's own files: removed here, so that a server that was killed leaves none behind
+        self._scratch = tempfile.mkdtemp(prefix="gnnstream-query-")
         argv = [sys.executable, "-m", "workers.serve", "--state", state_dir, "--socket-fd", str(sock.fileno()),
-                "--notify-fd", str(read_end)]
+                "--notify-fd", str(read_end), "--scratch", self._scratch]
         if model_dir is not None:
             argv += ["--model", model_dir]
         try:
             # a session of its own: a Ctrl-C at the terminal reaches the worker, which then closes the pipe
             self._child = subprocess.Popen(argv, pass_fds=(sock.fileno(), read_end), start_new_session=True)
+        except BaseException:
+            shutil.rmtree(self._scratch, ignore_errors=True)
+            raise
         finally:
             os.close(read_end)
             sock.close()
@@ -304,6 +312,7 @@ class QueryProcess:
         except subprocess.TimeoutExpired:
             self._child.kill()
             self._child.wait()
+        shutil.rmtree(self._scratch, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -313,12 +322,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model")
     parser.add_argument("--socket-fd", type=int, required=True)
     parser.add_argument("--notify-fd", type=int, required=True)
+    parser.add_argument("--scratch", help="directory for the secondary instance's files (the worker removes it)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s query: %(message)s")
     tune_collector()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the worker stops this process by closing the pipe
     sock = socket.socket(fileno=args.socket_fd)
-    serve(args.state, args.model, sock, notify_fd=args.notify_fd)
+    serve(args.state, args.model, sock, notify_fd=args.notify_fd, scratch=args.scratch)
 
 
 if __name__ == "__main__":

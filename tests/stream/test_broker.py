@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -67,8 +68,10 @@ def test_stop_while_paused_and_own_log_removed() -> None:
 
 
 def test_port_in_use_is_a_clear_error(broker: EmbeddedBroker) -> None:
+    taken = EmbeddedBroker(broker.port)
     with pytest.raises(BrokerPortInUse, match=f"port {broker.port}.*already in use"):
-        EmbeddedBroker(broker.port).start()
+        taken.start()
+    assert taken.log_path is None  # the temporary directory made for its log went with the failed start
 
 
 def test_explicit_port_and_bad_port() -> None:
@@ -121,9 +124,12 @@ def test_foreground_exits_non_zero_when_the_broker_dies() -> None:
         assert proc.stdout.readline().strip().startswith("127.0.0.1:")
         banner = proc.stderr.readline()
         broker_pid = int(banner.split(" pid ")[1].split(",")[0])
+        log = Path(banner.split(" log ")[1].split(";")[0])
         os.kill(broker_pid, signal.SIGKILL)
         assert proc.wait(30) == 1
-        assert "exited by itself" in proc.stderr.read()
+        assert f"exited by itself with code -9; see {log}" in proc.stderr.read()
+        assert "tansu broker" in log.read_text()  # kept for a look after the crash
+        shutil.rmtree(log.parent)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -134,10 +140,12 @@ def test_foreground_exits_non_zero_when_the_broker_dies() -> None:
 def test_broker_dies_with_a_killed_parent() -> None:
     proc = subprocess.Popen(
         [sys.executable, "-c", "import time; from stream.broker import EmbeddedBroker; "
-                               "b = EmbeddedBroker().start(); print(b.pid, flush=True); time.sleep(60)"],
+                               "b = EmbeddedBroker().start(); print(b.pid, b.log_path, flush=True); time.sleep(60)"],
         cwd=REPO, stdout=subprocess.PIPE, text=True)
     try:
-        child = int(proc.stdout.readline())
+        child, log = proc.stdout.readline().split()
+        child = int(child)
+        shutil.rmtree(Path(log).parent)  # a killed parent leaves it behind
         assert _alive(child)
         proc.kill()
         proc.wait()

@@ -149,12 +149,16 @@ def test_lookups_and_what_if_beside_the_streaming_worker(broker: EmbeddedBroker,
 
         # the query process dies: the worker streams on and says so once
         server = _server_pid(n.state)
+        cmd = Path(f"/proc/{server}/cmdline").read_bytes().split(b"\0")
+        scratch = Path(cmd[cmd.index(b"--scratch") + 1].decode())
+        assert scratch.is_dir()
         os.kill(server, signal.SIGKILL)
         produce(broker.bootstrap, n.events, event_messages(rest[:400]))
         wait_for(lambda: (h := health(port)) and h["applied"] >= len(first) + 401, JOIN_TIMEOUT_S,
                  "the worker to go on without its query process", proc, log)
         stop_worker(proc, log)
         assert log.read_text().count("the query API process exited (code -9)") == 1, log.read_text()[-2000:]
+        assert not scratch.exists()  # the killed server's files went with the worker
     # the query process left with the worker
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", query_port), timeout=2).close()
