@@ -52,7 +52,6 @@ __all__ = ["main", "run_demo"]
 logger = logging.getLogger(__name__)
 
 DATA = BITCOIN_OTC
-DEMO_OUTPUT_FORMAT = "json"
 
 
 def _read_topic(bootstrap: str, topic: str, group: str, kafka_client: str = DEFAULT_KAFKA_CLIENT) -> list:
@@ -203,7 +202,7 @@ def _score(stop: Any, counts: Any, bootstrap: str, model_dir: str, kafka_client:
 
 def run_demo(data: Path, out: Path, *, rate: float, limit: int = 0, epochs: int = 300,
              retrain: bool = False, kafka_client: str = DEFAULT_KAFKA_CLIENT,
-             output_format: str = DEMO_OUTPUT_FORMAT) -> dict[str, Any]:
+             output_format: str = WorkerSettings.output_format) -> dict[str, Any]:
     if not data.exists():
         raise SystemExit(f"demo data not found at {data}; the repository ships it in data/ (restore it with git checkout -- data)")
     out.mkdir(parents=True, exist_ok=True)
@@ -363,9 +362,9 @@ def main(argv: list[str] | None = None) -> int:
                         default=os.environ.get("GNNSTREAM_KAFKA_CLIENT", DEFAULT_KAFKA_CLIENT),
                         help="Kafka client of the worker, the scorer and the replay (env GNNSTREAM_KAFKA_CLIENT; "
                              f"default {DEFAULT_KAFKA_CLIENT})")
-    parser.add_argument("--output-format", choices=("json", "binary"), default=DEMO_OUTPUT_FORMAT,
+    parser.add_argument("--output-format", choices=("json", "binary"), default=WorkerSettings.output_format,
                         help="encoding of the embeddings the worker publishes and the scorer reads "
-                             f"(default {DEMO_OUTPUT_FORMAT})")
+                             f"(default {WorkerSettings.output_format})")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     tune_collector()
