@@ -26,6 +26,7 @@ import resource
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,6 +59,7 @@ __all__ = [
     "machine_load",
     "code_fingerprint",
     "GcTimer",
+    "CpuSampler",
     "EdgeDelete",
     "EdgeUpsert",
     "NodeUpsert",
@@ -123,6 +125,81 @@ def machine_load() -> dict[str, Any]:
         one = five = fifteen = -1.0
     return {"loadavg_1m": round(one, 2), "loadavg_5m": round(five, 2), "loadavg_15m": round(fifteen, 2),
             "cpus": os.cpu_count()}
+
+
+# ---------------------------------------------------------------------- where the CPU goes
+def _ticks_by_role(extra: dict[int, str]) -> dict[str, int]:
+    """CPU ticks (user + system) so far of this process and its children, by role.
+
+    Roles: ``worker`` (this process: the benches run the worker in it), the
+    ``delivery process``, the ``query server``, the ``broker``, any other
+    Python child (``event producer``), and the pids named in ``extra``.
+    """
+    me = os.getpid()
+    out: dict[str, int] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        pid = int(entry.name)
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                cmd = fh.read()
+        except OSError:
+            continue
+        if pid != me and int(fields[1]) != me:
+            continue
+        role = ("worker" if pid == me else extra.get(pid) or
+                ("delivery process" if b"stream.delivery" in cmd else "query server" if b"workers.serve" in cmd
+                 else "broker" if b"tansu" in cmd else "event producer" if b"multiprocessing" in cmd else None))
+        if role:
+            out[role] = out.get(role, 0) + int(fields[11]) + int(fields[12])
+    return out
+
+
+class CpuSampler:
+    """Per-role CPU of a bench's processes (see ``_ticks_by_role``), sampled every ``every`` seconds
+    in a thread; ``roles`` names further child pids, and may be filled in while it runs."""
+
+    def __init__(self, every: float = 0.5):
+        self.every = every
+        self.samples: list[tuple[float, dict[str, int]]] = []
+        self.roles: dict[int, str] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="cpu-sampler", daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.mark()
+            self._stop.wait(self.every)
+
+    def mark(self) -> float:
+        """Take a sample now (from any thread); returns its time, the edge of a window for ``cores``."""
+        ticks = _ticks_by_role(self.roles)
+        now = time.time()
+        self.samples.append((now, ticks))
+        return now
+
+    def __enter__(self) -> "CpuSampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def cores(self, start: float, end: float) -> dict[str, float]:
+        """Cores used by each role (and ``total``) between the samples nearest inside ``[start, end]``
+        (``time.time()``); empty when fewer than two samples fall inside."""
+        inside = sorted((t, ticks) for t, ticks in self.samples if start <= t <= end)
+        if len(inside) < 2:
+            return {}
+        (t0, a), (t1, b) = inside[0], inside[-1]
+        hz = os.sysconf("SC_CLK_TCK")
+        cores = {role: round((b.get(role, 0) - a.get(role, 0)) / hz / (t1 - t0), 3) for role in sorted(b)}
+        cores["total"] = round(sum(cores.values()), 3)
+        return cores
 
 
 class GcTimer:

@@ -17,7 +17,11 @@ update events (90 % edge upserts, 5 % deletes, 5 % feature updates) are
     machine's speed drifts during a run; this errs towards lower ratios);
 rates are over the events after the warm-up (a state just opened reads its
 caches in first), and every worker's final embeddings are compared with
-the engine's. Then the default configuration runs at ``--rate-fraction``
+the engine's. Over the same events each run reports the cores its
+processes used (the engine's process; the worker, its delivery process and
+the broker from ``/proc``) and the CPU microseconds per event they add up
+to, and ``targets`` the cores the default's 0.5 and the best's 0.8 of the
+engine alone would take at that cost. Then the default configuration runs at ``--rate-fraction``
 (0.8) of its own rate for ``--fresh-seconds`` (60) after a warm backlog:
 publish - produce per batch (p50, p99, max) and the lag every second.
 
@@ -75,8 +79,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import (  # noqa: E402
-    FEATURE_DIM as SYNTH_DIM, FULL_EDGES, FULL_NODES, code_fingerprint, emit, log, machine_load, make_graph,
-    model_dir, open_loaded_store, peak_rss_mib, percentile,
+    FEATURE_DIM as SYNTH_DIM, FULL_EDGES, FULL_NODES, CpuSampler, code_fingerprint, emit, log, machine_load,
+    make_graph, model_dir, open_loaded_store, peak_rss_mib, percentile,
 )
 from model import init_model_dir  # noqa: E402
 from stream.backends import KAFKA_CLIENTS, open_producer  # noqa: E402
@@ -175,13 +179,14 @@ def raw_consume(bootstrap: str, topic: str, total: int, batch: int) -> dict[str,
 class Timed:
     """Wraps a worker's ``_process``/``_publish`` to timestamp the stream's first and last steps."""
 
-    def __init__(self, worker: Worker, total: int, warmup: int = 0):
+    def __init__(self, worker: Worker, total: int, warmup: int = 0, mark: Callable[[], float] = time.time):
         self.worker, self.total = worker, total
         self.first_process: float | None = None
         self.done_at: float | None = None
         self.batches = 0
         # the end of the first batch after which ``warmup`` events were applied: (time, applied, published)
         self.warm: tuple[float, int, int] | None = None
+        self.warm_wall = self.done_wall = 0.0  # the same two moments by ``mark()`` (a CpuSampler's samples)
         process, publish = worker._process, worker._publish
 
         def timed_process(*args: Any) -> None:
@@ -191,6 +196,7 @@ class Timed:
             process(*args)
             if self.warm is None and warmup and worker.health.applied >= warmup:
                 self.warm = (time.perf_counter(), worker.health.applied, worker.health.published)
+                self.warm_wall = mark()
 
         def timed_publish(publisher: Any) -> None:
             publish(publisher)
@@ -198,6 +204,7 @@ class Timed:
             if (self.done_at is None and worker.health.applied >= self.total and engine is not None
                     and not engine.pending() and publisher.pending() == 0):
                 self.done_at = time.perf_counter()
+                self.done_wall = mark()
 
         worker._process = timed_process  # type: ignore[method-assign]
         worker._publish = timed_publish  # type: ignore[method-assign]
@@ -266,14 +273,15 @@ def sustained(bootstrap: str, topic: str, total: int, model: str, state: str, ar
     ``warmup`` events (from the end of the batch that passed them)."""
     settings = _settings(bootstrap, topic, model, state, uuid.uuid4().hex[:8], client, fmt, args)
     worker, thread, result = start_worker(settings, args.idle_s)
-    timed = Timed(worker, total, warmup)
-    thread.start()
-    last_log = time.monotonic()
-    while thread.is_alive():
-        thread.join(0.5)
-        if time.monotonic() - last_log > 5:
-            last_log = time.monotonic()
-            log(f"worker: {worker.health.applied}/{total} applied, {worker.health.published} published")
+    with CpuSampler() as sampler:
+        timed = Timed(worker, total, warmup, sampler.mark)
+        thread.start()
+        last_log = time.monotonic()
+        while thread.is_alive():
+            thread.join(0.5)
+            if time.monotonic() - last_log > 5:
+                last_log = time.monotonic()
+                log(f"worker: {worker.health.applied}/{total} applied, {worker.health.published} published")
     if "error" in result:
         raise result["error"]
     if timed.done_at is None or timed.first_process is None:
@@ -292,7 +300,17 @@ def sustained(bootstrap: str, topic: str, total: int, model: str, state: str, ar
         out["after_warmup"] = {"events": summary["applied"] - applied, "published": summary["published"] - published,
                                "seconds": round(window, 3),
                                "events_per_s": round((summary["applied"] - applied) / window, 1)}
+        out["after_warmup"].update(cpu_per_event(sampler.cores(timed.warm_wall, timed.done_wall),
+                                                 out["after_warmup"]["events_per_s"]))
     return out
+
+
+def cpu_per_event(cores: dict[str, float], events_per_s: float) -> dict[str, Any]:
+    """``cores`` used by each process while ``events_per_s`` flowed, and the CPU microseconds each spent
+    per event: what a machine needs per event, whatever its number of cores."""
+    if not cores or not events_per_s:
+        return {"cores": cores}
+    return {"cores": cores, "cpu_us_per_event": {role: round(c / events_per_s * 1e6, 1) for role, c in cores.items()}}
 
 
 def freshness(bootstrap: str, events: list, rate: float, model: str, state: str,
@@ -450,16 +468,18 @@ def engine_alone(state: Path, model: str, events: list, batch: int, warmup: int)
     from workers.heap import freeze_warm_heap
     from workers.offline import open_engine, open_store
     times: list[float] = []
+    cpu: list[float] = []  # CPU of the process (every thread) per batch
     published: list[int] = []
     with open_store(state, create=False, model_dir=model) as store:
         engine = open_engine(store, model)
         freeze_warm_heap()  # as the worker does once started
         for start in range(0, len(events), batch):
             chunk = events[start:start + batch]
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             result = store.apply(chunk)
             stats = engine.recompute(event_ts=result.max_ts)
             times.append(time.perf_counter() - t)
+            cpu.append(time.process_time() - c)
             published.append(stats.published)
         drained = engine.drain().published  # deferred hub work: not timed, as a worker does it when idle
     skip = -(-warmup // batch)  # batches holding the warm-up events
@@ -472,7 +492,9 @@ def engine_alone(state: Path, model: str, events: list, batch: int, warmup: int)
                              "published": sum(published[skip:])},
             "updates_per_s": round(measured / seconds, 1) if seconds else None,
             "published_per_event": round(sum(published[skip:]) / max(measured, 1), 3),
-            "published_in_drain": drained}
+            "published_in_drain": drained,
+            **cpu_per_event({"engine": round(sum(cpu[skip:]) / seconds, 3)} if seconds else {},
+                            measured / seconds if seconds else 0.0)}
 
 
 def _paced_producer(bootstrap: str, topic: str, warm: list, events: list, rate: float, sent: Any, go: Any) -> None:
@@ -764,6 +786,12 @@ def synthetic(args: argparse.Namespace) -> dict[str, Any]:
             "best_ratio_pass": best_row["ratio_to_engine_alone"] >= 0.8,
             "exact_pass": all(r["max_abs_diff_to_engine_alone"] <= 1e-4 for r in matrix),
         }
+        # the cores each target asks for, at the CPU per event each configuration spent here (a worker's
+        # processes take CPU in proportion to the events: more cores do not make an event cheaper)
+        for name, row, ratio in (("default", default_row, 0.5), ("best", best_row, 0.8)):
+            per_event = row["run"]["after_warmup"].get("cpu_us_per_event", {}).get("total")
+            if per_event:
+                result["targets"][f"{name}_cores_needed"] = round(ratio * best_alone * per_event / 1e6, 2)
         if args.fresh_seconds <= 0:
             return result
         rate = fraction * default_row["events_per_s"]

@@ -39,7 +39,6 @@ import re
 import shutil
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
 import uuid
@@ -52,7 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import bench.e2e as e2e  # noqa: E402
 from bench.common import (  # noqa: E402
-    FULL_EDGES, FULL_NODES, code_fingerprint, emit, log, machine_load, peak_rss_mib, percentile,
+    CpuSampler, FULL_EDGES, FULL_NODES, code_fingerprint, emit, log, machine_load, peak_rss_mib, percentile,
 )
 from stream.broker import EmbeddedBroker, free_port  # noqa: E402
 from stream.events import encode_event, event_key  # noqa: E402
@@ -149,67 +148,6 @@ def _load(port: int, kinds: list[tuple[str, list[bytes], float]], connections: i
     out.put(result)
 
 
-# ---------------------------------------------------------------------- where the CPU goes
-def _ticks_by_role(load_pid: int | None) -> dict[str, int]:
-    """CPU ticks (user + system) so far of this process and its children, by role."""
-    me = os.getpid()
-    out: dict[str, int] = {}
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        pid = int(entry.name)
-        try:
-            with open(f"/proc/{pid}/stat") as fh:
-                fields = fh.read().rsplit(")", 1)[1].split()
-            with open(f"/proc/{pid}/cmdline", "rb") as fh:
-                cmd = fh.read()
-        except OSError:
-            continue
-        if pid != me and int(fields[1]) != me:
-            continue
-        role = ("worker" if pid == me else "load generator" if pid == load_pid else
-                "delivery process" if b"stream.delivery" in cmd else "query server" if b"workers.serve" in cmd
-                else "broker" if b"tansu" in cmd else "event producer" if b"multiprocessing" in cmd else None)
-        if role:
-            out[role] = out.get(role, 0) + int(fields[11]) + int(fields[12])
-    return out
-
-
-class CpuSampler:
-    """Per-role CPU of the bench's processes, sampled every ``every`` seconds in a thread."""
-
-    def __init__(self, every: float = 0.5):
-        self.every = every
-        self.samples: list[tuple[float, dict[str, int]]] = []
-        self.load_pid: int | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="cpu-sampler", daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.samples.append((time.time(), _ticks_by_role(self.load_pid)))
-            self._stop.wait(self.every)
-
-    def __enter__(self) -> "CpuSampler":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def cores(self, start: float, end: float) -> dict[str, float]:
-        """Cores used by each role between the samples nearest inside ``[start, end]``."""
-        inside = [(t, ticks) for t, ticks in self.samples if start <= t <= end]
-        if len(inside) < 2:
-            return {}
-        (t0, a), (t1, b) = inside[0], inside[-1]
-        hz = os.sysconf("SC_CLK_TCK")
-        cores = {role: round((b.get(role, 0) - a.get(role, 0)) / hz / (t1 - t0), 2) for role in sorted(b)}
-        cores["total"] = round(sum(cores.values()), 2)
-        return cores
-
-
 def requests_for(names: list[str], args: argparse.Namespace, rng: np.random.Generator) -> list[tuple[str, list[bytes], float]]:
     """The lookup and what-if requests, as raw HTTP/1.1 bytes."""
     n_lookup, n_infer = int(args.lookup_rps * args.seconds), int(args.infer_rps * args.seconds)
@@ -274,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
             child = ctx.Process(target=_load, args=(port, kinds, args.connections, out))
             windows["stream alone"] = (time.time() - args.fresh_warmup_s / 2, time.time())
             child.start()
-            sampler.load_pid = child.pid
+            sampler.roles[child.pid] = "load generator"
             while True:
                 got = out.get(timeout=args.seconds * 2 + 600)
                 if isinstance(got, dict):

@@ -32,6 +32,10 @@ def test_e2e_synthetic_quick_run(tmp_path: Path) -> None:
     assert [(r["batch"], r["when"]) for r in runs[2:]] == [(fastest, "after")]  # again, after the workers
     assert all(r["after_warmup"]["events"] == 1200 and r["events"] == 1600 for r in runs)
     assert alone["updates_per_s"] == max(r["updates_per_s"] for r in alone["runs"]) > 0
+    for r in runs:  # the engine's CPU over its measured batches: cores x seconds / events
+        assert r["cores"]["engine"] > 0
+        assert r["cpu_us_per_event"]["engine"] == pytest.approx(r["cores"]["engine"] / r["updates_per_s"] * 1e6,
+                                                                rel=0.01)
 
     matrix = result["matrix"]
     assert [(r["kafka_client"], r["output_format"]) for r in matrix] == [("confluent", "json"), ("confluent", "binary")]
@@ -40,10 +44,19 @@ def test_e2e_synthetic_quick_run(tmp_path: Path) -> None:
         assert row["max_abs_diff_to_engine_alone"] <= 1e-5  # through Kafka, the engine's own result
         assert row["ratio_to_engine_alone"] == pytest.approx(row["events_per_s"] / alone["updates_per_s"], abs=1e-3)
         assert row["published_per_event"] > 0
+        measured = row["run"]["after_warmup"]
+        cores = measured["cores"]  # sampled from /proc at the measured window's two ends
+        assert {"worker", "delivery process", "broker"} <= set(cores) and cores["worker"] > 0
+        assert cores["total"] == pytest.approx(sum(v for k, v in cores.items() if k != "total"), abs=0.01)
+        assert measured["cpu_us_per_event"]["total"] == pytest.approx(
+            cores["total"] / measured["events_per_s"] * 1e6, rel=0.01)
     targets = result["targets"]
     assert targets["exact_pass"] is True
     default = next(r for r in matrix if r["default"])
     assert targets["default_ratio_pass"] == (default["ratio_to_engine_alone"] >= 0.5)
+    per_event = default["run"]["after_warmup"]["cpu_us_per_event"]["total"]
+    assert targets["default_cores_needed"] == pytest.approx(0.5 * alone["updates_per_s"] * per_event / 1e6,
+                                                            rel=0.01, abs=0.01)
 
     fresh = result["freshness"]
     assert fresh["backlog_events"] == 400 and fresh["events"] > 0
