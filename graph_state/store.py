@@ -380,18 +380,53 @@ class GraphStore:
         return row if row is not None else self._read_prefix(v)[1]
 
     def _read_rows(self, iids: np.ndarray, stored: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """:meth:`_read_prefix` of many nodes as prefix-table rows: ``(rank, ids, length)``."""
+        """:meth:`_read_prefix` of many nodes as prefix-table rows: ``(rank, ids, length)``.
+
+        Nodes without changes in the open batch (all of them when ``stored``) are read with one iterator, the
+        first :attr:`top_size` index entries after a seek to each, their ranks and ids decoded all at once.
+        """
         width = self._prefixes.width
-        rank = np.zeros((len(iids), width), dtype=np.uint64)
-        ids = np.full((len(iids), width), -1, dtype=np.int64)
-        length = np.zeros(len(iids), dtype=np.int32)
-        for row, v in enumerate(iids.tolist()):
-            raw, held = self._read_prefix(v, stored)
-            if held:
-                n = len(held)
-                rank[row, :n] = np.frombuffer(b"".join(raw), dtype=">u8")
-                ids[row, :n] = held
-                length[row] = n
+        n_rows = len(iids)
+        rank = np.zeros((n_rows, width), dtype=np.uint64)
+        ids = np.full((n_rows, width), -1, dtype=np.int64)
+        length = np.zeros(n_rows, dtype=np.int32)
+        pending = self._batch.pending_nbr if self._batch is not None and not stored else {}
+        take = self._top_size
+        ranks: list[bytes] = []
+        values: list[bytes] = []
+        counts = [0] * n_rows
+        it = self._cf["nbrs"].iter()
+        try:
+            for row, v in enumerate(iids.tolist()):
+                if v in pending:  # the open batch changed this list: merge its changes
+                    raw, held = self._read_prefix(v)
+                    ranks += raw
+                    values += map(_PACK_U64, held)
+                    counts[row] = len(held)
+                    continue
+                prefix = _PACK_U64(v)
+                it.seek(prefix)
+                n = 0
+                while n < take and it.valid():
+                    key = it.key()
+                    if key[:8] != prefix:
+                        break
+                    ranks.append(key[8:16])
+                    values.append(it.value())
+                    n += 1
+                    it.next()
+                else:
+                    if not it.valid():  # the end of the family, or a read error
+                        check_iterator(it, self.path)
+                counts[row] = n
+        finally:
+            del it
+        if ranks:
+            length[:] = counts
+            row_of = np.repeat(np.arange(n_rows), length)
+            col = np.arange(len(ranks)) - np.repeat(np.cumsum(length) - length, length)
+            rank[row_of, col] = np.frombuffer(b"".join(ranks), dtype=">u8")
+            ids[row_of, col] = np.frombuffer(b"".join(values), dtype=">u8")
         return rank, ids, length
 
     def _load_rows(self, iids: np.ndarray) -> None:
