@@ -365,13 +365,40 @@ class GraphStore:
         """The first :attr:`top_size` entries of ``v``'s list: rank bytes and ids (``stored``: as before the
         open batch)."""
         ranks: list[bytes] = []
-        ids: list[int] = []
-        for key, u in self._iter_nbrs(v, stored=stored):
-            if len(ids) >= self._top_size:
-                break
+        if not stored and self._batch is not None and v in self._batch.pending_nbr:
+            ids: list[int] = []
+            for key, u in self._iter_nbrs(v):  # merges the open batch's changes
+                if len(ids) >= self._top_size:
+                    break
+                ranks.append(key[8:16])
+                ids.append(u)
+            return ranks, ids
+        values: list[bytes] = []
+        it = self._cf["nbrs"].iter()
+        try:
+            self._scan_prefix(it, v, ranks, values)
+        finally:
+            del it
+        return ranks, list(map(keys.decode_iid, values))
+
+    def _scan_prefix(self, it: Any, v: int, ranks: list[bytes], values: list[bytes]) -> int:
+        """Append the rank bytes and raw ids of ``v``'s first :attr:`top_size` stored entries, read with the
+        iterator ``it``; returns how many."""
+        prefix = _PACK_U64(v)
+        take = self._top_size
+        it.seek(prefix)
+        n = 0
+        while n < take and it.valid():
+            key = it.key()
+            if key[:8] != prefix:
+                return n
             ranks.append(key[8:16])
-            ids.append(u)
-        return ranks, ids
+            values.append(it.value())
+            n += 1
+            it.next()
+        if not it.valid():  # the end of the family, or a read error
+            check_iterator(it, self.path)
+        return n
 
     def _prefix_ids(self, v: int) -> list[int]:
         """``v``'s prefix ids: the table's row, or read from RocksDB when it is not loaded (leaving the table
@@ -391,7 +418,6 @@ class GraphStore:
         ids = np.full((n_rows, width), -1, dtype=np.int64)
         length = np.zeros(n_rows, dtype=np.int32)
         pending = self._batch.pending_nbr if self._batch is not None and not stored else {}
-        take = self._top_size
         ranks: list[bytes] = []
         values: list[bytes] = []
         counts = [0] * n_rows
@@ -403,22 +429,8 @@ class GraphStore:
                     ranks += raw
                     values += map(_PACK_U64, held)
                     counts[row] = len(held)
-                    continue
-                prefix = _PACK_U64(v)
-                it.seek(prefix)
-                n = 0
-                while n < take and it.valid():
-                    key = it.key()
-                    if key[:8] != prefix:
-                        break
-                    ranks.append(key[8:16])
-                    values.append(it.value())
-                    n += 1
-                    it.next()
                 else:
-                    if not it.valid():  # the end of the family, or a read error
-                        check_iterator(it, self.path)
-                counts[row] = n
+                    counts[row] = self._scan_prefix(it, v, ranks, values)
         finally:
             del it
         if ranks:
