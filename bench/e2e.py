@@ -21,9 +21,10 @@ the engine's. Over the same events each run reports the cores its
 processes used (the engine's process; the worker, its delivery process and
 the broker from ``/proc``) and the CPU microseconds per event they add up
 to, and ``targets`` the cores the default's 0.5 and the best's 0.8 of the
-engine alone would take at that cost. Then the default configuration runs at ``--rate-fraction``
-(0.8) of its own rate for ``--fresh-seconds`` (60) after a warm backlog:
-publish - produce per batch (p50, p99, max) and the lag every second.
+engine alone would take at that cost. Then the default configuration runs
+at ``--rate-fraction`` (0.8) of its own rate for ``--fresh-seconds`` (60)
+after a warm backlog: publish - produce per batch (p50, p99, max) and the
+lag every second.
 
 ``--graph otc`` (default) starts an embedded broker (Tansu), produces the
 whole SNAP Bitcoin OTC stream (``fraud.datasets.snap_events``, ~53k

@@ -336,14 +336,14 @@ class GraphStore:
         batch.nodes.add(iid)
 
     # ------------------------------------------------------------------ neighbour lists
-    def _iter_nbrs(self, v: int, after: bytes | None = None, stored: bool = False) -> Iterator[tuple[bytes, int]]:
-        """Neighbour entries of ``v`` in rank order, merging the open batch unless ``stored`` (as before it)."""
+    def _iter_nbrs(self, v: int) -> Iterator[tuple[bytes, int]]:
+        """Neighbour entries of ``v`` in rank order, the open batch's changes merged in."""
         prefix = keys.nbr_prefix(v)
-        pending = self._batch.pending_nbr.get(v, {}) if self._batch is not None and not stored else {}
-        added = sorted((k, u) for k, u in pending.items() if u is not None and (after is None or k > after))
+        pending = self._batch.pending_nbr.get(v, {}) if self._batch is not None else {}
+        added = sorted((k, u) for k, u in pending.items() if u is not None)
         ai = 0
         it = self._cf["nbrs"].iter()
-        it.seek(after + b"\x00" if after is not None else prefix)
+        it.seek(prefix)
         try:
             while it.valid():
                 key = it.key()
@@ -361,11 +361,11 @@ class GraphStore:
             del it
         yield from added[ai:]
 
-    def _read_prefix(self, v: int, stored: bool = False) -> tuple[list[bytes], list[int]]:
-        """The first :attr:`top_size` entries of ``v``'s list: rank bytes and ids (``stored``: as before the
-        open batch)."""
+    def _read_prefix(self, v: int) -> tuple[list[bytes], list[int]]:
+        """The first :attr:`top_size` entries of ``v``'s list, the open batch's changes merged in: rank bytes
+        and ids."""
         ranks: list[bytes] = []
-        if not stored and self._batch is not None and v in self._batch.pending_nbr:
+        if self._batch is not None and v in self._batch.pending_nbr:
             ids: list[int] = []
             for key, u in self._iter_nbrs(v):  # merges the open batch's changes
                 if len(ids) >= self._top_size:
