@@ -28,7 +28,6 @@ import argparse
 import itertools
 import logging
 import math
-import os
 import pickle
 import select
 import signal
@@ -38,11 +37,11 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal, Sequence
 
 import numpy as np
 
+from stream.child import module_command
 from stream.clients import ProducerClient
 from stream.exceptions import DeliveryError
 from stream.updates import encode_updates, tombstone
@@ -246,12 +245,10 @@ class DeliveryProcess:
 
     def _start(self) -> None:
         ours, theirs = socket.socketpair()
-        root = str(Path(__file__).resolve().parent.parent)
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+        argv, env = module_command("stream.delivery", "--fd", str(theirs.fileno()), *self._args)
         try:
-            self._proc = subprocess.Popen([sys.executable, "-m", "stream.delivery", "--fd", str(theirs.fileno()),
-                                           *self._args], pass_fds=(theirs.fileno(),), env=env,
-                                          stdin=subprocess.DEVNULL, start_new_session=True)
+            self._proc = subprocess.Popen(argv, pass_fds=(theirs.fileno(),), env=env, stdin=subprocess.DEVNULL,
+                                          start_new_session=True)
         finally:
             theirs.close()
         self._conn = _Pipe(ours)

@@ -38,7 +38,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 from collections import deque
@@ -46,6 +45,7 @@ from typing import Any, Awaitable, Callable
 
 import orjson
 
+from stream.child import module_command
 from workers.heap import freeze_warm_heap, tune_collector
 from workers.query import QueryError, QueryState
 
@@ -191,8 +191,8 @@ def serve(state_dir: str, model_dir: str | None, sock: socket.socket, *, notify_
         notify_fd: read end of the worker's pipe: a byte means "a batch was committed", EOF means "stop".
         refresh_s: without a pipe, how often to catch up with the state.
         ready: called once the state and the model are open, before the first request is answered.
-        scratch: an empty directory for the secondary instance's own files, which the caller removes (none:
-            a temporary one, removed on exit).
+        scratch: an empty directory for the secondary instance's own files (none: a temporary one); removed on
+            exit, and by a caller that outlives this process.
     """
     import uvicorn
 
@@ -240,8 +240,7 @@ def serve(state_dir: str, model_dir: str | None, sock: socket.socket, *, notify_
         asyncio.run(run())
         state.close()
     finally:
-        if scratch is None:
-            shutil.rmtree(own, ignore_errors=True)
+        shutil.rmtree(own, ignore_errors=True)
 
 
 def _before_the_stream(nice: int = _PRIORITY) -> None:
@@ -271,15 +270,14 @@ class QueryProcess:
         self.host, self.port = host, sock.getsockname()[1]
         read_end, self._notify = os.pipe()
         os.set_blocking(self._notify, False)
-        # the server's own files: removed here, so that a server that was killed leaves none behind
+        # the server's own files: removed by the server as it exits, and here in case it was killed
         self._scratch = tempfile.mkdtemp(prefix="gnnstream-query-")
-        argv = [sys.executable, "-m", "workers.serve", "--state", state_dir, "--socket-fd", str(sock.fileno()),
-                "--notify-fd", str(read_end), "--scratch", self._scratch]
-        if model_dir is not None:
-            argv += ["--model", model_dir]
+        argv, env = module_command("workers.serve", "--state", state_dir, "--socket-fd", str(sock.fileno()),
+                                   "--notify-fd", str(read_end), "--scratch", self._scratch,
+                                   *(("--model", model_dir) if model_dir is not None else ()))
         try:
             # a session of its own: a Ctrl-C at the terminal reaches the worker, which then closes the pipe
-            self._child = subprocess.Popen(argv, pass_fds=(sock.fileno(), read_end), start_new_session=True)
+            self._child = subprocess.Popen(argv, pass_fds=(sock.fileno(), read_end), env=env, start_new_session=True)
         except BaseException:
             shutil.rmtree(self._scratch, ignore_errors=True)
             raise
@@ -322,7 +320,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model")
     parser.add_argument("--socket-fd", type=int, required=True)
     parser.add_argument("--notify-fd", type=int, required=True)
-    parser.add_argument("--scratch", help="directory for the secondary instance's files (the worker removes it)")
+    parser.add_argument("--scratch", help="directory for the secondary instance's files (removed on exit)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s query: %(message)s")
     tune_collector()

@@ -308,3 +308,65 @@ def test_serve_refuses_with_one_line(tmp_path: Path) -> None:
     assert res.stderr.strip().splitlines() == [
         f"gnnstream: error: no graph store at {str(tmp_path / 'none')!r} (start the worker on it first)"]
     assert not (tmp_path / "none").exists()
+
+
+# a worker's side of the query process, run with -P as the gnnstream command runs (the working directory is
+# not on sys.path)
+_PARENT = """
+import sys, time
+from workers.serve import QueryProcess
+proc = QueryProcess(sys.argv[1], "model", "127.0.0.1", 0)
+print(proc.port, proc._scratch, proc._child.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def test_query_process_beside_a_model_folder_and_after_its_worker_is_killed(events: list, model_dir: str,
+                                                                              tmp_path: Path) -> None:
+    """Run where ``model/`` is the model directory (a name users pick), the query process still imports our
+    ``model`` package and answers; when its worker is killed with SIGKILL it exits and removes its files."""
+    import shutil
+    import sys
+    from workers.offline import apply_events
+    jsonl = tmp_path / "events.jsonl"
+    jsonl.write_bytes(b"\n".join(encode_event(ev) for ev in events[:300]) + b"\n")
+    state = str(tmp_path / "state")
+    apply_events(state, model_dir, str(jsonl))
+    cwd = tmp_path / "cwd"
+    shutil.copytree(model_dir, cwd / "model")
+    (cwd / "stream").mkdir()  # an empty folder named like another of our packages
+    log = tmp_path / "parent.log"
+    with open(log, "wb") as fh:
+        parent = subprocess.Popen([sys.executable, "-P", "-c", _PARENT, state], cwd=cwd, stdout=subprocess.PIPE, stderr=fh)
+    try:
+        port, scratch, child = parent.stdout.readline().decode().split()
+        scratch = Path(scratch)
+        assert scratch.is_dir()
+        client = Client(int(port))
+
+        def answered() -> bool:
+            if not _running(int(child)):
+                pytest.fail(f"the query process exited:\n{log.read_text()[-3000:]}")
+            return _answers(client)
+
+        wait_for(answered, 120, "the query API to answer", parent, log)
+        node = sorted(fold_jsonl(jsonl).nodes)[0]
+        status, body = client.request("GET", f"/v1/embeddings/{node}")
+        assert status == 200 and body["id"] == node and len(body["embedding"]) == 8, body
+        client.close()
+        parent.kill()
+        parent.wait()
+        wait_for(lambda: not scratch.exists(), 60, "the query process to remove its files")
+        assert "Traceback" not in log.read_text(), log.read_text()[-3000:]
+    finally:
+        parent.kill()
+        parent.wait()
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` is alive (not gone, not a zombie its parent has not reaped)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2] != "Z"
