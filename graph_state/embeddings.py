@@ -833,7 +833,10 @@ class _FrameFile:
         """Unmap the file (written rows stay in the page cache and reach the file)."""
         self._frames = None
         if self._map is not None:
-            self._map.close()
+            try:
+                self._map.close()
+            except BufferError:  # a failed write's frame (in its traceback) still holds a view: unmapped when freed
+                pass
             self._map = None
         if self._fd is not None:
             os.close(self._fd)

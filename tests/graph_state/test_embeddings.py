@@ -371,6 +371,29 @@ def test_a_failed_row_write_fails_the_encode(tmp_path, monkeypatch) -> None:
             table.encode(ids, np.ones((len(ids), 4), dtype=np.float32))
 
 
+def test_a_row_file_closed_while_a_failed_write_holds_its_mapping_keeps_the_error(tmp_path, monkeypatch) -> None:
+    from graph_state import embeddings as tables_module
+    from graph_state.embeddings import _FrameFile, _Readers
+
+    file = _FrameFile(str(tmp_path / "rows-2.f32"), 2)
+    file.start([])
+    rows = np.arange(2 * PAGE_ROWS, dtype=np.float32).reshape(-1, 2)
+    assert file.write(rows) == [0]  # the file is mapped
+    monkeypatch.setattr(tables_module.os, "pwrite", lambda fd, data, offset: 0)  # a full disk
+    with pytest.raises(OSError, match="short write to row file"):
+        try:
+            file.write(rows + 1)  # a fresh frame: its traceback holds the write's view of the mapping
+        except OSError:
+            file.close()  # as a failed recompute's clean-up does, while the error is being handled
+            raise
+    monkeypatch.undo()
+    assert file.write(rows + 2) == [2]  # mapped again; the failed write's frame 1 stays taken
+    file.close()
+    with _Readers() as readers:
+        np.testing.assert_array_equal(file.read(0, PAGE_ROWS, readers), rows)
+        np.testing.assert_array_equal(file.read(2, PAGE_ROWS, readers), rows + 2)
+
+
 @pytest.mark.parametrize("framed", [True, False])
 def test_encoded_pages_decode_to_their_records_full_pages_and_the_rest(framed: bool) -> None:
     from graph_state.embeddings import encode_pages
