@@ -80,15 +80,15 @@ def record_rollout(tx: Transaction, marker: Marker) -> None:
 
 
 # ---------------------------------------------------------------------- the rollout topic
-def worker_report(worker: Worker, lag: int | None) -> tuple[bytes, bytes]:
-    """A worker's progress record: key and value."""
+def worker_report(worker: Worker, lag: int | None, final: bool = False) -> tuple[bytes, bytes]:
+    """A worker's progress record: key and value (``final``: its last, as it stops)."""
     engine = worker.engine
     model = engine.model_tag if engine is not None else None
     now = time.time()
     recent = np.asarray([latency for at, latency in list(worker.latency_timeline) if at >= now - _LATENCY_WINDOW_S])
     p50, p99 = (np.percentile(recent, [50, 99]).round(3).tolist() if len(recent) else (None, None))
     h = worker.health
-    stopping = worker._stop.is_set() and h.status == "consuming"
+    stopping = (final or worker._stop.is_set()) and h.status == "consuming"
     value = {"kind": "worker", "model": model, "worker": worker.worker_id, "topic": worker.output_topic,
              "status": "stopped" if stopping else h.status, "serving": worker.serving, "rollout": worker.rollout,
              "lag": lag,

@@ -805,7 +805,7 @@ class Worker:
                     and not engine.pending() and not publisher.pending() and self._settled():
                 break
         if s.control_topic:  # the last word: how it stopped
-            self._report_progress(producer, consumer)
+            self._report_progress(producer, consumer, final=True)
 
     def _partition_count(self, consumer: ConsumerClient, topic: str) -> int:
         """How many partitions ``topic`` has (retrying while Kafka does not say); 0 if stopped meanwhile."""
@@ -932,14 +932,15 @@ class Worker:
             sender.wait(0.2)
         return False
 
-    def _report_progress(self, producer: ProducerClient, consumer: ConsumerClient) -> None:
-        """Record this worker's progress in the rollout topic (what `gnnstream rollout status` shows)."""
+    def _report_progress(self, producer: ProducerClient, consumer: ConsumerClient, final: bool = False) -> None:
+        """Record this worker's progress in the rollout topic (what `gnnstream rollout status` shows; ``final``:
+        the worker stops)."""
         s = self.settings
         try:
             lag = sum(consumer.lag().values())
         except Exception:
             lag = None
-        key, value = worker_report(self, lag)
+        key, value = worker_report(self, lag, final)
         try:
             producer.send(s.control_topic, key, value)
         except Exception as exc:

@@ -347,6 +347,11 @@ def test_offset_reset(tmp_path: Path) -> None:
         ensure_topics(a.bootstrap, n.topics())
         ends_a = produce(a.bootstrap, n.events, first)
         assert run_until_idle(a.bootstrap, n, model)["applied"] == len(first)
+        # its last progress record says it stopped: `rollout status` does not count it as consuming
+        from workers.rollout import read_rollout
+        reports = [r for r in read_rollout(a.bootstrap) if r.get("kind") == "worker"]
+        assert reports and {r["status"] for r in reports[:-1]} <= {"consuming"}, reports
+        assert reports[-1]["status"] == "stopped" and reports[-1]["applied"] == len(first), reports[-1]
     assert len(ends_a) == PARTITIONS
 
     # the broker is replaced by an empty one, which gets a few new events
