@@ -809,6 +809,13 @@ def test_docs_describe_the_stack(compose: dict[str, Any], workers: dict[str, Any
             if container == int(worker_envs[name]["GNNSTREAM_METRICS_PORT"]):
                 assert f"http://localhost:{host}/metrics" in text, name
     assert "--scale" in text, "say why `docker compose up --scale` is no way to add workers"
+    # the model's version topic and group, as the worker derives them from the model model-init creates
+    from stream.rollout import version_topic
+    init = _model_init_script(compose["services"])
+    tag = "{}:{}".format(re.search(r"--name (\S+)", init).group(1), re.search(r"--version (\S+)", init).group(1))
+    group = version_topic(tag, worker_envs[next(iter(workers))]["GNNSTREAM_GROUP"])
+    assert set(re.findall(r"node-embeddings\.[\w.-]+\.v\d+", text)) == {version_topic(tag)}, tag
+    assert f"`{group}`" in text and f"`{tag}`" in text, (group, tag)
     for panel in json.loads(DASHBOARD.read_text())["panels"]:
         assert panel["title"] in text, f"docs/deployment.md does not list the panel {panel['title']!r}"
     for alert in _yaml(RULES)["groups"][0]["rules"]:
