@@ -16,6 +16,8 @@ import gzip
 import io
 import math
 import os
+import re
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
@@ -40,23 +42,107 @@ class SnapRating:
     ts: float
 
 
+SNAP_FORMAT = ("SOURCE,TARGET,RATING,TIME per line (integer node ids, finite numbers; one header line at the "
+               "top optional; plain or gzipped)")
+"""What :func:`read_snap` reads, as its errors state it."""
+
+_INT = re.compile(r"-?[0-9]+")
+_UNDECODED = re.compile("[\udc80-\udcff]")  # bytes that were not UTF-8, as surrogateescape keeps them
+
+
 def _open_text(path: str | os.PathLike[str]) -> io.TextIOBase:
-    """``path`` as text, gunzipped when it starts with the gzip magic bytes."""
+    """``path`` as UTF-8 text (a BOM dropped), gunzipped when it starts with the gzip magic bytes.
+
+    Undecodable bytes become lone surrogates (``surrogateescape``), so a binary file fails on the line that
+    holds them, with its number, rather than somewhere in a decoded chunk.
+    """
     with open(path, "rb") as probe:
         gzipped = probe.read(2) == b"\x1f\x8b"
     if gzipped:
-        return io.TextIOWrapper(gzip.open(path, "rb"), newline="")
-    return open(path, newline="")
+        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8-sig", errors="surrogateescape", newline="")
+    return open(path, encoding="utf-8-sig", errors="surrogateescape", newline="")
+
+
+def _shown(rec: list[str]) -> str:
+    text = ",".join(rec)
+    return repr(text if len(text) <= 60 else text[:57] + "...")
+
+
+def _number(path: str, line: int, what: str, text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"{path}, line {line}: {what} {text.strip()[:40]!r} is not a number; expected "
+                         f"{SNAP_FORMAT}") from None
+    if not math.isfinite(value):
+        raise ValueError(f"{path}, line {line}: {what} {text.strip()!r} is not a finite number; expected "
+                         f"{SNAP_FORMAT}")
+    return value
+
+
+def _rating(name: str, line: int, rec: list[str]) -> SnapRating:
+    """``rec`` (a non-blank record at ``line``) as a rating, or a ValueError naming the file and line."""
+    if len(rec) != 4:
+        raise ValueError(f"{name}, line {line}: {len(rec)} field{'s' * (len(rec) != 1)} {_shown(rec)}; "
+                         f"expected {SNAP_FORMAT}")
+    src, dst = rec[0].strip(), rec[1].strip()
+    for what, node in (("source", src), ("target", dst)):
+        if not _INT.fullmatch(node):
+            raise ValueError(f"{name}, line {line}: {what} {node[:40]!r} is not an integer node id; "
+                             f"expected {SNAP_FORMAT}")
+    return SnapRating(src, dst, _number(name, line, "rating", rec[2]), _number(name, line, "time", rec[3]))
 
 
 def read_snap(path: str | os.PathLike[str]) -> list[SnapRating]:
-    """Ratings of a SNAP signed-network CSV, plain or gzipped (header optional), sorted by time (stable)."""
-    rows = []
+    """Ratings of a SNAP signed-network CSV, plain or gzipped (header optional), sorted by time (stable).
+
+    Each line is ``SOURCE,TARGET,RATING,TIME``: integer node ids (kept as strings), a finite rating and a
+    finite time. Blank lines are skipped; the first non-blank line is taken as a header when its first field
+    is not an integer. Any other line is an error.
+
+    Raises:
+        ValueError: a file without any rating (``no ratings read from PATH: ...``); else the first line that is
+            not a rating, naming ``path`` and its 1-based number; or a damaged gzip file.
+        OSError: ``path`` cannot be opened or read.
+    """
+    name = os.fspath(path)
+    rows: list[SnapRating] = []
+    seen_line = False
+    text_error: ValueError | None = None  # a text line before any rating: maybe no rating follows at all
     with _open_text(path) as fh:
-        for rec in csv.reader(fh):
-            if not rec or not rec[0].strip().lstrip("-").isdigit():
-                continue  # header or blank
-            rows.append(SnapRating(rec[0].strip(), rec[1].strip(), float(rec[2]), float(rec[3])))
+        reader = csv.reader(fh)
+        while True:
+            line = reader.line_num + 1  # where the next record starts
+            try:
+                rec = next(reader)
+            except StopIteration:
+                break
+            except csv.Error as exc:
+                raise ValueError(f"{name}, line {line}: {exc}; expected {SNAP_FORMAT}") from None
+            except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
+                raise ValueError(f"{name}: damaged gzip file ({exc}); download or compress it again") from None
+            if not any(f.strip() for f in rec):
+                continue  # blank
+            if _UNDECODED.search(",".join(rec)):
+                raise ValueError(f"{name}, line {line}: not UTF-8 text (a binary file?); expected {SNAP_FORMAT}")
+            first = not seen_line
+            seen_line = True
+            if first and not _INT.fullmatch(rec[0].strip()):
+                continue  # header
+            if text_error is not None:  # only whether the file holds any rating is still open
+                try:
+                    _rating(name, line, rec)
+                except ValueError:
+                    continue
+                raise text_error
+            try:
+                rows.append(_rating(name, line, rec))
+            except ValueError as exc:
+                if rows or _INT.fullmatch(rec[0].strip()):
+                    raise
+                text_error = exc
+    if not rows:
+        raise ValueError(f"no ratings read from {name}: expected a SNAP signed-network CSV (source,target,rating,time)")
     rows.sort(key=lambda r: r.ts)
     return rows
 
