@@ -25,13 +25,24 @@ underscores (``fetch_wait_max_ms=100``); a few kafka-python names that differ
 are translated (``max_request_size``, ``fetch_max_wait_ms``).
 
 Clients are not thread-safe: one thread polls, one thread sends and flushes.
+
+librdkafka's own log lines and global errors (a broker it cannot reach, ...)
+go to this module's logger through :data:`_repeats`: the first of each kind
+is logged, repeats only at DEBUG, and a line ``... [repeated N times in the
+last 60 s]`` once a minute while they go on, so an outage of any length logs a
+bounded number of lines. They wait in the client's queue until something
+serves it: a consumer's polls, and for producers a shared daemon thread
+(:class:`_Pump`) that serves each one every second, so they appear when they
+happen, not at the next send or at close.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
+import weakref
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, TopicPartition
@@ -60,6 +71,9 @@ _ALIASES = {  # kafka-python names whose librdkafka name is not the dotted one
     "fetch_max_wait_ms": "fetch.wait.max.ms",
 }
 _SERVE_EVERY = 4096  # send() serves delivery reports and logs every this many records
+_REPEAT_EVERY_S = 60.0  # a librdkafka message logged before is summarised at most this often
+_PUMP_EVERY_S = 1.0  # how often the pump serves idle producers' queued logs
+_MAX_KINDS = 256  # kinds of librdkafka messages remembered (the oldest are forgotten first)
 
 
 def librdkafka_settings(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -83,9 +97,171 @@ def _create(kind: Callable[[dict[str, Any]], Any], settings: dict[str, Any], wha
         raise ValueError(f"invalid confluent-kafka {what} settings {shown}: {exc.args[0]}") from exc
 
 
+_THREAD = re.compile(r"^\[thrd:[^\]]*\]: ")  # which librdkafka thread wrote the line
+_VARYING = (  # the parts of a librdkafka message that change between repeats of it
+    (re.compile(r", \d+ identical error\(s\) suppressed"), ""),
+    (re.compile(r"\b\d+(?:\.\d+)?\s*(?:ms|s|secs?|seconds?)\b"), "#ms"),
+    (re.compile(r"\b\d+/\d+ brokers\b"), "#/# brokers"),
+    (re.compile(r"(?<=\s)\d+(?=\s)"), "#"),
+)
+
+
+def _kind(text: str) -> str:
+    """What makes librdkafka messages repeats of each other: their text without the thread that wrote it,
+    durations and counts (``after 0ms``, ``3 identical error(s) suppressed``, ``1/1 brokers are down``)."""
+    for pattern, replacement in _VARYING:
+        text = pattern.sub(replacement, text)
+    return text
+
+
+class _Repeats:
+    """Rate limit on librdkafka's messages, per kind (:func:`_kind`), across the clients of this process.
+
+    The first message of a kind is logged at its level; repeats within
+    ``every_s`` of the last line logged for that kind only at DEBUG. When that
+    time has passed (checked at each message and every second by
+    :class:`_Pump`), a kind that repeated is logged once more with
+    ``[repeated N times in the last T s]`` and a new window starts; a kind
+    that did not is forgotten, so its next occurrence is a first again.
+
+    librdkafka reports a failed connection twice, as a log line and as an
+    error with the same text: only messages from the ``source`` of a kind's
+    first one count as its repeats (the other report goes to DEBUG alone).
+    Thread-safe: librdkafka's callbacks come from any thread that serves a
+    client's queue.
+    """
+
+    def __init__(self, log: logging.Logger, every_s: float = _REPEAT_EVERY_S,
+                 clock: Callable[[], float] = time.monotonic):
+        self.log, self.every_s, self.clock = log, every_s, clock
+        self._lock = threading.Lock()
+        self._kinds: dict[str, list] = {}  # kind -> [window start, repeats, highest level, first line, source]
+
+    def note(self, level: int, line: str, text: str, source: str = "log") -> None:
+        """One message: ``line`` as logged, ``text`` the part that tells its kind, ``source`` what reported
+        it (``"log"`` or ``"error"``)."""
+        key = _kind(text)
+        with self._lock:
+            now = self.clock()
+            due = self._due(now)
+            seen = self._kinds.get(key)
+            if seen is None:
+                if len(self._kinds) >= _MAX_KINDS:
+                    del self._kinds[next(iter(self._kinds))]
+                self._kinds[key] = [now, 0, 0, line, source]
+            elif seen[4] == source:
+                seen[1] += 1
+                seen[2] = max(seen[2], level)
+        self._emit(due)
+        if seen is None:
+            self.log.log(level, "%s", line)
+        else:
+            self.log.debug("%s (a repeat)", line)
+
+    def expire(self) -> None:
+        """Log the summaries of the windows that ended."""
+        with self._lock:
+            due = self._due(self.clock())
+        self._emit(due)
+
+    def pending(self) -> bool:
+        """Whether a kind is still remembered (a summary may be due later)."""
+        return bool(self._kinds)
+
+    def _due(self, now: float) -> list[tuple[int, str, int, float]]:
+        due = []
+        for key, seen in list(self._kinds.items()):
+            start, count, level, line, source = seen
+            if now - start < self.every_s:
+                continue
+            if count:
+                due.append((level, line, count, now - start))
+                self._kinds[key] = [now, 0, 0, line, source]
+            else:
+                del self._kinds[key]
+        return due
+
+    def _emit(self, due: list[tuple[int, str, int, float]]) -> None:
+        for level, line, count, elapsed in due:
+            self.log.log(level, "%s [repeated %d times in the last %.0f s]", line, count, elapsed)
+
+
+_repeats = _Repeats(logger)
+
+
+class _LibrdkafkaLog:
+    """What librdkafka's ``logger`` setting gets: its log lines, through :data:`_repeats`."""
+
+    def log(self, level: int, fmt: str, facility: str, client: str, text: str) -> None:
+        if level < logging.INFO:
+            logger.log(level, "librdkafka %s [%s]: %s", facility, client, text)
+            return
+        text = _THREAD.sub("", text)
+        _repeats.note(level, f"librdkafka {facility} [{client}]: {text}", text)
+
+
+_librdkafka_log = _LibrdkafkaLog()
+
+
 def _log_error(error: KafkaError) -> None:
-    """librdkafka's global errors (broker down, ...): it retries by itself."""
-    logger.warning("librdkafka: %s (%s)", error.str(), error.name())
+    """librdkafka's global errors (broker down, ...): it retries by itself.
+
+    Through :data:`_repeats` like its log lines (a failed connection is both
+    a log line and an error, with the same text: one of the two is logged).
+    Fatal errors are always logged.
+    """
+    if error.fatal():
+        logger.error("librdkafka: fatal: %s (%s)", error.str(), error.name())
+        return
+    _repeats.note(logging.WARNING, f"librdkafka: {error.str()} ({error.name()})", error.str(), "error")
+
+
+class _Pump:
+    """A daemon thread that serves, every second, the queues of producers nobody else serves.
+
+    librdkafka hands log lines and errors to Python only from a client's
+    queue, which a producer serves in its ``poll`` and ``flush``: a producer
+    waiting for work (the worker waiting for Kafka, a dead-letter producer
+    with nothing to send) would hold them until its next send or its close,
+    and then log them all at once. The thread also ends the windows of
+    :data:`_repeats`. It runs while there are clients and stops by itself.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._clients: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._thread: threading.Thread | None = None
+
+    def add(self, client: Any) -> None:
+        with self._lock:
+            self._clients.add(client)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="gnnstream-librdkafka-logs", daemon=True)
+                self._thread.start()
+
+    def discard(self, client: Any) -> None:
+        with self._lock:
+            self._clients.discard(client)
+
+    def _run(self) -> None:
+        while self._serve():
+            time.sleep(_PUMP_EVERY_S)
+
+    def _serve(self) -> bool:
+        """Serve every client once; False when the thread should stop (its references end with the call:
+        a client nobody else holds goes away)."""
+        with self._lock:
+            clients = list(self._clients)
+            if not clients and not _repeats.pending():
+                self._thread = None
+                return False
+        for client in clients:
+            client._serve_idle()
+        _repeats.expire()
+        return True
+
+
+_pump = _Pump()
 
 
 class ConfluentConsumer(ConsumerClient):
@@ -149,10 +325,11 @@ class ConfluentConsumer(ConsumerClient):
             "auto.offset.reset": "earliest", "isolation.level": "read_uncommitted",  # as kafka-python
             "session.timeout.ms": session_timeout_ms, "fetch.wait.max.ms": FETCH_WAIT_MS,
             "heartbeat.interval.ms": heartbeat_interval_ms or max(session_timeout_ms // 3, 100),
-            "logger": logger, "error_cb": _log_error, "on_commit": self._committed,
+            "logger": _librdkafka_log, "error_cb": _log_error, "on_commit": self._committed,
         }
         settings.update(librdkafka_settings(config))
         self._consumer: Consumer | None = _create(Consumer, settings, "consumer")
+        _pump.add(self)
         if not assign_all:
             self._consumer.subscribe(self.topics, on_assign=self._assigned, on_revoke=self._revoked,
                                      on_lost=self._revoked)
@@ -177,6 +354,10 @@ class ConfluentConsumer(ConsumerClient):
                 return None
             return set(found.partitions) if found is not None and found.error is None else None
         return wait_for_partitions(find, topic, timeout_s)
+
+    def _serve_idle(self) -> None:
+        """Nothing: a consumer's queue also holds its records, so only its own polls serve it (they come
+        often: the worker polls all the time)."""
 
     @property
     def _client(self) -> Consumer:
@@ -413,6 +594,7 @@ class ConfluentConsumer(ConsumerClient):
         consumer, self._consumer = self._consumer, None
         if consumer is None:
             return
+        _pump.discard(self)
         closer = threading.Thread(target=consumer.close, name="gnnstream-consumer-close", daemon=True)
         closer.start()
         closer.join(self._close_timeout_s)
@@ -424,17 +606,19 @@ class ConfluentConsumer(ConsumerClient):
 class _Window:
     """Delivery failures of one librdkafka producer (it only reports errors)."""
 
-    __slots__ = ("failed", "first")
+    __slots__ = ("failed", "first", "_lock")
 
     def __init__(self) -> None:
         self.failed = 0
         self.first: KafkaError | None = None
+        self._lock = threading.Lock()  # reports are served by the sending thread and by the pump's
 
     def report(self, error: KafkaError | None, message: Message) -> None:
         if error is not None:
-            self.failed += 1
-            if self.first is None:
-                self.first = error
+            with self._lock:
+                self.failed += 1
+                if self.first is None:
+                    self.first = error
 
 
 class ConfluentProducer(ProducerClient):
@@ -467,7 +651,7 @@ class ConfluentProducer(ProducerClient):
             "bootstrap.servers": bootstrap, "client.id": "gnnstream-producer",
             "enable.idempotence": True, "acks": "all", "linger.ms": linger_ms, "batch.size": batch_size,
             "partitioner": "murmur2_random",  # Kafka's default (Java, kafka-python), which places a node with its owner
-            "delivery.report.only.error": True, "logger": logger, "error_cb": _log_error,
+            "delivery.report.only.error": True, "logger": _librdkafka_log, "error_cb": _log_error,
         }
         self._settings.update(librdkafka_settings(config))
         self._max_block_s = max_block_ms / 1000
@@ -475,7 +659,9 @@ class ConfluentProducer(ProducerClient):
         self._window = _Window()
         self._sent = 0  # records sent since the last flush
         self._closed = False
+        self._closing = threading.Lock()  # held by the pump while it serves, and to close a client
         self._client()  # settings errors surface here
+        _pump.add(self)
 
     @property
     def pending(self) -> int:
@@ -574,19 +760,33 @@ class ConfluentProducer(ProducerClient):
                             f"{cause or 'timed out'}; keep them and send again", failed=failed,
                             pending=unanswered, cause=exc)
 
+    def _serve_idle(self) -> None:
+        """Serve the client's queue (its log lines and errors; reports too) if no close is under way."""
+        if not self._closing.acquire(blocking=False):
+            return
+        try:
+            if self._producer is not None:
+                self._producer.poll(0)
+        except Exception as exc:  # a callback raised: nothing to do here, the owner's own calls report it
+            logger.debug("serving an idle producer failed: %r", exc)
+        finally:
+            self._closing.release()
+
     def _discard(self) -> None:
         """Drop the librdkafka producer now, purging whatever it still holds."""
-        producer, self._producer = self._producer, None
-        if producer is None:
-            return
-        producer.purge(in_queue=True, in_flight=True, blocking=False)
-        producer.poll(0)  # the purged records' reports go to the discarded window
-        producer.close()
+        with self._closing:
+            producer, self._producer = self._producer, None
+            if producer is None:
+                return
+            producer.purge(in_queue=True, in_flight=True, blocking=False)
+            producer.poll(0)  # the purged records' reports go to the discarded window
+            producer.close()
 
     def close(self, timeout_s: float = 5.0) -> None:
         if self._closed:
             return
         self._closed = True
+        _pump.discard(self)
         producer = self._producer
         if producer is None:
             return

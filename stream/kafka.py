@@ -7,11 +7,20 @@ failures apart.
 the rest of the project should depend on.
 
 Clients are not thread-safe: one thread polls, one thread sends and flushes.
+
+kafka-python's own log lines (``kafka.*`` loggers) pass through a filter,
+:class:`_Repeats`: while a broker cannot be reached it logs the same
+connection failures every few seconds, so a line repeated within a minute is
+logged at DEBUG only, and the next one after that minute says how many were
+held back. Distinct messages always get through.
 """
 
 from __future__ import annotations
 
 import logging
+import re
+import threading
+import time
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from kafka import ConsumerRebalanceListener, KafkaConsumer, KafkaProducer, OffsetAndMetadata, TopicPartition
@@ -46,6 +55,69 @@ logger = logging.getLogger(__name__)
 
 _TOPIC_ALREADY_EXISTS = 36
 _PRUNE_AT = 100_000
+_REPEAT_EVERY_S = 60.0  # a kafka-python line logged before is logged again at most this often
+_MAX_KINDS = 256  # kinds of lines remembered (the oldest are forgotten first)
+_VARYING = (  # the parts of a kafka-python line that change between repeats of it
+    (re.compile(r"\b\d+(?:\.\d+)?\s*(?:ms|s|secs?|seconds?)\b"), "# s"),
+    (re.compile(r"(?<=\s)\d+\.\d+(?=\s)"), "#"),
+)
+
+
+class _Repeats(logging.Filter):
+    """Rate limit on kafka-python's log lines, per logger and kind of line (durations and backoffs aside).
+
+    The first line of a kind passes; repeats within ``every_s`` of the last
+    one that passed are logged again at DEBUG only (so a DEBUG log still holds
+    every one); the first repeat after that passes with ``[repeated N times
+    in the last T s]`` when some were held back. Lines below INFO always pass.
+    """
+
+    def __init__(self, every_s: float = _REPEAT_EVERY_S, clock: Callable[[], float] = time.monotonic):
+        super().__init__()
+        self.every_s, self.clock = every_s, clock
+        self._lock = threading.Lock()
+        self._kinds: dict[tuple[str, str], list] = {}  # (logger, kind) -> [window start, repeats held back]
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.INFO:
+            return True
+        text = record.getMessage()
+        kind = text
+        for pattern, replacement in _VARYING:
+            kind = pattern.sub(replacement, kind)
+        key = (record.name, kind)
+        with self._lock:
+            now = self.clock()
+            seen = self._kinds.pop(key, None)
+            passes = seen is None or now - seen[0] >= self.every_s
+            if passes:
+                if len(self._kinds) >= _MAX_KINDS:
+                    del self._kinds[next(iter(self._kinds))]
+                self._kinds[key] = [now, 0]
+            else:
+                seen[1] += 1
+                self._kinds[key] = seen
+        if not passes:
+            logging.getLogger(record.name).debug("%s (a repeat)", text)
+            return False
+        if seen is not None and seen[1]:
+            record.msg, record.args = "%s [repeated %d times in the last %.0f s]", (text, seen[1], now - seen[0])
+        return True
+
+
+_repeats = _Repeats()
+
+
+def _limit_repeats() -> None:
+    """Put :data:`_repeats` on every ``kafka.*`` logger (all exist once the client modules are imported)."""
+    names = [name for name in logging.root.manager.loggerDict if name == "kafka" or name.startswith("kafka.")]
+    for name in names:
+        log = logging.getLogger(name)
+        if _repeats not in log.filters:
+            log.addFilter(_repeats)
+
+
+_limit_repeats()
 
 
 def ensure_topics(bootstrap: str, topics: Mapping[str, int], *, replication_factor: int = 1,
