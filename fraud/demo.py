@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from stream.broker import EmbeddedBroker, free_port
-from stream.backends import DEFAULT_KAFKA_CLIENT, KAFKA_CLIENTS, open_consumer
+from stream.backends import DEFAULT_KAFKA_CLIENT, KAFKA_CLIENTS, read_to_end
 from stream.events import EdgeUpsert, encode_event
 from fraud.datasets import BITCOIN_OTC, read_snap, snap_events
 from workers.heap import tune_collector
@@ -52,19 +52,6 @@ __all__ = ["main", "run_demo"]
 logger = logging.getLogger(__name__)
 
 DATA = BITCOIN_OTC
-
-
-def _read_topic(bootstrap: str, topic: str, group: str, kafka_client: str = DEFAULT_KAFKA_CLIENT) -> list:
-    consumer = open_consumer(kafka_client, bootstrap, topic, group)
-    out, idle = [], 0
-    try:
-        while idle < 4:
-            records = consumer.poll_batch(5000, 1.0)
-            out.extend(records)
-            idle = 0 if records else idle + (1 if consumer.assignment() else 0)
-    finally:
-        consumer.close()
-    return out
 
 
 def _percentile(values: list[float], q: float) -> float | None:
@@ -296,8 +283,8 @@ def run_demo(data: Path, out: Path, *, rate: float, limit: int = 0, epochs: int 
         if scorer.exitcode != 0:  # it may also have died while the worker ran
             raise SystemExit(f"the scorer process stopped with exit code {scorer.exitcode}")
         seconds = time.perf_counter() - t0
-        dead = _read_topic(broker.bootstrap, settings.dlq_topic, f"demo-dlq-{os.getpid()}", kafka_client)
-        scores = _read_topic(broker.bootstrap, SCORES_TOPIC, f"demo-scores-{os.getpid()}", kafka_client)
+        dead = read_to_end(kafka_client, broker.bootstrap, settings.dlq_topic)
+        scores = read_to_end(kafka_client, broker.bootstrap, SCORES_TOPIC, timeout_s=300.0)
     latest: dict[str, dict[str, Any]] = {}
     for r in scores:
         if r.value is None:

@@ -21,11 +21,12 @@ the same in both; other settings are the backend's own.
 from __future__ import annotations
 
 import importlib
+import time
 from typing import Any, Sequence
 
-from stream.clients import ConsumerClient, ProducerClient
+from stream.clients import ConsumerClient, ProducerClient, Record
 
-__all__ = ["KAFKA_CLIENTS", "DEFAULT_KAFKA_CLIENT", "open_consumer", "open_producer"]
+__all__ = ["KAFKA_CLIENTS", "DEFAULT_KAFKA_CLIENT", "open_consumer", "open_producer", "read_to_end"]
 
 KAFKA_CLIENTS = ("kafka-python", "confluent")
 """The backend names, in the order ``--kafka-client`` lists them."""
@@ -79,3 +80,28 @@ def open_producer(client: str, bootstrap: str, **kw: Any) -> ProducerClient:
     """
     module, _, producer = _backend(client)
     return getattr(module, producer)(bootstrap, **kw)
+
+
+
+def read_to_end(client: str, bootstrap: str, topic: str, *, timeout_s: float = 30.0) -> list[Record]:
+    """Every record of ``topic``, each partition's in order, up to where the partitions end by the time it
+    gets there: every partition assigned at once, no group to join.
+
+    Raises:
+        NoPartitionsError: the topic does not exist.
+        TimeoutError: the end was not reached within ``timeout_s``.
+    """
+    consumer = open_consumer(client, bootstrap, topic, f"gnnstream-reader-{topic}", assign_all=True)
+    out: list[Record] = []
+    deadline = time.monotonic() + timeout_s
+    try:
+        assigned = consumer.assignment()
+        while True:
+            out.extend(consumer.poll_batch(10_000, 0.3))
+            lag = consumer.lag()  # only partitions a fetch has answered for: every one must be there
+            if lag.keys() >= assigned and not any(lag.values()):
+                return out
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"could not read topic {topic!r} to its end within {timeout_s:g} s")
+    finally:
+        consumer.close()

@@ -42,7 +42,7 @@ import numpy as np
 import orjson
 
 from graph_state.transaction import Transaction
-from stream.backends import DEFAULT_KAFKA_CLIENT, open_consumer, open_producer
+from stream.backends import DEFAULT_KAFKA_CLIENT, open_consumer, open_producer, read_to_end
 from stream.rollout import CONTROL_TOPIC, Marker, encode_marker, marker_rank, version_topic
 
 if TYPE_CHECKING:
@@ -104,27 +104,20 @@ def read_rollout(bootstrap: str, *, topic: str = CONTROL_TOPIC, kafka_client: st
     from stream.kafka import ensure_topics
     ensure_topics(bootstrap, {topic: 1})
     try:
-        consumer = open_consumer(kafka_client, bootstrap, topic, "gnnstream-rollout-reader", assign_all=True)
+        records = read_to_end(kafka_client, bootstrap, topic, timeout_s=timeout_s)
     except NoPartitionsError:
         return []
+    except TimeoutError as exc:
+        raise RolloutError(str(exc)) from None
     out: list[dict[str, Any]] = []
-    deadline = time.monotonic() + timeout_s
-    try:
-        while True:
-            for r in consumer.poll_batch(10_000, 0.3):
-                try:
-                    record = orjson.loads(r.value or b"null")
-                except orjson.JSONDecodeError:
-                    continue
-                if isinstance(record, dict):
-                    out.append(record)
-            lag = consumer.lag()
-            if lag and not any(lag.values()):
-                return out
-            if time.monotonic() > deadline:
-                raise RolloutError(f"could not read topic {topic!r} to its end within {timeout_s:g} s")
-    finally:
-        consumer.close()
+    for r in records:
+        try:
+            record = orjson.loads(r.value or b"null")
+        except orjson.JSONDecodeError:
+            continue
+        if isinstance(record, dict):
+            out.append(record)
+    return out
 
 
 def _record(bootstrap: str, kafka_client: str, topic: str, key: str, value: dict[str, Any]) -> None:

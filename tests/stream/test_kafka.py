@@ -306,6 +306,28 @@ def test_high_watermarks_come_from_fetches(kafka_client: str, broker: EmbeddedBr
         assert consumer.high_watermarks() == {(topic, 0): 8}
 
 
+def test_read_to_end_reads_every_partition_without_a_group(kafka_client: str, broker: EmbeddedBroker,
+                                                          unique_name: Callable[[str], str]) -> None:
+    """Every record of every partition, in order per partition; an empty topic is []; a missing one is refused."""
+    from stream.backends import read_to_end
+    from stream.exceptions import NoPartitionsError
+    topic, empty = unique_name("all"), unique_name("empty")
+    ensure_topics(broker.bootstrap, {topic: 3, empty: 2})
+    produce(kafka_client, broker.bootstrap, topic, [(i, f"v{i}".encode()) for i in range(40)])
+    records = read_to_end(kafka_client, broker.bootstrap, topic)
+    assert sorted(r.value for r in records) == sorted(f"v{i}".encode() for i in range(40))
+    assert len({r.partition for r in records}) > 1
+    for p in {r.partition for r in records}:
+        offsets = [r.offset for r in records if r.partition == p]
+        assert offsets == list(range(len(offsets)))
+    again = read_to_end(kafka_client, broker.bootstrap, topic)  # no offsets kept between reads
+    by_place = lambda r: (r.partition, r.offset)  # noqa: E731
+    assert sorted(again, key=by_place) == sorted(records, key=by_place)
+    assert read_to_end(kafka_client, broker.bootstrap, empty) == []
+    with pytest.raises(NoPartitionsError):
+        read_to_end(kafka_client, broker.bootstrap, unique_name("missing"), timeout_s=5)
+
+
 def test_unknown_client_name_is_refused() -> None:
     with pytest.raises(ValueError, match="kafka-python, confluent"):
         open_consumer("librdkafka", "127.0.0.1:9", "t", "g")
