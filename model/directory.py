@@ -179,7 +179,8 @@ def load_model_dir(path: str | os.PathLike[str]) -> LoadedModel:
     for file in (config_path, weights_path):
         if not file.is_file():
             raise ModelFileMissing(f"model directory {str(directory)!r} has no {file.name}; a model directory "
-                                   f"needs {CONFIG_FILE} and {WEIGHTS_FILE} (write both with save_model_dir)")
+                                   f"needs {CONFIG_FILE} and {WEIGHTS_FILE}: create one with `gnnstream model "
+                                   f"init` or `gnnstream train` (save_model_dir in Python)")
     try:
         raw = json.loads(config_path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:

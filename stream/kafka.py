@@ -49,6 +49,7 @@ __all__ = [
     "EventConsumer",
     "Producer",
     "ensure_topics",
+    "topic_names",
 ]
 
 logger = logging.getLogger(__name__)
@@ -120,6 +121,32 @@ def _limit_repeats() -> None:
 _limit_repeats()
 
 
+def _admin(bootstrap: str, timeout_s: float) -> KafkaAdminClient:
+    timeout_ms = int(timeout_s * 1000)
+    try:
+        return KafkaAdminClient(bootstrap_servers=bootstrap, client_id="gnnstream-admin",
+                                request_timeout_ms=timeout_ms, bootstrap_timeout_ms=timeout_ms)
+    except KafkaError as exc:
+        raise TopicSetupError(f"cannot reach Kafka at {bootstrap} ({exc}); is the broker running "
+                              "and is --bootstrap right?") from exc
+
+
+def topic_names(bootstrap: str, timeout_s: float = 30.0) -> set[str]:
+    """The topics that exist (asked with an admin client: a consumer of a missing topic can make the broker
+    create it).
+
+    Raises:
+        TopicSetupError: the broker cannot be reached.
+    """
+    admin = _admin(bootstrap, timeout_s)
+    try:
+        return set(admin.list_topics())
+    except KafkaError as exc:
+        raise TopicSetupError(f"listing the topics on {bootstrap} failed: {exc}") from exc
+    finally:
+        admin.close()
+
+
 def ensure_topics(bootstrap: str, topics: Mapping[str, int], *, replication_factor: int = 1,
                   timeout_s: float = 30.0) -> list[str]:
     """Create the topics that do not exist yet (idempotent).
@@ -142,12 +169,7 @@ def ensure_topics(bootstrap: str, topics: Mapping[str, int], *, replication_fact
         if not name or isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1:
             raise ValueError(f"Expected a topic name and a partition count >= 1 (got {name!r}: {partitions!r})")
     timeout_ms = int(timeout_s * 1000)
-    try:
-        admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="gnnstream-admin",
-                                 request_timeout_ms=timeout_ms, bootstrap_timeout_ms=timeout_ms)
-    except KafkaError as exc:
-        raise TopicSetupError(f"cannot reach Kafka at {bootstrap} ({exc}); is the broker running "
-                              "and is --bootstrap right?") from exc
+    admin = _admin(bootstrap, timeout_s)
     try:
         existing = set(admin.list_topics())
         missing = {name: n for name, n in topics.items() if name not in existing}

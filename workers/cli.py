@@ -4,7 +4,9 @@ Every command prints a JSON summary on stdout (progress goes to stderr), so
 it can be scripted; ``gnnstream COMMAND --help`` explains each option. An
 error is one line on stderr, ``gnnstream: error: ...``, naming what failed
 and what to do, with exit status 2 (``-v`` shows the traceback instead).
-Files given with ``--out`` are replaced whole or not at all.
+Files given with ``--out`` are replaced whole or not at all. A reader of
+stdout that goes away (``| head``) ends the command quietly, with status 141
+as for a command ended by SIGPIPE.
 """
 
 from __future__ import annotations
@@ -13,12 +15,17 @@ import argparse
 import errno
 import json
 import logging
+import os
+import select
 import signal
+import stat
 import sys
-from typing import Any, Sequence
+from contextlib import contextmanager
+from typing import IO, Any, Iterator, Sequence
 
 from workers.atomic import atomic_output
 from workers.heap import tune_collector
+from workers.settings import finite_number, port_number, whole_number
 
 __all__ = ["main", "build_parser"]
 
@@ -33,6 +40,54 @@ def _fanouts(text: str) -> list[int]:
     if not values or any(v < 0 for v in values):
         raise argparse.ArgumentTypeError(f"expected non-negative fanouts like 25,10 (got {text!r})")
     return values
+
+
+def _model_name(text: str) -> str:
+    from stream.rollout import version_topic
+    try:
+        version_topic(f"{text}:1")
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a name of letters, digits, '.', '_' or '-' like otc-sage "
+                                         f"(got {text!r})") from None
+    return text
+
+
+def _model_version(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"expected a non-negative whole number like 2 (got {text!r})")
+    return int(text)
+
+
+def _events_path(path: str) -> str:
+    """Refuse an events path that exists but is no regular file (a directory, a device, a pipe)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return path  # a missing file is reported by the command, before it creates anything
+    if not stat.S_ISREG(mode):
+        kind = ("a directory" if stat.S_ISDIR(mode) else "a named pipe" if stat.S_ISFIFO(mode)
+                else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "no regular file")
+        raise ValueError(f"events file {path!r} is {kind}; name a regular file of JSON lines, one event each")
+    return path
+
+
+@contextmanager
+def _output(path: str, mode: str = "w") -> Iterator[IO[Any]]:
+    """``atomic_output``, with errors naming ``path`` (or its missing directory), not the temporary file."""
+    target = os.path.realpath(path)
+    prefix = os.path.join(os.path.dirname(target), f".{os.path.basename(target)}.")
+    try:
+        with atomic_output(path, mode) as fh:
+            yield fh
+    except OSError as exc:
+        if not (isinstance(exc.filename, str) and exc.filename.startswith(prefix)):
+            raise
+        folder = os.path.dirname(path) or "."
+        if isinstance(exc, FileNotFoundError) and not os.path.isdir(folder):
+            raise FileNotFoundError(errno.ENOENT, f"cannot write {path!r}: no directory {folder!r}; create it "
+                                                  f"first or name another path") from None
+        exc.filename, exc.filename2 = path, None
+        raise
 
 
 def _print(obj: Any) -> None:
@@ -50,7 +105,7 @@ def _warn_invalid(summary: dict[str, Any], events: str) -> None:
 # ---------------------------------------------------------------------- handlers
 def _graph_load(args: argparse.Namespace) -> int:
     from workers.offline import load_events
-    summary = load_events(args.state, args.events, seed=args.seed, model_dir=args.model, batch=args.batch,
+    summary = load_events(args.state, _events_path(args.events), seed=args.seed, model_dir=args.model, batch=args.batch,
                           report=args.report, dead_letters=args.dead_letters)
     _print(summary)
     _warn_invalid(summary, args.events)
@@ -100,7 +155,7 @@ def _embeddings(args: argparse.Namespace) -> int:
     if args.out == "-":
         count = export_embeddings(args.state, sys.stdout)
     else:
-        with atomic_output(args.out) as fh:
+        with _output(args.out) as fh:
             count = export_embeddings(args.state, fh)
     print(json.dumps({"embeddings": count, "out": args.out}), file=sys.stderr)
     return 0
@@ -108,7 +163,7 @@ def _embeddings(args: argparse.Namespace) -> int:
 
 def _apply(args: argparse.Namespace) -> int:
     from workers.offline import apply_events
-    summary = apply_events(args.state, args.model, args.events, batch=args.batch, seed=args.seed,
+    summary = apply_events(args.state, args.model, _events_path(args.events), batch=args.batch, seed=args.seed,
                            hub_bound=args.hub_bound, report=args.report, dead_letters=args.dead_letters)
     _print(summary)
     _warn_invalid(summary, args.events)
@@ -135,7 +190,7 @@ def _events_from_snap(args: argparse.Namespace) -> int:
     if args.limit:
         rows = rows[: args.limit]
     count = 0
-    with atomic_output(args.out, "wb") as fh:
+    with _output(args.out, "wb") as fh:
         for ev in snap_events(rows, with_features=not args.no_features):
             fh.write(encode_event(ev) + b"\n")
             count += 1
@@ -177,7 +232,7 @@ def _produce(args: argparse.Namespace) -> int:
 
 
 def _tail(args: argparse.Namespace) -> int:
-    from workers.replay import tail_embeddings
+    from workers.replay import tail_embeddings, wait_for_topic
     topic = args.output_topic
     if not topic:
         from stream.rollout import version_topic
@@ -188,6 +243,7 @@ def _tail(args: argparse.Namespace) -> int:
             raise RolloutError(f"no worker has recorded a version in topic {args.control_topic!r} yet; name one "
                                f"with --model-id NAME:VERSION or the topic with --output-topic")
         topic = version_topic(model)
+    wait_for_topic(args.bootstrap, topic, timeout_s=args.idle)
     tail_embeddings(args.bootstrap, topic=topic, from_beginning=args.from_beginning,
                     max_messages=args.max, idle_s=args.idle, kafka_client=args.kafka_client)
     return 0
@@ -257,22 +313,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=None,
                    help="sampling seed of a new state without --model (default 0); with --model it must be the "
                         "model's")
-    p.add_argument("--batch", type=int, default=1000,
+    p.add_argument("--batch", type=whole_number(1), default=1000,
                    help="events per atomic batch after the table files (default 1000)")
     _invalid_args(p)
     p.set_defaults(func=_graph_load)
     p = gsub.add_parser("show", help="print a node's neighbours, sample and features as JSON (read-only)")
     _state_arg(p)
     p.add_argument("node", metavar="NODE", help="node id")
-    p.add_argument("--fanout", type=int, default=10, help="sample size k to show (default 10)")
-    p.add_argument("--limit", type=int, default=100, help="at most this many neighbours (default 100)")
+    p.add_argument("--fanout", type=whole_number(0), default=10, help="sample size k to show (default 10)")
+    p.add_argument("--limit", type=whole_number(0), default=100, help="at most this many neighbours (default 100)")
     p.set_defaults(func=_graph_show)
 
     mdl = sub.add_parser("model", help="create model directories")
     msub = mdl.add_subparsers(dest="model_command", required=True, metavar="SUBCOMMAND")
     p = msub.add_parser("init", help="create a randomly initialised model directory (config.json + weights.pt)")
-    p.add_argument("dir", metavar="DIR")
-    p.add_argument("--arch", choices=["sage", "gcn", "gat"], default="sage")
+    p.add_argument("dir", metavar="DIR", help="the model directory to create (refused if it holds a model, "
+                                             "unless --force)")
+    p.add_argument("--arch", choices=["sage", "gcn", "gat"], default="sage",
+                   help="layer type: sage (GraphSAGE), gcn or gat (default sage)")
     p.add_argument("--in-dim", type=int, required=True, help="node feature dimension")
     p.add_argument("--hidden", type=int, default=64, help="hidden width (default 64)")
     p.add_argument("--out-dim", type=int, default=64, help="embedding dimension (default 64)")
@@ -280,8 +338,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fanouts", type=_fanouts, default=[25, 10], help="per-layer sample sizes (default 25,10)")
     p.add_argument("--seed", type=int, default=0, help="sampling and init seed (default 0)")
     p.add_argument("--heads", type=int, default=1, help="attention heads, gat only (default 1)")
-    p.add_argument("--name", default="model", help="model name published as NAME:VERSION")
-    p.add_argument("--version", type=int, default=1)
+    p.add_argument("--name", type=_model_name, default="model",
+                   help="model name; the model is published as NAME:VERSION, to node-embeddings.NAME.vVERSION "
+                        "(default model)")
+    p.add_argument("--version", type=_model_version, default=1,
+                   help="model version, a non-negative integer (default 1)")
     p.add_argument("--cold-start", choices=["plain", "feature_only"], default="plain",
                    help="cold-start policy (default plain: the contract of docs/design.md)")
     p.add_argument("--min-neighbours", type=int, default=2, help="feature_only threshold (default 2)")
@@ -311,13 +372,13 @@ def build_parser() -> argparse.ArgumentParser:
                                    "the last run stopped. Invalid lines (a node_upsert whose feature count is not "
                                    "the model's in_dim included) are skipped and counted, never a stop.")
     _state_arg(p)
-    p.add_argument("events", metavar="EVENTS.jsonl")
+    p.add_argument("events", metavar="EVENTS.jsonl", help="one JSON event per line (see docs/design.md)")
     p.add_argument("--model", default=None, metavar="DIR",
                    help="model directory (default: the one the state uses; needed to create a state; a model "
                         "other than the state's is refused: switch with backfill)")
-    p.add_argument("--batch", type=int, default=1000, help="events per batch (default 1000)")
+    p.add_argument("--batch", type=whole_number(1), default=1000, help="events per batch (default 1000)")
     p.add_argument("--seed", type=int, default=None, help="sampling seed; must be the model's (default: the model's)")
-    p.add_argument("--hub-bound", type=int, default=50_000,
+    p.add_argument("--hub-bound", type=whole_number(0), default=50_000,
                    help="dependents above which hub propagation is deferred and coalesced (default 50000)")
     _invalid_args(p)
     p.set_defaults(func=_apply)
@@ -338,7 +399,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default=None, metavar="DIR",
                    help="model directory (default: the one the state uses); another model than the state's is "
                         "an error, not a switch")
-    p.add_argument("--atol", type=float, default=1e-4, help="max abs difference allowed (default 1e-4)")
+    p.add_argument("--atol", type=finite_number(0), default=1e-4,
+                   help="max abs difference allowed, a number >= 0 (default 1e-4)")
     p.set_defaults(func=_verify)
 
     p = sub.add_parser("snapshot", help="copy a state directory, also while a worker runs on it",
@@ -367,9 +429,11 @@ def build_parser() -> argparse.ArgumentParser:
     ev = sub.add_parser("events", help="build event files")
     esub = ev.add_subparsers(dest="events_command", required=True, metavar="SUBCOMMAND")
     p = esub.add_parser("from-snap", help="turn a SNAP signed-network CSV into JSONL events with node features")
-    p.add_argument("csv", metavar="FILE.csv")
+    p.add_argument("csv", metavar="FILE.csv", help="SNAP signed-network CSV, plain or gzipped: lines "
+                                                  "SOURCE,TARGET,RATING,TIME")
     p.add_argument("--out", required=True, metavar="EVENTS.jsonl", help="output file, replaced only once complete")
-    p.add_argument("--limit", type=int, default=0, help="only the first N ratings by time")
+    p.add_argument("--limit", type=whole_number(0, None, "0 = all"), default=0,
+                   help="only the first N ratings by time (default 0: all)")
     p.add_argument("--no-features", action="store_true", help="edges only")
     p.set_defaults(func=_events_from_snap)
 
@@ -381,7 +445,8 @@ def _streaming_commands(sub: Any) -> None:
     from workers.settings import add_worker_arguments
 
     p = sub.add_parser("broker", help="run the embedded Kafka-protocol broker (Tansu) in the foreground; Ctrl-C stops it")
-    p.add_argument("--port", type=int, default=None, help="loopback port (default: a free one, printed)")
+    p.add_argument("--port", type=port_number(None), default=None,
+                   help="loopback port, 1..65535 (default: a free one, printed)")
     p.set_defaults(func=_broker)
 
     p = sub.add_parser("run", help="run the streaming worker: consume graph events, publish embeddings",
@@ -389,7 +454,7 @@ def _streaming_commands(sub: Any) -> None:
                                    "the embeddings each event changes and publish them. Every option falls back "
                                    "to the GNNSTREAM_* environment variable shown.")
     add_worker_arguments(p)
-    p.add_argument("--exit-when-idle", type=float, default=None, metavar="SECONDS",
+    p.add_argument("--exit-when-idle", type=finite_number(0), default=None, metavar="SECONDS",
                    help="stop after this many seconds without events (default: run until SIGTERM/SIGINT)")
     p.set_defaults(func=_run)
 
@@ -407,8 +472,10 @@ def _streaming_commands(sub: Any) -> None:
     p.add_argument("file", metavar="FILE", help="JSONL events, or a SNAP signed-network CSV with --format snap")
     p.add_argument("--format", choices=["jsonl", "snap"], default="jsonl",
                    help="jsonl (default) or snap: replayed in time order with derived node features")
-    p.add_argument("--rate", type=float, default=0.0, help="events per second (default 0: as fast as possible)")
-    p.add_argument("--limit", type=int, default=0, help="only the first N events")
+    p.add_argument("--rate", type=finite_number(0), default=0.0,
+                   help="events per second (default 0: as fast as possible)")
+    p.add_argument("--limit", type=whole_number(0, None, "0 = all"), default=0,
+                   help="only the first N events (default 0: all)")
     p.set_defaults(func=_produce)
 
     def _train_fraction(text: str) -> float:
@@ -429,29 +496,16 @@ def _streaming_commands(sub: Any) -> None:
             raise argparse.ArgumentTypeError(f"expected at least 1 epoch (got {text!r})")
         return value
 
-    def _model_name(text: str) -> str:
-        from stream.rollout import version_topic
-        try:
-            version_topic(f"{text}:1")
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a name of letters, digits, '.', '_' or '-' like otc-sage "
-                                             f"(got {text!r})") from None
-        return text
-
-    def _model_version(text: str) -> int:
-        if not text.isdigit():
-            raise argparse.ArgumentTypeError(f"expected a non-negative whole number like 2 (got {text!r})")
-        return int(text)
-
     p = sub.add_parser("train", help="train a GraphSAGE model and a logistic fraud head on Bitcoin OTC")
     p.add_argument("--events", required=True, metavar="FILE.csv", help="SNAP signed-network CSV (Bitcoin OTC)")
     p.add_argument("--out", required=True, metavar="MODEL_DIR", help="model directory to write (servable by run)")
     p.add_argument("--force", action="store_true", help="overwrite an existing non-empty MODEL_DIR")
     p.add_argument("--train-fraction", type=_train_fraction, default=0.7,
                    help="first fraction of ratings by time, between 0 and 1 (default 0.7)")
-    p.add_argument("--hidden", type=int, default=64)
-    p.add_argument("--out-dim", type=int, default=32)
-    p.add_argument("--fanouts", type=_fanouts, default=[25, 10])
+    p.add_argument("--hidden", type=int, default=64, help="hidden width of the GraphSAGE layers (default 64)")
+    p.add_argument("--out-dim", type=int, default=32, help="embedding dimension (default 32)")
+    p.add_argument("--fanouts", type=_fanouts, default=[25, 10],
+                   help="per-layer neighbour sample sizes, one per layer (default 25,10)")
     p.add_argument("--seed", type=int, default=0,
                    help="seed of the initial weights and of the model's neighbour sampling (default 0)")
     p.add_argument("--epochs", type=_epochs, default=300, help="training epochs, at least 1 (default 300)")
@@ -494,7 +548,7 @@ def _streaming_commands(sub: Any) -> None:
                    help="topic the serving scores are published to (default fraud-scores)")
     p.add_argument("--scorer-group", default="gnnstream-fraud-scorer",
                    help="consumer group of the scorer (default gnnstream-fraud-scorer)")
-    p.add_argument("--exit-when-idle", type=float, default=None, metavar="SECONDS",
+    p.add_argument("--exit-when-idle", type=finite_number(0), default=None, metavar="SECONDS",
                    help="stop (and print the summary) after this many seconds without an update (default: never)")
     p.set_defaults(func=_score)
 
@@ -504,8 +558,12 @@ def _streaming_commands(sub: Any) -> None:
                    help="print that version's updates (its topic); default: the serving version's, as the rollout "
                         "topic records it")
     p.add_argument("--from-beginning", action="store_true", help="start at the earliest update")
-    p.add_argument("--max", type=int, default=0, help="stop after N updates (default: never)")
-    p.add_argument("--idle", type=float, default=0.0, help="stop after this many idle seconds (default: never)")
+    p.add_argument("--max", type=whole_number(0, None, "0 = no limit"), default=0,
+                   help="stop after N updates (default 0: never)")
+    p.add_argument("--idle", type=finite_number(0, "0 = never"), default=0.0,
+                   help="stop after this many seconds without an update, counted once the consumer has "
+                        "partitions; a topic that still does not exist after this long is an error (default 0: "
+                        "never; a missing topic is waited for)")
     p.set_defaults(func=_tail)
 
 
@@ -516,15 +574,38 @@ def main(argv: Sequence[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     tune_collector()
     try:
-        return args.func(args)
+        status = args.func(args)
+        sys.stdout.flush()
+        return status
     except KeyboardInterrupt:
         return 130
     except Exception as exc:
+        if isinstance(exc, BrokenPipeError) and _stdout_closed():
+            return _STATUS_SIGPIPE
         message = _error_line(exc, args)
         if message is None or args.verbose:
             raise
         print(f"gnnstream: error: {message}", file=sys.stderr)
         return 2
+
+
+_STATUS_SIGPIPE = 128 + signal.SIGPIPE  # what the shell reports for a command ended by SIGPIPE, as `cat | head`
+
+
+def _stdout_closed() -> bool:
+    """Whether stdout is a pipe whose reader has gone (``gnnstream ... | head``); then it is left quietly."""
+    try:
+        fd = sys.stdout.fileno()
+        poll = select.poll()
+        poll.register(fd, select.POLLOUT)
+        if not any(events & (select.POLLERR | select.POLLHUP) for _, events in poll.poll(0)):
+            return False
+    except (OSError, ValueError, AttributeError):  # no file descriptor (captured), or no poll()
+        return False
+    devnull = os.open(os.devnull, os.O_WRONLY)  # the interpreter's last flush at exit must not fail again
+    os.dup2(devnull, fd)
+    os.close(devnull)
+    return True
 
 
 # RocksDB reports errors as plain ``Exception`` whose text starts with its status

@@ -17,16 +17,18 @@ from typing import Any, Iterator
 
 from stream.events import encode_event, event_key
 from stream.backends import DEFAULT_KAFKA_CLIENT, open_consumer, open_producer
-from stream.kafka import ensure_topics
-from stream.exceptions import InvalidUpdate
+from stream.clients import ConsumerClient
+from stream.kafka import ensure_topics, topic_names
+from stream.exceptions import InvalidUpdate, StreamError
 from stream.updates import decode_update
 from workers.offline import _bar
 
-__all__ = ["produce_file", "tail_embeddings", "iter_file_messages"]
+__all__ = ["produce_file", "tail_embeddings", "iter_file_messages", "wait_for_topic"]
 
 logger = logging.getLogger(__name__)
 
 _PACE_S = 0.002  # a paced replay sleeps once it is this far ahead of its rate
+_JOIN_WAIT_S = 20.0  # a tail that has no partitions after this long (or its idle time, if longer) checks the topic
 
 
 def iter_file_messages(path: str, fmt: str = "jsonl") -> Iterator[tuple[bytes | None, bytes]]:
@@ -55,10 +57,10 @@ def produce_file(bootstrap: str, path: str, *, topic: str = "graph-events", fmt:
                  kafka_client: str = DEFAULT_KAFKA_CLIENT) -> dict[str, Any]:
     """Send every event of ``path`` with the named client (:data:`stream.backends.KAFKA_CLIENTS`); returns counts
     and the achieved rate."""
-    ensure_topics(bootstrap, {topic: partitions})
-    messages = list(iter_file_messages(path, fmt))
+    messages = list(iter_file_messages(path, fmt))  # a missing or bad file fails before Kafka is touched
     if limit:
         messages = messages[:limit]
+    ensure_topics(bootstrap, {topic: partitions})
     t0 = time.perf_counter()
     with open_producer(kafka_client, bootstrap) as producer, _bar(len(messages), "produce") as bar:
         for i, (key, value) in enumerate(messages):
@@ -84,20 +86,37 @@ def tail_embeddings(bootstrap: str, *, topic: str = "node-embeddings", from_begi
     A deleted node prints ``<key> deleted``; a message that is not an update prints
     ``<key> invalid <topic>/<partition>@<offset> <reason>: <detail>``. Both count. ``idle_s`` stops the
     tail after that many seconds without a message, counted once the consumer has partitions assigned
-    (joining the group can take longer than ``idle_s``).
+    (joining the group can take longer than ``idle_s``), or, when none were assigned in ``max(idle_s, 20 s)``,
+    from then on. The tail never creates ``topic``; if it does not exist by then, a tail with ``idle_s``
+    stops with an error, and one without says so on stderr and waits for it.
+
+    Raises:
+        StreamError: with ``idle_s``, ``topic`` does not exist, or none of its partitions was ever assigned.
     """
     out = out or sys.stdout
     group = f"gnnstream-tail-{uuid.uuid4().hex[:8]}"
-    consumer = open_consumer(kafka_client, bootstrap, topic, group,
+    consumer = open_consumer(kafka_client, bootstrap, topic, group, allow_auto_create_topics=False,
                              auto_offset_reset="earliest" if from_beginning else "latest")
     count = 0
-    last = time.monotonic()
+    start = last = time.monotonic()
+    join_wait = max(idle_s, _JOIN_WAIT_S)
+    joined = checked = False
     try:
         while not max_messages or count < max_messages:
             records = consumer.poll_batch(500, 0.5)
-            if records or not consumer.assignment():  # idle time counts once partitions are assigned
-                last = time.monotonic()
-            elif idle_s and time.monotonic() - last > idle_s:
+            now = time.monotonic()
+            assigned = bool(consumer.assignment())
+            joined = joined or assigned
+            if not joined and not checked and now - start > join_wait:
+                checked = True
+                _check_topic(consumer, bootstrap, topic, stop=bool(idle_s))
+            counting = assigned or (not joined and now - start > join_wait)  # a join can take long
+            if records or not counting:
+                last = now
+            elif idle_s and now - last > idle_s:
+                if not joined:
+                    raise StreamError(f"no partition of topic {topic!r} was assigned to the tail in "
+                                      f"{now - start:.0f} s; check that the broker at {bootstrap} is healthy")
                 break
             for r in records:
                 node = (r.key or b"").decode(errors="replace")
@@ -120,3 +139,35 @@ def tail_embeddings(bootstrap: str, *, topic: str = "node-embeddings", from_begi
     finally:
         consumer.close()
     return count
+
+
+def wait_for_topic(bootstrap: str, topic: str, timeout_s: float = 0.0) -> None:
+    """Return once ``topic`` exists, asking the broker every second; without ``timeout_s`` (0), say on stderr
+    that it does not exist yet and wait for ever.
+
+    Raises:
+        StreamError: with ``timeout_s``, the topic still does not exist after that many seconds.
+    """
+    start = time.monotonic()
+    warned = False
+    while topic not in topic_names(bootstrap):
+        if timeout_s and time.monotonic() - start >= timeout_s:
+            raise StreamError(_missing(bootstrap, topic))
+        if not timeout_s and not warned:
+            print(f"gnnstream: warning: {_missing(bootstrap, topic)}; waiting for it", file=sys.stderr)
+            warned = True
+        time.sleep(1.0)
+
+
+def _missing(bootstrap: str, topic: str) -> str:
+    return f"topic {topic!r} does not exist at {bootstrap}; check its name (--output-topic, or --model-id NAME:VERSION)"
+
+
+def _check_topic(consumer: ConsumerClient, bootstrap: str, topic: str, stop: bool) -> None:
+    """Say that ``topic`` does not exist: an error when ``stop``, else a line on stderr."""
+    try:
+        consumer.partitions_of(topic, timeout_s=2.0)
+    except StreamError:
+        if stop:
+            raise StreamError(_missing(bootstrap, topic)) from None
+        print(f"gnnstream: warning: {_missing(bootstrap, topic)}; waiting for it", file=sys.stderr)

@@ -10,11 +10,12 @@ import argparse
 import math
 import os
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, Callable
 
 from stream.backends import DEFAULT_KAFKA_CLIENT, KAFKA_CLIENTS
 
-__all__ = ["WorkerSettings", "add_worker_arguments", "settings_from_args", "ENV_PREFIX"]
+__all__ = ["WorkerSettings", "add_worker_arguments", "settings_from_args", "ENV_PREFIX", "whole_number",
+           "finite_number", "port_number"]
 
 ENV_PREFIX = "GNNSTREAM_"
 
@@ -57,24 +58,20 @@ class WorkerSettings:
             if value not in allowed:
                 raise ValueError(f"{name} must be one of {', '.join(allowed)} (got {value!r}); set "
                                  f"--{name.replace('_', '-')} or {_env_name(name)}")
-        for name in ("batch_size", "max_batch_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1 (got {getattr(self, name)!r}); set "
+        for name, (low, high, note) in _BOUNDS.items():
+            value = getattr(self, name)
+            if not _within(value, low, high):
+                kind = type(getattr(WorkerSettings, name))
+                raise ValueError(f"{name} must be {_describe(kind, low, high, note)} (got {value!r}); set "
                                  f"--{name.replace('_', '-')} or {_env_name(name)}")
-        for name in ("broker_wait_s", "drain_timeout_s"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0 (got {getattr(self, name)!r}); set "
-                                 f"--{name.replace('_', '-')} or {_env_name(name)}")
-        if not 0 <= self.min_change < math.inf:  # NaN fails too
-            raise ValueError(f"min_change must be a finite number >= 0 (got {self.min_change!r}); set "
-                             f"--min-change or {_env_name('min_change')}")
 
 
 _HELP = {
     "bootstrap": "Kafka bootstrap servers host:port[,host:port]",
     "kafka_client": "Kafka client library: kafka-python (pure Python) or confluent (confluent-kafka, librdkafka)",
     "state": "graph state directory (RocksDB), the source of truth",
-    "model": "model directory (config.json + weights.pt); default: the one the state uses",
+    "model": "model directory (config.json + weights.pt); default: the one the state uses (required to create "
+             "a state)",
     "events_topic": "topic of graph events",
     "output_topic": "topic embeddings are published to (default: the model version's own topic, "
                     "node-embeddings.NAME.vVERSION; see docs/operations.md, Model rollout)",
@@ -122,6 +119,69 @@ _CHOICES = {"kafka_client": KAFKA_CLIENTS, "output_format": ("json", "binary"),
             "on_offset_reset": ("fail", "earliest", "latest")}
 
 
+# the range of each numeric setting: (lowest, highest or None, what 0 means or "")
+_BOUNDS: dict[str, tuple[float, float | None, str]] = {
+    "partitions": (1, None, ""),
+    "batch_size": (1, None, ""),
+    "max_batch_size": (1, None, ""),
+    "batch_wait_ms": (0, None, ""),
+    "metrics_port": (0, 65535, "0 = off"),
+    "query_port": (0, 65535, "0 = off"),
+    "hub_bound": (0, None, ""),
+    "max_staleness_s": (0, None, ""),
+    "session_timeout_ms": (1, 3_600_000, ""),  # librdkafka's range
+    "max_event_bytes": (1, None, ""),
+    "broker_wait_s": (0, None, "0 = keep retrying"),
+    "drain_timeout_s": (0, None, "0 = do not drain"),
+    "min_change": (0, None, ""),
+}
+
+
+def _within(value: float, low: float, high: float | None) -> bool:
+    return math.isfinite(value) and value >= low and (high is None or value <= high)  # NaN fails too
+
+
+def _describe(kind: type, low: float, high: float | None, note: str = "") -> str:
+    what = "a finite number" if kind is float else "a port" if high == 65535 else "an integer"
+    span = f"in {low}..{high}" if high is not None else f">= {low}"
+    return f"{what} {span}" + (f" ({note})" if note else "")
+
+
+class _FromEnv(str):
+    """A flag's default taken from its environment variable, so that a bad value names the variable."""
+
+    env = ""
+
+
+def _bounded(kind: type, low: float, high: float | None = None, note: str = "") -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            value = math.nan
+        if not _within(value, low, high):
+            where = f" from {text.env}" if isinstance(text, _FromEnv) else ""
+            raise argparse.ArgumentTypeError(f"expected {_describe(kind, low, high, note)} (got {text!r}{where})")
+        return value
+    return parse
+
+
+def whole_number(low: int, high: int | None = None, note: str = "") -> Callable[[str], int]:
+    """An argparse ``type``: an integer in ``low..high`` (``high`` None: no limit); ``note`` says what a value
+    means, e.g. ``"0 = all"``."""
+    return _bounded(int, low, high, note)
+
+
+def finite_number(low: float, note: str = "") -> Callable[[str], float]:
+    """An argparse ``type``: a finite float ``>= low`` (NaN and infinities are refused)."""
+    return _bounded(float, low, None, note)
+
+
+def port_number(zero: str | None) -> Callable[[str], int]:
+    """An argparse ``type``: a TCP port, 1..65535, or 0..65535 where ``zero`` says what 0 means."""
+    return _bounded(int, 0 if zero else 1, 65535, f"0 = {zero}" if zero else "")
+
+
 def _env_name(field_name: str) -> str:
     return ENV_PREFIX + field_name.upper()
 
@@ -134,13 +194,21 @@ def add_worker_arguments(parser: argparse.ArgumentParser, only: tuple[str, ...] 
         env = _env_name(f.name)
         kind = type(f.default) if f.default is not None else str
         # a string default is parsed by argparse like the flag: a bad value is a usage error, not a traceback
-        default = os.environ.get(env, f.default)
+        default: Any = f.default
+        if env in os.environ:
+            default = _FromEnv(os.environ[env])
+            default.env = env
         flag = "--" + f.name.replace("_", "-")
         extra: dict[str, Any] = {}
         if f.name in _CHOICES:
             extra["choices"] = list(_CHOICES[f.name])
-        parser.add_argument(flag, dest=f.name, type=kind, default=default,
-                            help=f"{_HELP[f.name]} (env {env}; default {f.default if f.default != '' else 'unset'})",
+        if f.name in _BOUNDS:
+            kind = _bounded(kind, *_BOUNDS[f.name])
+        if f.default not in (None, ""):
+            shown = f"; default {f.default}"
+        else:  # the help text says what happens when it is not set
+            shown = "" if "default" in _HELP[f.name] else "; default unset"
+        parser.add_argument(flag, dest=f.name, type=kind, default=default, help=f"{_HELP[f.name]} (env {env}{shown})",
                             **extra)
 
 
