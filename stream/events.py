@@ -31,7 +31,8 @@ dead-letter headers):
 ``bad_id``          an id that is not a string/integer, too long, bad unicode
 ``empty_id``        an id that is ``""``
 ``bad_type``        a number that is not a number, features not a list
-``not_finite``      NaN, Infinity or a number too large for a float
+``not_finite``      NaN, Infinity or a number too large for a float; in
+                    ``check_features``, a feature beyond ±1e15
 ``bad_ts``          a negative timestamp
 ``bad_features``    an empty feature list
 ==================  ==========================================================
@@ -59,6 +60,7 @@ __all__ = [
     "decode_event",
     "decode_event_json",
     "check_features",
+    "MAX_FEATURE",
     "encode_event",
     "event_key",
 ]
@@ -236,7 +238,9 @@ def decode_event(obj: Any) -> Event:
     return NodeDelete(_node_id(obj["id"], "id"), ts)
 
 
-_F32_MAX = 3.4028234663852886e38  # the largest float32: features are stored as float32
+MAX_FEATURE = 1e15
+"""The largest feature magnitude a model takes: the layers' sums over neighbours and weights grow a feature by
+several orders of magnitude, and must stay finite in float32 (at most about 3.4e38)."""
 
 
 def check_features(ev: Event, dim: int, expected: str = "the model expects") -> None:
@@ -246,14 +250,15 @@ def check_features(ev: Event, dim: int, expected: str = "the model expects") -> 
         expected: who expects ``dim``, for the message (``"the model expects"``).
 
     Raises:
-        InvalidEvent: ``wrong_feature_length``, or ``not_finite`` for a feature beyond the float32 range.
+        InvalidEvent: ``wrong_feature_length``, or ``not_finite`` for a feature beyond ±:data:`MAX_FEATURE`.
     """
     if not isinstance(ev, NodeUpsert):
         return
     if len(ev.features) != dim:
         raise InvalidEvent("wrong_feature_length", f"node {ev.id!r} has {len(ev.features)} features, {expected} {dim}")
-    if max(map(abs, ev.features)) > _F32_MAX:
-        raise InvalidEvent("not_finite", f"a feature of node {ev.id!r} is beyond the float32 range")
+    if max(map(abs, ev.features)) > MAX_FEATURE:
+        raise InvalidEvent("not_finite", f"a feature of node {ev.id!r} is beyond ±{MAX_FEATURE:g}, where the "
+                                         f"model's sums could overflow float32")
 
 
 def _reject_constant(name: str) -> float:

@@ -267,6 +267,34 @@ def test_apply_skips_invalid_lines_and_resumes(capsys: pytest.CaptureFixture, tm
                             what="apply with invalid lines vs PyG reference")
 
 
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_features_at_the_largest_magnitude_give_finite_embeddings(capsys: pytest.CaptureFixture, tmp_path: Path,
+                                                                  model_dirs: dict[str, Path], arch: str) -> None:
+    """Features of ±MAX_FEATURE on a dense little graph still give finite, exact embeddings; one beyond it
+    (which overflowed float32 in the layers) is skipped as ``not_finite`` instead of stopping the stream."""
+    from stream.events import MAX_FEATURE
+    lines = [{"op": "node_upsert", "id": str(v), "ts": 1, "features": [MAX_FEATURE * (-1) ** (v + i)
+                                                                       for i in range(8)]} for v in range(12)]
+    lines += [{"op": "edge_upsert", "src": str(a), "dst": str(b), "ts": 2} for a in range(12) for b in range(12)
+              if a != b]
+    lines.append({"op": "node_upsert", "id": "q", "ts": 3, "features": [3e38] * 8})
+    lines.append({"op": "edge_upsert", "src": "q", "dst": "1", "ts": 3})
+    path = tmp_path / "big.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    state = tmp_path / "state"
+    summary = json.loads(_ok(run_cli(capsys, "apply", "--state", state, "--model", model_dirs[arch], path),
+                             "apply"))
+    assert summary["invalid"] == 1 and summary["events"] == len(lines) - 1, summary
+    (skipped,) = [json.loads(line) for line in (state / "invalid-big.jsonl").read_text().splitlines()]
+    assert skipped["reason"] == "not_finite" and skipped["line"] == len(lines) - 1, skipped
+    rc, out, err = run_cli(capsys, "verify", "--state", state)
+    assert rc == 0 and json.loads(out)["ok"] is True, out + err
+    export = tmp_path / "emb.jsonl"
+    _ok(run_cli(capsys, "embeddings", "--state", state, "--out", export), "embeddings")
+    rows = {r["id"]: r["embedding"] for r in _read_export(export)}
+    assert len(rows) == 13 and all(np.isfinite(row).all() for row in rows.values())
+
+
 def test_apply_refuses_another_file_at_the_same_path(capsys: pytest.CaptureFixture, tmp_path: Path,
                                                      events_file: Path, model_dirs: dict[str, Path]) -> None:
     """apply resumes a file after the lines it applied; new content at the same path must not be cut short."""

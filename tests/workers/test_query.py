@@ -212,7 +212,7 @@ def test_scores_come_with_a_fraud_head(model_dirs: dict[str, Path], tmp_path: Pa
     ({"events": [{"op": "node_upsert", "id": "a", "ts": 1, "features": [1.0]}], "ids": ["a"]}, 400,
      "event 0: wrong_feature_length: node 'a' has 1 features, the model expects 4"),
     ({"events": [{"op": "node_upsert", "id": "a", "ts": 1, "features": [1e39, 0, 0, 0]}], "ids": ["a"]}, 400,
-     "event 0: not_finite: a feature of node 'a' is beyond the float32 range"),
+     "event 0: not_finite: a feature of node 'a' is beyond ±1e+15, where the model's sums could overflow float32"),
     ({"events": [{"op": "edge_upsert", "src": "a", "dst": str(i), "ts": 1} for i in range(MAX_EVENTS + 1)],
       "ids": ["a"]}, 413, f"at most {MAX_EVENTS}"),
     ({"events": [], "ids": [True]}, 400, "ids[0]"),
