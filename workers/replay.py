@@ -32,13 +32,18 @@ _JOIN_WAIT_S = 20.0  # a tail that has no partitions after this long (or its idl
 
 
 def iter_file_messages(path: str, fmt: str = "jsonl") -> Iterator[tuple[bytes | None, bytes]]:
-    """``(key, value)`` pairs of a file: JSONL lines are sent as they are (even invalid ones)."""
+    """``(key, value)`` pairs of a file: JSONL lines are sent as they are (even invalid ones; a gzipped file,
+    which would go out as bytes, is refused)."""
     if fmt == "snap":
         from fraud.datasets import read_snap, snap_events  # the example's reader: the one use of it here
         for ev in snap_events(read_snap(path)):
             yield event_key(ev), encode_event(ev)
         return
     with open(path, "rb") as fh:
+        if fh.read(2) == b"\x1f\x8b":
+            raise ValueError(f"{path!r} is gzipped, not JSON lines: send a SNAP CSV with --format snap, or "
+                             f"gunzip a JSONL file first")
+        fh.seek(0)
         for line in fh:
             line = line.rstrip(b"\n")
             if not line.strip():

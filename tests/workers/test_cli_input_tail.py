@@ -127,3 +127,21 @@ def test_tail_idle_stops_even_when_nothing_is_ever_assigned(monkeypatch: pytest.
     assert consumer.closed
     # the join may take 20 s (40 polls of 0.5 s); then a missing topic stops it, else more than 3 idle seconds
     assert consumer.polls == (41 if not exists else 47)
+
+
+
+def test_produce_refuses_a_gzipped_file_as_json_lines(capsys: pytest.CaptureFixture,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A gzipped file without --format snap would go out as raw bytes: refused before Kafka, naming the flag."""
+    def no_kafka(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("produce reached Kafka before reading its file")
+
+    monkeypatch.setattr(replay, "ensure_topics", no_kafka)
+    monkeypatch.setattr(replay, "open_producer", no_kafka)
+    data = str(ROOT / "data" / "soc-sign-bitcoinotc.csv.gz")
+    capsys.readouterr()
+    rc = main(["produce", "--bootstrap", "127.0.0.1:1", data])
+    out, err = capsys.readouterr()
+    assert (rc, out) == (2, "")
+    assert err == (f"gnnstream: error: {data!r} is gzipped, not JSON lines: send a SNAP CSV with --format snap, "
+                   f"or gunzip a JSONL file first\n")
