@@ -102,7 +102,7 @@ def read_rollout(bootstrap: str, *, topic: str = CONTROL_TOPIC, kafka_client: st
     """Every record of the rollout topic, oldest first (an empty list when it does not exist)."""
     from stream.exceptions import NoPartitionsError
     from stream.kafka import ensure_topics
-    ensure_topics(bootstrap, {topic: 1})
+    ensure_topics(bootstrap, {_named(topic): 1})
     try:
         records = read_to_end(kafka_client, bootstrap, topic, timeout_s=timeout_s)
     except NoPartitionsError:
@@ -120,9 +120,17 @@ def read_rollout(bootstrap: str, *, topic: str = CONTROL_TOPIC, kafka_client: st
     return out
 
 
+def _named(topic: str) -> str:
+    """``topic``, or a RolloutError when it is empty (``--control-topic ''`` means "do not record")."""
+    if not topic:
+        raise RolloutError("--control-topic is empty, so there is no rollout topic to read or record in: name it "
+                           "(default gnnstream-rollout); `rollout start --no-record` records nothing")
+    return topic
+
+
 def _record(bootstrap: str, kafka_client: str, topic: str, key: str, value: dict[str, Any]) -> None:
     from stream.kafka import ensure_topics
-    ensure_topics(bootstrap, {topic: 1})
+    ensure_topics(bootstrap, {_named(topic): 1})
     producer = open_producer(kafka_client, bootstrap)
     try:
         producer.send(topic, key.encode(), orjson.dumps(value))
@@ -210,6 +218,8 @@ def start(live_state: str, state: str, model_dir: str, *, bootstrap: str | None 
     from graph_state.snapshot import read_meta, snapshot
     from model.directory import load_model_dir
     from workers.offline import _bar, open_engine, open_store
+    if bootstrap is not None:
+        _named(control_topic)
     config = load_model_dir(model_dir).config
     facts = read_meta(live_state, [b"model", SERVING_META, ROLLOUT_META])
     live_model = json.loads(facts["model"])["model"] if facts["model"] else None

@@ -487,3 +487,18 @@ def test_rollout_view_follows_what_the_workers_follow() -> None:
     _running(view, "m:2", force=True, now=200.0)
     with pytest.raises(RolloutError, match="no worker of m:1"):
         _running(RolloutView.of([report("m:1", 0, "m:1", 100.0, status="joining")]), "m:1", force=False, now=101.0)
+
+
+@pytest.mark.parametrize("argv", [["rollout", "status"], ["rollout", "promote", "m:2"], ["rollout", "rollback"],
+                                  ["tail"], ["rollout", "start", "--from", "live", "--state", "new", "--model", "m"]])
+def test_an_empty_control_topic_is_one_line_naming_the_flag(argv: list[str], capsys: pytest.CaptureFixture,
+                                                            tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--control-topic ''`` ("do not record") where a rollout topic is needed: one line naming the flag, before
+    Kafka (no broker at 127.0.0.1:1) or any state is touched."""
+    from workers.cli import main
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    assert main([*argv, "--bootstrap", "127.0.0.1:1", "--control-topic", ""]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("gnnstream: error: --control-topic is empty") and err.count("\n") == 1, err
+    assert not list(tmp_path.iterdir())
