@@ -463,7 +463,7 @@ def _streaming_commands(sub: Any) -> None:
                                    "GET /v1/nodes/ID/sample from a state directory, without writing it: next to a "
                                    "running worker (which `run --query-port` does for you) or on a stopped state.")
     add_worker_arguments(p, only=("state", "model", "query_port", "query_host"))
-    p.add_argument("--refresh", type=float, default=0.5, metavar="SECONDS",
+    p.add_argument("--refresh", type=finite_number(0.01), default=0.5, metavar="SECONDS",
                    help="how often to catch up with the worker's writes (default 0.5)")
     p.set_defaults(func=_serve)
 

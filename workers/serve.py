@@ -101,9 +101,10 @@ class QueryApp:
             logger.exception("query failed: %s %s", scope.get("method"), scope.get("path"))
             status, body = 500, {"error": f"{type(exc).__name__}: {exc}"}
         self.busy += time.perf_counter() - t
+        close = status == 413 and body.pop("close", False)  # the rest of the body was not read
         payload = orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
         headers = _JSON + [(b"content-length", str(len(payload)).encode())]
-        if status == 413 and body.pop("close", False):  # the rest of the body was not read
+        if close:
             headers.append((b"connection", b"close"))
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": payload})
@@ -133,7 +134,7 @@ class QueryApp:
                          "catch_up_ms": {"count": len(took), "p50": round(1000 * took[len(took) // 2], 2),
                                          "max": round(1000 * took[-1], 2)} if took else None}
         raise QueryError(404, f"no route {method} {path[:200]}; see GET /v1/embeddings/{{id}}, POST /v1/infer, "
-                              f"GET /v1/nodes/{{id}}/sample")
+                              f"GET /v1/nodes/{{id}}/sample, GET /v1/health")
 
     async def _body(self, scope: dict[str, Any], receive: Receive) -> bytes:
         chunks, size = [], 0

@@ -70,8 +70,8 @@ _HELP = {
     "bootstrap": "Kafka bootstrap servers host:port[,host:port]",
     "kafka_client": "Kafka client library: kafka-python (pure Python) or confluent (confluent-kafka, librdkafka)",
     "state": "graph state directory (RocksDB), the source of truth",
-    "model": "model directory (config.json + weights.pt); default: the one the state uses (required to create "
-             "a state)",
+    "model": "model directory (config.json + weights.pt); default: the one the state uses (a new state needs "
+             "it)",
     "events_topic": "topic of graph events",
     "output_topic": "topic embeddings are published to (default: the model version's own topic, "
                     "node-embeddings.NAME.vVERSION; see docs/operations.md, Model rollout)",

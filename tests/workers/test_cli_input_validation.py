@@ -102,6 +102,7 @@ def test_port_zero_keeps_its_meaning_and_the_ends_of_the_range_are_accepted() ->
     ("produce", ["e.jsonl", "--rate", "inf"], "argument --rate: expected a finite number >= 0 (got 'inf')"),
     ("tail", ["--max", "-1"], "argument --max: expected an integer >= 0 (0 = no limit) (got '-1')"),
     ("tail", ["--idle", "-1"], "argument --idle: expected a finite number >= 0 (0 = never) (got '-1')"),
+    ("serve", ["--state", "s", "--refresh", "0"], "argument --refresh: expected a finite number >= 0.01 (got '0')"),
 ])
 def test_out_of_range_number_is_a_usage_error(capsys: pytest.CaptureFixture, command: str, argv: list[str],
                                               expected: str) -> None:
@@ -231,7 +232,7 @@ def _commands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> li
     ("train", "--hidden HIDDEN", "(default 64)"),
     ("train", "--out-dim OUT_DIM", "(default 32)"),
     ("train", "--fanouts FANOUTS", "(default 25,10)"),
-    ("run", "--model MODEL", "default: the one the state uses (required to create a state) (env GNNSTREAM_MODEL)"),
+    ("run", "--model MODEL", "default: the one the state uses (a new state needs it) (env GNNSTREAM_MODEL)"),
     ("serve", "--model MODEL", "(env GNNSTREAM_MODEL)"),
     ("events from-snap", "--limit LIMIT", "(default 0: all)"),
 ])
