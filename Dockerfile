@@ -25,6 +25,7 @@ RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml
     && rm /tmp/requirements.txt
 
 # 3. The package itself (a regular, non-editable install; pure Python), then drop the sources.
+COPY gnnstream ./gnnstream
 COPY stream ./stream
 COPY graph_state ./graph_state
 COPY model ./model

@@ -22,12 +22,12 @@ test: $(STAMP)
 	$(PY) -m pytest -q -n $(TEST_PROCESSES) tests
 
 demo: $(STAMP)
-	$(PY) -m fraud.demo
+	$(PY) -m gnnstream.fraud.demo
 
 bench: $(STAMP)
-	$(PY) bench/store.py
-	$(PY) bench/backfill.py
-	$(PY) bench/engine.py
+	$(PY) -m bench.store
+	$(PY) -m bench.backfill
+	$(PY) -m bench.engine
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -19,8 +19,8 @@ Steps (all in one process, side by side):
 
 Usage::
 
-    python bench/backfill.py                          # full size (2^17 nodes, 1.2 M edges)
-    python bench/backfill.py --nodes 4096 --edges 40000  # quick
+    python -m bench.backfill                          # full size (2^17 nodes, 1.2 M edges)
+    python -m bench.backfill --nodes 4096 --edges 40000  # quick
 
 Prints one JSON object on stdout; progress goes to stderr.
 """
@@ -39,16 +39,15 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import (  # noqa: E402
+from bench.common import (
     add_graph_args, close_run, GcTimer, code_fingerprint, current_rss_mib, emit, log, machine_load,
     make_graph, model_dir, open_loaded_store,
 )
-from graph_state.store import GraphStore  # noqa: E402
-from workers.engine import Engine  # noqa: E402
-from workers.heap import tune_collector  # noqa: E402
-from graph_state.embeddings import read_final_rows  # noqa: E402
+from gnnstream.graph_state.store import GraphStore
+from gnnstream.workers.engine import Engine
+from gnnstream.workers.heap import tune_collector
+from gnnstream.graph_state.embeddings import read_final_rows
 
 FANOUTS = (25, 10)
 

@@ -19,8 +19,8 @@ stopped after it):
 
 Prints ONE JSON object on stdout; progress goes to stderr.
 
-    .venv/bin/python bench/clients.py                       # 50,000 messages per cell
-    .venv/bin/python bench/clients.py --messages 10000 --repeat 3
+    .venv/bin/python -m bench.clients                       # 50,000 messages per cell
+    .venv/bin/python -m bench.clients --messages 10000 --repeat 3
 """
 
 from __future__ import annotations
@@ -34,13 +34,13 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 import numpy as np
-from common import emit, log, machine_load  # noqa: E402  (puts the repo root on sys.path)
+from bench.common import emit, log, machine_load
 
-from stream.backends import KAFKA_CLIENTS, open_consumer, open_producer  # noqa: E402
-from stream.broker import EmbeddedBroker  # noqa: E402
-from stream.clients import Record  # noqa: E402
-from stream.kafka import ensure_topics  # noqa: E402
-from stream.updates import encode_updates, update_key  # noqa: E402
+from gnnstream.stream.backends import KAFKA_CLIENTS, open_consumer, open_producer
+from gnnstream.stream.broker import EmbeddedBroker
+from gnnstream.stream.clients import Record
+from gnnstream.stream.kafka import ensure_topics
+from gnnstream.stream.updates import encode_updates, update_key
 
 FORMATS = ("binary", "json")
 

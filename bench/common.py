@@ -35,11 +35,9 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:  # `python bench/x.py` puts bench/ on the path, not the repo root
-    sys.path.insert(0, str(ROOT))
 
-from graph_state.store import GraphStore  # noqa: E402
-from stream.events import EdgeDelete, EdgeUpsert, NodeUpsert  # noqa: E402
+from gnnstream.graph_state.store import GraphStore
+from gnnstream.stream.events import EdgeDelete, EdgeUpsert, NodeUpsert
 
 __all__ = [
     "close_run",
@@ -151,7 +149,7 @@ def _ticks_by_role(extra: dict[int, str]) -> dict[str, int]:
         if pid != me and int(fields[1]) != me:
             continue
         role = ("worker" if pid == me else extra.get(pid) or
-                ("delivery process" if b"stream.delivery" in cmd else "query server" if b"workers.serve" in cmd
+                ("delivery process" if b"gnnstream.stream.delivery" in cmd else "query server" if b"gnnstream.workers.serve" in cmd
                  else "broker" if b"tansu" in cmd else "event producer" if b"multiprocessing" in cmd else None))
         if role:
             out[role] = out.get(role, 0) + int(fields[11]) + int(fields[12])
@@ -420,7 +418,7 @@ def bulk_load_graph(store: GraphStore, graph: SyntheticGraph, fanouts: tuple[int
     Returns:
         ``seconds``, ``cpu_seconds``, ``edges_per_second`` (directed edges over the whole load), the load's counts.
     """
-    from graph_state.bulk import BulkLoad
+    from gnnstream.graph_state.bulk import BulkLoad
     t0, c0 = time.perf_counter(), time.process_time()
     load = BulkLoad(store, fanouts=fanouts)
     names = [graph.name(i) for i in range(graph.num_nodes)]
@@ -523,7 +521,7 @@ def open_loaded_store(path: str | os.PathLike[str], graph: SyntheticGraph, *, di
 def model_dir(path: str | os.PathLike[str], *, dim: int = FEATURE_DIM, fanouts: Sequence[int] = (25, 10),
               seed: int = 0) -> Any:
     """The benchmark model: 2-layer GraphSAGE-mean, ``dim`` everywhere, PyG-compatible weights."""
-    from model.directory import init_model_dir, load_model_dir
+    from gnnstream.model.directory import init_model_dir, load_model_dir
 
     init_model_dir(path, arch="sage", in_dim=dim, hidden=dim, out_dim=dim, layers=len(fanouts),
                    fanouts=list(fanouts), seed=seed, overwrite=True)

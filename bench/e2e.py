@@ -77,22 +77,22 @@ from typing import Any, Callable
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import (  # noqa: E402
+from bench.common import (
     FEATURE_DIM as SYNTH_DIM, FULL_EDGES, FULL_NODES, CpuSampler, code_fingerprint, emit, log, machine_load,
     make_graph, model_dir, open_loaded_store, peak_rss_mib, percentile,
 )
-from model import init_model_dir  # noqa: E402
-from stream.backends import KAFKA_CLIENTS, open_producer  # noqa: E402
-from stream.broker import EmbeddedBroker  # noqa: E402
-from stream.events import NodeUpsert, encode_event, event_key  # noqa: E402
-from stream.kafka import EventConsumer, Producer, ensure_topics  # noqa: E402
-from stream.updates import decode_update  # noqa: E402
-from fraud.datasets import BITCOIN_OTC, FEATURE_DIM, read_snap, snap_events  # noqa: E402
-from workers.heap import tune_collector  # noqa: E402
-from workers.settings import WorkerSettings  # noqa: E402
-from workers.worker import Worker  # noqa: E402
+from gnnstream.model import init_model_dir
+from gnnstream.stream.backends import KAFKA_CLIENTS, open_producer
+from gnnstream.stream.broker import EmbeddedBroker
+from gnnstream.stream.events import NodeUpsert, encode_event, event_key
+from gnnstream.stream.kafka import EventConsumer, Producer, ensure_topics
+from gnnstream.stream.updates import decode_update
+from gnnstream.fraud.datasets import BITCOIN_OTC
+from gnnstream.stream.snap import FEATURE_DIM, read_snap, snap_events
+from gnnstream.workers.heap import tune_collector
+from gnnstream.workers.settings import WorkerSettings
+from gnnstream.workers.worker import Worker
 
 DEFAULT_CSV = BITCOIN_OTC
 
@@ -443,8 +443,8 @@ def clone_state(src: Path, dst: Path) -> None:
 
 def final_rows(state: Path, model: str) -> dict[str, np.ndarray]:
     """Every node's stored final embedding in ``state``, by name."""
-    from workers.offline import open_engine, open_store
-    from graph_state.embeddings import read_final_rows
+    from gnnstream.workers.offline import open_engine, open_store
+    from gnnstream.graph_state.embeddings import read_final_rows
     with open_store(state, create=False, model_dir=model) as store:
         engine = open_engine(store, model)
         iids = np.fromiter(store.node_iids(), dtype=np.int64)
@@ -466,8 +466,8 @@ def engine_alone(state: Path, model: str, events: list, batch: int, warmup: int)
     Reported for the whole run (from the state as opened, caches cold) and
     for the batches after the first ``warmup`` events (``updates_per_s``).
     """
-    from workers.heap import freeze_warm_heap
-    from workers.offline import open_engine, open_store
+    from gnnstream.workers.heap import freeze_warm_heap
+    from gnnstream.workers.offline import open_engine, open_store
     times: list[float] = []
     cpu: list[float] = []  # CPU of the process (every thread) per batch
     published: list[int] = []
@@ -687,7 +687,7 @@ def _settings(bootstrap: str, topic: str, model: str, state: str, tag: str, clie
 def base_state(args: argparse.Namespace, work: Path, result: dict[str, Any]) -> tuple[Any, str, Path]:
     """The synthetic graph, its model and its loaded, backfilled state in ``work`` (``result`` gets the graph's
     stats and the setup times); returns ``(graph, model directory, state)``."""
-    from workers.offline import backfill
+    from gnnstream.workers.offline import backfill
     graph = make_graph(args.nodes, args.edges, dim=SYNTH_DIM, seed=0)
     result["graph"] = graph.stats()
     model = str(work / "model")

@@ -48,17 +48,16 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import (  # noqa: E402
+from bench.common import (
     add_graph_args, close_run, EdgeDelete, EdgeUpsert, GcTimer, NodeUpsert, Progress, SyntheticGraph,
     code_fingerprint, current_rss_mib, emit, log, machine_load, make_graph, model_dir, open_loaded_store,
     percentile,
 )
-from graph_state.store import GraphStore  # noqa: E402
-from workers.engine import Engine, RecomputeStats  # noqa: E402
-from workers.heap import freeze_warm_heap, tune_collector  # noqa: E402
-from graph_state.embeddings import read_final_rows  # noqa: E402
+from gnnstream.graph_state.store import GraphStore
+from gnnstream.workers.engine import Engine, RecomputeStats
+from gnnstream.workers.heap import freeze_warm_heap, tune_collector
+from gnnstream.graph_state.embeddings import read_final_rows
 
 FANOUTS = (25, 10)
 TARGET_UPDATES_REQUIRED = 10_000

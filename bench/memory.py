@@ -17,7 +17,7 @@ Two measurements, printed as one JSON object:
    already mapped. The incremental engine's row files grow like the first
    pass until the log's garbage collection holds them steady.
 
-Run by hand (``python bench/memory.py``); ``bench/engine.py`` results on a
+Run by hand (``python -m bench.memory``); ``bench/engine.py`` results on a
 fresh machine depend on how much of its memory is still untouched.
 """
 
@@ -32,9 +32,9 @@ from typing import Any
 
 import numpy as np
 
-from common import code_fingerprint, emit, log, machine_load  # also puts the repo root on sys.path
+from bench.common import code_fingerprint, emit, log, machine_load
 
-from graph_state.embeddings import PAGE_ROWS, _FrameFile  # noqa: E402
+from gnnstream.graph_state.embeddings import PAGE_ROWS, _FrameFile
 
 _PAGE = 4096
 

@@ -24,7 +24,7 @@ the load ran, and the cores each process used (``/proc``): the stream
 alone just before the load, then during each kind. Prints ONE JSON object
 on stdout; progress on stderr.
 
-    .venv/bin/python bench/query.py --store-cache /tmp/e2e-cache
+    .venv/bin/python -m bench.query --store-cache /tmp/e2e-cache
 """
 
 from __future__ import annotations
@@ -47,17 +47,16 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import bench.e2e as e2e  # noqa: E402
-from bench.common import (  # noqa: E402
+import bench.e2e as e2e
+from bench.common import (
     CpuSampler, FULL_EDGES, FULL_NODES, code_fingerprint, emit, log, machine_load, peak_rss_mib, percentile,
 )
-from stream.broker import EmbeddedBroker, free_port  # noqa: E402
-from stream.events import encode_event, event_key  # noqa: E402
-from stream.kafka import ensure_topics  # noqa: E402
-from workers.heap import tune_collector  # noqa: E402
-from workers.settings import WorkerSettings  # noqa: E402
+from gnnstream.stream.broker import EmbeddedBroker, free_port
+from gnnstream.stream.events import encode_event, event_key
+from gnnstream.stream.kafka import ensure_topics
+from gnnstream.workers.heap import tune_collector
+from gnnstream.workers.settings import WorkerSettings
 
 _LENGTH = re.compile(rb"content-length:\s*(\d+)", re.IGNORECASE)
 

@@ -19,8 +19,8 @@ Per stretch: v1's freshness p50/p99/max over every ``--sample``-th update,
 and the cores each process used (CPU seconds over the stretch's seconds).
 Prints ONE JSON object on stdout; progress goes to stderr.
 
-    .venv/bin/python bench/rollout.py --store-cache /tmp/e2e-cache
-    .venv/bin/python bench/rollout.py --nodes 4096 --edges 30000 --seconds 5 --rate 200   # quick
+    .venv/bin/python -m bench.rollout --store-cache /tmp/e2e-cache
+    .venv/bin/python -m bench.rollout --nodes 4096 --edges 30000 --seconds 5 --rate 200   # quick
 """
 
 from __future__ import annotations
@@ -41,18 +41,17 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import bench.engine as engine_bench  # noqa: E402
-from bench.common import code_fingerprint, emit, log, machine_load  # noqa: E402
-from bench.e2e import base_state  # noqa: E402
-from bench.scaleout import Member, _wait, add_worker_args  # noqa: E402
-from stream.backends import open_consumer, open_producer  # noqa: E402
-from stream.broker import EmbeddedBroker  # noqa: E402
-from stream.events import encode_event, event_key  # noqa: E402
-from stream.kafka import ensure_topics  # noqa: E402
-from stream.rollout import version_topic  # noqa: E402
-from stream.updates import decode_update  # noqa: E402
+import bench.engine as engine_bench
+from bench.common import code_fingerprint, emit, log, machine_load
+from bench.e2e import base_state
+from bench.scaleout import Member, _wait, add_worker_args
+from gnnstream.stream.backends import open_consumer, open_producer
+from gnnstream.stream.broker import EmbeddedBroker
+from gnnstream.stream.events import encode_event, event_key
+from gnnstream.stream.kafka import ensure_topics
+from gnnstream.stream.rollout import version_topic
+from gnnstream.stream.updates import decode_update
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -141,7 +140,7 @@ def _cpu() -> dict[str, float]:
         except OSError:
             continue
         name = ("v1-worker" if b"--worker-id v1" in cmd else "v2-worker" if b"--worker-id v2" in cmd
-                else "delivery" if b"stream.delivery" in cmd else "rollout-start" if b"rollout start" in cmd
+                else "delivery" if b"gnnstream.stream.delivery" in cmd else "rollout-start" if b"rollout start" in cmd
                 else "broker" if b"tansu" in cmd else "bench" if int(child.name) == os.getpid() else None)
         if name:
             out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / hz
@@ -157,7 +156,7 @@ def second_version(model: str, path: Path) -> str:
     """v2 of the bench model: the same config and sampling seed, other weights."""
     import torch
 
-    from model.directory import load_model_dir, save_model_dir
+    from gnnstream.model.directory import load_model_dir, save_model_dir
     loaded = load_model_dir(model)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(1)

@@ -24,8 +24,8 @@ their updates/s is measured side by side, batch by batch, not minutes apart.
 The JSON on stdout holds both sizes and the ratio of the large graph's
 updates/s to the small one's. Progress goes to stderr.
 
-    python bench/scale.py                                   # 2^20 and 2^17 nodes
-    python bench/scale.py --large-log2 14 --large-edges 150000 --small-log2 12 --events 2000   # quick
+    python -m bench.scale                                   # 2^20 and 2^17 nodes
+    python -m bench.scale --large-log2 14 --large-edges 150000 --small-log2 12 --events 2000   # quick
 """
 
 from __future__ import annotations
@@ -41,15 +41,13 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench.common import (  # noqa: E402
-    Progress, code_fingerprint, current_rss_mib, emit, log, machine_load, make_graph, model_dir, close_run,
+from bench.common import (
+    ROOT, Progress, code_fingerprint, current_rss_mib, emit, log, machine_load, make_graph, model_dir, close_run,
     open_loaded_store,
 )
-from bench.engine import BatchLog, run_batch, stream_events  # noqa: E402
-from workers.engine import Engine  # noqa: E402
-from workers.heap import freeze_warm_heap, tune_collector  # noqa: E402
+from bench.engine import BatchLog, run_batch, stream_events
+from gnnstream.workers.engine import Engine
+from gnnstream.workers.heap import freeze_warm_heap, tune_collector
 
 FANOUTS = (25, 10)
 DIM = 128
@@ -150,12 +148,12 @@ def run_lockstep(sizes: list[tuple[str, int, int]], args: argparse.Namespace) ->
     try:
         for name, nodes, edges in sizes:
             log(f"{name}: {nodes} nodes, {edges} edges, in a process of its own")
-            cmd = [sys.executable, __file__, "--one", str(nodes), str(edges), "--lockstep", "--events",
+            cmd = [sys.executable, "-m", "bench.scale", "--one", str(nodes), str(edges), "--lockstep", "--events",
                    str(args.events), "--batch", str(args.batch), "--seed", str(args.seed)]
             for flag, value in (("--workdir", args.workdir), ("--store-cache", args.store_cache)):
                 if value:
                     cmd += [flag, value]
-            children[name] = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            children[name] = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT)
             _expect(children[name], "ready")
         log("streaming both sizes in lock step")
         for _ in range(0, args.events, args.batch):

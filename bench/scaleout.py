@@ -26,8 +26,8 @@ these into the cost model.
 
 Prints ONE JSON object on stdout; progress goes to stderr.
 
-    .venv/bin/python bench/scaleout.py --store-cache /tmp/e2e-cache
-    .venv/bin/python bench/scaleout.py --nodes 4096 --edges 30000 --events 2000 --warmup-events 500  # quick
+    .venv/bin/python -m bench.scaleout --store-cache /tmp/e2e-cache
+    .venv/bin/python -m bench.scaleout --nodes 4096 --edges 30000 --events 2000 --warmup-events 500  # quick
 """
 
 from __future__ import annotations
@@ -50,16 +50,15 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import bench.engine as engine_bench  # noqa: E402
-from bench.common import FEATURE_DIM, FULL_EDGES, FULL_NODES, code_fingerprint, emit, log, machine_load  # noqa: E402
-from bench.e2e import base_state, clone_state, produce  # noqa: E402
-from stream.backends import KAFKA_CLIENTS  # noqa: E402
-from stream.broker import EmbeddedBroker  # noqa: E402
-from stream.events import encode_event, event_key  # noqa: E402
-from stream.kafka import ensure_topics  # noqa: E402
-from workers.settings import WorkerSettings  # noqa: E402
+import bench.engine as engine_bench
+from bench.common import FEATURE_DIM, FULL_EDGES, FULL_NODES, code_fingerprint, emit, log, machine_load
+from bench.e2e import base_state, clone_state, produce
+from gnnstream.stream.backends import KAFKA_CLIENTS
+from gnnstream.stream.broker import EmbeddedBroker
+from gnnstream.stream.events import encode_event, event_key
+from gnnstream.stream.kafka import ensure_topics
+from gnnstream.workers.settings import WorkerSettings
 
 _WAIT_S = 900.0  # the longest any stage may take before the bench gives up
 
@@ -124,7 +123,7 @@ def _cpu_seconds(pid: int) -> dict[str, float]:
             cmd = (child / "cmdline").read_bytes()
         except OSError:
             continue
-        if int(stat.rsplit(")", 1)[1].split()[1]) == pid and b"stream.delivery" in cmd:
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid and b"gnnstream.stream.delivery" in cmd:
             out["delivery"] += ticks(int(child.name))
     return out
 
@@ -136,7 +135,7 @@ class Member:
                  group: str, args: argparse.Namespace, logs: Path):
         self.name, self.port = name, _free_port()
         script = Path(sys.executable).with_name("gnnstream")
-        base = [str(script)] if script.is_file() else [sys.executable, "-m", "workers.cli"]
+        base = [str(script)] if script.is_file() else [sys.executable, "-m", "gnnstream.workers.cli"]
         cmd = base + ["-v", "run", "--bootstrap", bootstrap, "--state", str(state), "--model", model,
                       "--events-topic", topics["events"], "--output-topic", topics["output"],
                       "--dlq-topic", topics["dlq"], "--group", group, "--worker-id", name,

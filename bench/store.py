@@ -10,8 +10,8 @@ stderr.
 
 Usage::
 
-    python bench/store.py                      # full size, a few minutes on 2 cores
-    python bench/store.py --hub-degree 20000   # quick run
+    python -m bench.store                      # full size, a few minutes on 2 cores
+    python -m bench.store --hub-degree 20000   # quick run
 """
 
 from __future__ import annotations
@@ -28,11 +28,10 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common import code_fingerprint, machine_load  # noqa: E402  (bench/ is the script's directory)
-from graph_state.store import GraphStore  # noqa: E402
-from stream.events import EdgeUpsert  # noqa: E402
+from bench.common import code_fingerprint, machine_load
+from gnnstream.graph_state.store import GraphStore
+from gnnstream.stream.events import EdgeUpsert
 
 logger = logging.getLogger("bench.store")
 

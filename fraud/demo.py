@@ -35,17 +35,18 @@ from typing import Any
 
 import numpy as np
 
-from stream.broker import EmbeddedBroker, free_port
-from stream.backends import DEFAULT_KAFKA_CLIENT, KAFKA_CLIENTS, read_to_end
-from stream.events import EdgeUpsert, encode_event
-from fraud.datasets import BITCOIN_OTC, read_snap, snap_events
-from workers.heap import tune_collector
-from workers.offline import verify
-from workers.replay import produce_file
-from fraud.scorer import SCORES_TOPIC, FraudScorer
-from workers.settings import WorkerSettings
-from fraud.train import distrust_labels, roc_auc, roc_curve, train_fraud_model
-from workers.worker import Worker
+from gnnstream.stream.broker import EmbeddedBroker, free_port
+from gnnstream.stream.backends import DEFAULT_KAFKA_CLIENT, KAFKA_CLIENTS, read_to_end
+from gnnstream.stream.events import EdgeUpsert, encode_event
+from gnnstream.fraud.datasets import BITCOIN_OTC
+from gnnstream.stream.snap import read_snap, snap_events
+from gnnstream.workers.heap import tune_collector
+from gnnstream.workers.offline import verify
+from gnnstream.workers.replay import produce_file
+from gnnstream.fraud.scorer import SCORES_TOPIC, FraudScorer
+from gnnstream.workers.settings import WorkerSettings
+from gnnstream.fraud.train import distrust_labels, roc_auc, roc_curve, train_fraud_model
+from gnnstream.workers.worker import Worker
 
 __all__ = ["main", "run_demo"]
 

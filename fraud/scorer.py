@@ -82,13 +82,13 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import orjson
 
-from stream.backends import DEFAULT_KAFKA_CLIENT, open_consumer, open_producer
-from stream.clients import Record
-from stream.exceptions import InvalidUpdate
-from stream.kafka import ensure_topics
-from stream.rollout import CONTROL_TOPIC, SERVING_HEADER, is_serving, rollout_of, version_topic
-from stream.updates import BINARY_MAGIC, decode_binary_columns, decode_update
-from model.head import ScoreHead, load_head
+from gnnstream.stream.backends import DEFAULT_KAFKA_CLIENT, open_consumer, open_producer
+from gnnstream.stream.clients import Record
+from gnnstream.stream.exceptions import InvalidUpdate
+from gnnstream.stream.kafka import ensure_topics
+from gnnstream.stream.rollout import CONTROL_TOPIC, SERVING_HEADER, is_serving, rollout_of, version_topic
+from gnnstream.stream.updates import BINARY_MAGIC, decode_binary_columns, decode_update
+from gnnstream.model.head import ScoreHead, load_head
 
 __all__ = ["FraudScorer", "SCORES_TOPIC", "encode_score", "encode_scores", "decode_updates", "DecodedUpdates", "compare_scores",
            "ks_statistic", "canary_mask"]

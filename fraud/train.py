@@ -31,11 +31,11 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from graph_state.store import GraphStore
-from model import GNN, ModelConfig, ModelDirExists, save_model_dir
-from model.head import ScoreHead
-from stream.rollout import version_topic
-from fraud.datasets import FEATURE_DIM, SnapRating, read_snap, snap_events
+from gnnstream.graph_state.store import GraphStore
+from gnnstream.model import GNN, ModelConfig, ModelDirExists, save_model_dir
+from gnnstream.model.head import ScoreHead
+from gnnstream.stream.rollout import version_topic
+from gnnstream.stream.snap import FEATURE_DIM, SnapRating, read_snap, snap_events
 
 __all__ = ["distrust_labels", "train_fraud_model", "roc_auc", "roc_curve"]
 

@@ -27,11 +27,11 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
-from graph_state import keys
-from graph_state.batch import validate_events
-from graph_state.exceptions import StoreConfigError
-from graph_state.sampled import MAX_INDEXED_IDS, PAIR_BITS, SNAPSHOT_PAIRS
-from graph_state.sampler import check_fanout, seeded_rank_bytes
+from gnnstream.graph_state import keys
+from gnnstream.graph_state.batch import validate_events
+from gnnstream.graph_state.exceptions import StoreConfigError
+from gnnstream.graph_state.sampled import MAX_INDEXED_IDS, PAIR_BITS, SNAPSHOT_PAIRS
+from gnnstream.graph_state.sampler import check_fanout, seeded_rank_bytes
 
 __all__ = ["BulkLoad"]
 

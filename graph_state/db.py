@@ -12,8 +12,8 @@ from typing import Any, Iterator
 
 from rocksdict import AccessType, BlockBasedOptions, Cache, DBCompressionType, Options, Rdict
 
-from graph_state import keys
-from graph_state.exceptions import StateCorrupted, StateLayoutError, StoreLockedError
+from gnnstream.graph_state import keys
+from gnnstream.graph_state.exceptions import StateCorrupted, StateLayoutError, StoreLockedError
 
 __all__ = ["Family", "open_db", "open_follower", "family_options", "check_iterator", "state_corrupted",
            "is_corruption", "check_manifest", "record_manifest", "layout_error",

@@ -21,10 +21,10 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 import torch
 
-from graph_state import keys
-from graph_state.idsets import unique_ids
-from graph_state.prefixes import grow_columns
-from graph_state.store import GraphStore
+from gnnstream.graph_state import keys
+from gnnstream.graph_state.idsets import unique_ids
+from gnnstream.graph_state.prefixes import grow_columns
+from gnnstream.graph_state.store import GraphStore
 
 __all__ = ["EmbeddingTables", "MetaTable", "EmbeddingMeta", "FrameReused", "read_final_rows",
            "layer_logs_from", "encode_pages",

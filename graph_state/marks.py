@@ -7,7 +7,7 @@ from typing import Sequence
 
 import numpy as np
 
-from graph_state import keys
+from gnnstream.graph_state import keys
 
 __all__ = ["DirtyMarks", "DIRTY_INPUT", "DIRTY_SAMPLE", "DIRTY_COUNT", "DIRTY_DEGREE", "combine", "or_reduce",
            "split", "mark_records"]

@@ -8,7 +8,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from graph_state import keys
+from gnnstream.graph_state import keys
 
 __all__ = ["Node", "GONE", "PrefixTable", "DenseNodes", "grow_columns", "merge_rows"]
 

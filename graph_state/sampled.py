@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from graph_state.idsets import unique_ids
+from gnnstream.graph_state.idsets import unique_ids
 
 __all__ = ["SampledIndex", "PAIR_BITS", "MAX_INDEXED_IDS", "SNAPSHOT_PAIRS", "FOLD_PAIRS", "member", "sample_pairs"]
 

@@ -44,10 +44,10 @@ from typing import Any, Sequence
 
 from rocksdict import Cache, IngestExternalFileOptions, Options, ReadOptions, Rdict, SstFileWriter
 
-from graph_state import keys
-from graph_state.exceptions import SnapshotTargetError, StateNotADirectoryError, StateNotFoundError
-from graph_state.db import MANIFEST_RECORD, family_options, record_manifest
-from graph_state.store import GraphStore
+from gnnstream.graph_state import keys
+from gnnstream.graph_state.exceptions import SnapshotTargetError, StateNotADirectoryError, StateNotFoundError
+from gnnstream.graph_state.db import MANIFEST_RECORD, family_options, record_manifest
+from gnnstream.graph_state.store import GraphStore
 
 __all__ = ["snapshot", "read_meta"]
 

@@ -25,19 +25,19 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 import numpy as np
 from rocksdict import Cache, IngestExternalFileOptions, Rdict, SstFileWriter, WriteBatch, WriteOptions
 
-from graph_state import keys
-from graph_state.batch import ApplyResult, Batch, validate_events
-from graph_state.db import (Family, check_iterator, family_options, is_corruption, layout_error, open_db,
+from gnnstream.graph_state import keys
+from gnnstream.graph_state.batch import ApplyResult, Batch, validate_events
+from gnnstream.graph_state.db import (Family, check_iterator, family_options, is_corruption, layout_error, open_db,
                             open_follower, record_manifest, state_corrupted)
-from graph_state.exceptions import OffsetRegressionError, StoreConfigError
-from graph_state.idsets import unique_ids
-from graph_state.marks import (DIRTY_COUNT, DIRTY_DEGREE, DIRTY_INPUT, DIRTY_SAMPLE, DirtyMarks, combine, mark_records,
+from gnnstream.graph_state.exceptions import OffsetRegressionError, StoreConfigError
+from gnnstream.graph_state.idsets import unique_ids
+from gnnstream.graph_state.marks import (DIRTY_COUNT, DIRTY_DEGREE, DIRTY_INPUT, DIRTY_SAMPLE, DirtyMarks, combine, mark_records,
                                or_reduce, split)
-from graph_state.prefixes import GONE, DenseNodes, Node, PrefixTable, merge_rows
-from graph_state.sampled import (FOLD_PAIRS, MAX_INDEXED_IDS, PAIR_BITS, SNAPSHOT_PAIRS, SampledIndex, member,
+from gnnstream.graph_state.prefixes import GONE, DenseNodes, Node, PrefixTable, merge_rows
+from gnnstream.graph_state.sampled import (FOLD_PAIRS, MAX_INDEXED_IDS, PAIR_BITS, SNAPSHOT_PAIRS, SampledIndex, member,
                                  sample_pairs)
-from graph_state.sampler import check_fanout, seeded_rank_bytes
-from graph_state.transaction import Transaction
+from gnnstream.graph_state.sampler import check_fanout, seeded_rank_bytes
+from gnnstream.graph_state.transaction import Transaction
 
 __all__ = ["GraphStore", "ApplyResult"]
 

@@ -12,7 +12,7 @@ from typing import Iterable, Mapping
 
 import numpy as np
 
-from graph_state import keys
+from gnnstream.graph_state import keys
 
 __all__ = ["Transaction"]
 

@@ -4,7 +4,7 @@ Imports neither Kafka nor RocksDB nor PyTorch Geometric; PyG is only the
 reference the tests compare against.
 """
 
-from model.coldstart import (
+from gnnstream.model.coldstart import (
     MODE_COLD_START,
     MODE_FEATURE_ONLY,
     MODE_FULL,
@@ -13,8 +13,8 @@ from model.coldstart import (
     PlainPolicy,
     policy_from_config,
 )
-from model.config import ARCHITECTURES, ModelConfig
-from model.directory import (
+from gnnstream.model.config import ARCHITECTURES, ModelConfig
+from gnnstream.model.directory import (
     CONFIG_FILE,
     WEIGHTS_FILE,
     LoadedModel,
@@ -23,7 +23,7 @@ from model.directory import (
     load_model_dir,
     save_model_dir,
 )
-from model.exceptions import (
+from gnnstream.model.exceptions import (
     ChecksumMismatch,
     CorruptWeights,
     InvalidModelConfig,
@@ -35,10 +35,10 @@ from model.exceptions import (
     UnknownColdStartPolicy,
     WeightsMismatch,
 )
-from model.gat import GATLayer
-from model.gcn import GCNLayer
-from model.network import GNN, build_layer
-from model.sage import SAGELayer
+from gnnstream.model.gat import GATLayer
+from gnnstream.model.gcn import GCNLayer
+from gnnstream.model.network import GNN, build_layer
+from gnnstream.model.sage import SAGELayer
 
 __all__ = [
     "ARCHITECTURES",

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
-from model.exceptions import InvalidModelConfig, UnknownColdStartPolicy
+from gnnstream.model.exceptions import InvalidModelConfig, UnknownColdStartPolicy
 
 __all__ = [
     "MODE_FULL",

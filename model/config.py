@@ -16,8 +16,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from model.coldstart import ColdStartPolicy, policy_from_config
-from model.exceptions import InvalidModelConfig, UnknownArchitecture
+from gnnstream.model.coldstart import ColdStartPolicy, policy_from_config
+from gnnstream.model.exceptions import InvalidModelConfig, UnknownArchitecture
 
 __all__ = ["ARCHITECTURES", "ModelConfig"]
 

@@ -25,9 +25,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from model.coldstart import ColdStartPolicy
-from model.config import ModelConfig
-from model.exceptions import (
+from gnnstream.model.coldstart import ColdStartPolicy
+from gnnstream.model.config import ModelConfig
+from gnnstream.model.exceptions import (
     ChecksumMismatch,
     CorruptWeights,
     InvalidModelConfig,
@@ -36,7 +36,7 @@ from model.exceptions import (
     ModelFileMissing,
     WeightsMismatch,
 )
-from model.network import GNN
+from gnnstream.model.network import GNN
 
 __all__ = [
     "CONFIG_FILE",

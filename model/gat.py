@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from model.aggregate import check_layer_inputs, glorot_, scatter_softmax_with_self, scatter_sum
+from gnnstream.model.aggregate import check_layer_inputs, glorot_, scatter_softmax_with_self, scatter_sum
 
 __all__ = ["GATLayer"]
 

@@ -8,7 +8,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
-from model.aggregate import check_layer_inputs, glorot_, scatter_sum
+from gnnstream.model.aggregate import check_layer_inputs, glorot_, scatter_sum
 
 __all__ = ["GCNLayer"]
 

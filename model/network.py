@@ -22,11 +22,11 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from model.config import ARCHITECTURES, ModelConfig
-from model.exceptions import UnknownArchitecture
-from model.gat import GATLayer
-from model.gcn import GCNLayer
-from model.sage import SAGELayer
+from gnnstream.model.config import ARCHITECTURES, ModelConfig
+from gnnstream.model.exceptions import UnknownArchitecture
+from gnnstream.model.gat import GATLayer
+from gnnstream.model.gcn import GCNLayer
+from gnnstream.model.sage import SAGELayer
 
 __all__ = ["GNN", "Layer", "build_layer"]
 

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from model.aggregate import check_layer_inputs, scatter_mean
+from gnnstream.model.aggregate import check_layer_inputs, scatter_mean
 
 __all__ = ["SAGELayer"]
 

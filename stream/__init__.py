@@ -20,16 +20,16 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "stream.events": ["EdgeUpsert", "EdgeDelete", "NodeUpsert", "NodeDelete", "Event", "InvalidEvent",
+    "gnnstream.stream.events": ["EdgeUpsert", "EdgeDelete", "NodeUpsert", "NodeDelete", "Event", "InvalidEvent",
                       "INVALID_EVENT_REASONS", "MAX_EVENT_BYTES", "decode_event", "decode_event_json",
                       "encode_event", "event_key"],
-    "stream.updates": ["EmbeddingUpdate", "encode_update", "decode_update", "update_key", "tombstone",
+    "gnnstream.stream.updates": ["EmbeddingUpdate", "encode_update", "decode_update", "update_key", "tombstone",
                        "is_tombstone"],
-    "stream.clients": ["Record", "ConsumerClient", "ProducerClient"],
-    "stream.kafka": ["EventConsumer", "Producer", "ensure_topics"],
-    "stream.deadletter": ["DeadLetter", "DeadLetterWriter", "dead_letter_headers"],
-    "stream.broker": ["EmbeddedBroker", "run_broker_foreground"],
-    "stream.exceptions": ["StreamError", "BrokerError", "BrokerBinaryNotFound", "BrokerPortInUse",
+    "gnnstream.stream.clients": ["Record", "ConsumerClient", "ProducerClient"],
+    "gnnstream.stream.kafka": ["EventConsumer", "Producer", "ensure_topics"],
+    "gnnstream.stream.deadletter": ["DeadLetter", "DeadLetterWriter", "dead_letter_headers"],
+    "gnnstream.stream.broker": ["EmbeddedBroker", "run_broker_foreground"],
+    "gnnstream.stream.exceptions": ["StreamError", "BrokerError", "BrokerBinaryNotFound", "BrokerPortInUse",
                           "TopicSetupError", "DeliveryError", "InvalidUpdate"],
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}

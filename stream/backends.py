@@ -24,7 +24,7 @@ import importlib
 import time
 from typing import Any, Sequence
 
-from stream.clients import ConsumerClient, ProducerClient, Record
+from gnnstream.stream.clients import ConsumerClient, ProducerClient, Record
 
 __all__ = ["KAFKA_CLIENTS", "DEFAULT_KAFKA_CLIENT", "open_consumer", "open_producer", "read_to_end"]
 
@@ -36,8 +36,8 @@ DEFAULT_KAFKA_CLIENT = "confluent"
 own, outside the interpreter's lock (docs/benchmarks.md has the measurements)."""
 
 _CLASSES = {
-    "kafka-python": ("stream.kafka", "EventConsumer", "Producer"),
-    "confluent": ("stream.confluent", "ConfluentConsumer", "ConfluentProducer"),
+    "kafka-python": ("gnnstream.stream.kafka", "EventConsumer", "Producer"),
+    "confluent": ("gnnstream.stream.confluent", "ConfluentConsumer", "ConfluentProducer"),
 }
 
 

@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 from types import TracebackType
 
-from stream.exceptions import BrokerBinaryNotFound, BrokerError, BrokerPortInUse
+from gnnstream.stream.exceptions import BrokerBinaryNotFound, BrokerError, BrokerPortInUse
 
 __all__ = ["EmbeddedBroker", "run_broker_foreground", "free_port", "broker_binary"]
 

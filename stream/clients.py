@@ -80,7 +80,7 @@ def wait_for_partitions(find: Callable[[], "Iterable[int] | None"], topic: str, 
     Raises:
         NoPartitionsError: none within ``timeout_s`` (the topic does not exist).
     """
-    from stream.exceptions import NoPartitionsError
+    from gnnstream.stream.exceptions import NoPartitionsError
     deadline = time.monotonic() + timeout_s
     while True:
         found = find()

@@ -48,7 +48,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, TopicPartition
 from confluent_kafka import Producer as _RdProducer
 
-from stream.clients import (
+from gnnstream.stream.clients import (
     FETCH_WAIT_MS,
     AssignHook,
     ConsumerClient,
@@ -60,7 +60,7 @@ from stream.clients import (
     joined_headers,
     wait_for_partitions,
 )
-from stream.exceptions import DeliveryError, StreamError
+from gnnstream.stream.exceptions import DeliveryError, StreamError
 
 __all__ = ["ConfluentConsumer", "ConfluentProducer", "librdkafka_settings"]
 

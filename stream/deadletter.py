@@ -26,8 +26,8 @@ import logging
 from collections import Counter
 from dataclasses import dataclass
 
-from stream.events import InvalidEvent
-from stream.clients import ProducerClient, Record
+from gnnstream.stream.events import InvalidEvent
+from gnnstream.stream.clients import ProducerClient, Record
 
 __all__ = [
     "DeadLetter",

@@ -41,10 +41,9 @@ from typing import Any, Literal, Sequence
 
 import numpy as np
 
-from stream.child import module_command
-from stream.clients import ProducerClient
-from stream.exceptions import DeliveryError
-from stream.updates import encode_updates, tombstone
+from gnnstream.stream.clients import ProducerClient
+from gnnstream.stream.exceptions import DeliveryError
+from gnnstream.stream.updates import encode_updates, tombstone
 
 __all__ = ["UpdateColumns", "Delivery", "DeliveryProcess", "encode_columns", "WORKER_HEADER"]
 
@@ -245,9 +244,9 @@ class DeliveryProcess:
 
     def _start(self) -> None:
         ours, theirs = socket.socketpair()
-        argv, env = module_command("stream.delivery", "--fd", str(theirs.fileno()), *self._args)
+        argv = [sys.executable, "-m", "gnnstream.stream.delivery", "--fd", str(theirs.fileno()), *self._args]
         try:
-            self._proc = subprocess.Popen(argv, pass_fds=(theirs.fileno(),), env=env, stdin=subprocess.DEVNULL,
+            self._proc = subprocess.Popen(argv, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
                                           start_new_session=True)
         finally:
             theirs.close()
@@ -365,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the worker stops it: a Ctrl-C reaches it through the worker
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s delivery: %(message)s")
-    from stream.backends import open_producer
+    from gnnstream.stream.backends import open_producer
     conn = _Pipe(socket.socket(fileno=args.fd))
     _serve(conn, Delivery(open_producer(args.client, args.bootstrap), args.topic, args.model, args.format,
                                   args.worker))

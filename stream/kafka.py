@@ -27,7 +27,7 @@ from kafka import ConsumerRebalanceListener, KafkaConsumer, KafkaProducer, Offse
 from kafka.admin import KafkaAdminClient
 from kafka.errors import KafkaError, KafkaTimeoutError
 
-from stream.clients import (
+from gnnstream.stream.clients import (
     FETCH_WAIT_MS,
     AssignHook,
     ConsumerClient,
@@ -38,7 +38,7 @@ from stream.clients import (
     header_list,
     wait_for_partitions,
 )
-from stream.exceptions import DeliveryError, StreamError, TopicSetupError
+from gnnstream.stream.exceptions import DeliveryError, StreamError, TopicSetupError
 
 __all__ = [
     "Record",

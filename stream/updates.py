@@ -52,7 +52,7 @@ from typing import Literal, Sequence, Union
 import numpy as np
 import orjson
 
-from stream.exceptions import InvalidUpdate
+from gnnstream.stream.exceptions import InvalidUpdate
 
 __all__ = [
     "EmbeddingUpdate",

@@ -27,8 +27,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from stream.broker import EmbeddedBroker
-from stream.exceptions import BrokerBinaryNotFound
+from gnnstream.stream.broker import EmbeddedBroker
+from gnnstream.stream.exceptions import BrokerBinaryNotFound
 
 
 def pytest_configure(config: pytest.Config) -> None:

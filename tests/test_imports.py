@@ -1,7 +1,9 @@
-"""Imports run one way: workers → graph_state, model, stream; the fraud example sits on top.
+"""Imports run one way: workers → graph_state, model, stream; the fraud example sits on top of them all.
 
 Every import statement of every module is read with ``ast`` (function-level
-ones included), so a lazy import counts as much as one at the top.
+ones included), so a lazy import counts as much as one at the top. Our
+packages are imported only as ``gnnstream.*``: a generic top-level name
+(``import model``) would pick up whatever else is installed under it.
 """
 
 from __future__ import annotations
@@ -22,35 +24,46 @@ ALLOWED = {
     "workers": {"stream", "graph_state", "model"},
     "fraud": {"stream", "graph_state", "model", "workers"},
 }
-# where the command line runs the example: the only imports of fraud from workers
-COMMAND_LINE = {"workers/cli.py", "workers/replay.py"}
 
 
-def _imported_packages(path: Path) -> set[str]:
+def _imported(path: Path) -> tuple[set[str], set[str]]:
+    """``(our packages imported, generic top-level names of ours imported)`` by the module at ``path``."""
     tree = ast.parse(path.read_text(), filename=str(path))
-    found: set[str] = set()
+    names: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            found.update(alias.name.split(".")[0] for alias in node.names)
+            names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            found.add(node.module.split(".")[0])
-    return found & set(PACKAGES)
+            names.add(node.module)
+    ours = {n.split(".")[1] for n in names if n.startswith("gnnstream.") and n.count(".") >= 1}
+    generic = {n.split(".")[0] for n in names} & set(PACKAGES)
+    return ours & set(PACKAGES), generic
 
 
 def test_the_rule_reads_imports_of_every_kind(tmp_path: Path) -> None:
     module = tmp_path / "m.py"
-    module.write_text("import stream.events\nfrom graph_state import keys\n\ndef f():\n    from fraud.train import x\n")
-    assert _imported_packages(module) == {"stream", "graph_state", "fraud"}
+    module.write_text("import gnnstream.stream.events\nfrom gnnstream.graph_state import keys\n\n"
+                      "def f():\n    from gnnstream.fraud.train import x\n    import model\n")
+    assert _imported(module) == ({"stream", "graph_state", "fraud"}, {"model"})
 
 
 @pytest.mark.parametrize("package", PACKAGES)
 def test_imports_run_one_way(package: str) -> None:
     wrong = []
-    for path in sorted((ROOT / package).glob("*.py")):
+    for path in sorted((ROOT / package).rglob("*.py")):
         rel = path.relative_to(ROOT).as_posix()
-        allowed = ALLOWED[package] | {package} | ({"fraud"} if rel in COMMAND_LINE else set())
-        for other in sorted(_imported_packages(path) - allowed):
-            wrong.append(f"{rel} imports {other}")
+        ours, generic = _imported(path)
+        for other in sorted(ours - ALLOWED[package] - {package}):
+            wrong.append(f"{rel} imports gnnstream.{other}")
+        for name in sorted(generic):
+            wrong.append(f"{rel} imports {name} by its generic name, not as gnnstream.{name}")
+    assert not wrong, "; ".join(wrong)
+
+
+def test_tests_and_benchmarks_import_the_namespace_only() -> None:
+    wrong = [f"{path.relative_to(ROOT).as_posix()} imports {name}"
+             for folder in ("tests", "bench") for path in sorted((ROOT / folder).rglob("*.py"))
+             for name in sorted(_imported(path)[1])]
     assert not wrong, "; ".join(wrong)
 
 

@@ -21,41 +21,16 @@ import signal
 import stat
 import sys
 from contextlib import contextmanager
+from importlib.metadata import entry_points
 from typing import IO, Any, Iterator, Sequence
 
-from workers.atomic import atomic_output
-from workers.heap import tune_collector
-from workers.settings import finite_number, port_number, whole_number
+from gnnstream.workers.atomic import atomic_output
+from gnnstream.workers.heap import tune_collector
+from gnnstream.workers.settings import fanout_list, finite_number, model_name, model_version, port_number, whole_number
 
 __all__ = ["main", "build_parser"]
 
 logger = logging.getLogger(__name__)
-
-
-def _fanouts(text: str) -> list[int]:
-    try:
-        values = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers like 25,10 (got {text!r})") from None
-    if not values or any(v < 0 for v in values):
-        raise argparse.ArgumentTypeError(f"expected non-negative fanouts like 25,10 (got {text!r})")
-    return values
-
-
-def _model_name(text: str) -> str:
-    from stream.rollout import version_topic
-    try:
-        version_topic(f"{text}:1")
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a name of letters, digits, '.', '_' or '-' like otc-sage "
-                                         f"(got {text!r})") from None
-    return text
-
-
-def _model_version(text: str) -> int:
-    if not text.isdigit():
-        raise argparse.ArgumentTypeError(f"expected a non-negative whole number like 2 (got {text!r})")
-    return int(text)
 
 
 def _events_path(path: str) -> str:
@@ -104,7 +79,7 @@ def _warn_invalid(summary: dict[str, Any], events: str) -> None:
 
 # ---------------------------------------------------------------------- handlers
 def _graph_load(args: argparse.Namespace) -> int:
-    from workers.offline import load_events
+    from gnnstream.workers.offline import load_events
     summary = load_events(args.state, _events_path(args.events), seed=args.seed, model_dir=args.model, batch=args.batch,
                           report=args.report, dead_letters=args.dead_letters)
     _print(summary)
@@ -113,7 +88,7 @@ def _graph_load(args: argparse.Namespace) -> int:
 
 
 def _graph_show(args: argparse.Namespace) -> int:
-    from workers.offline import open_store
+    from gnnstream.workers.offline import open_store
     with open_store(args.state, create=False, read_only=True) as store:
         if not store.exists(args.node):
             print(f"gnnstream: error: node {args.node!r} does not exist in state {args.state!r} (ids are matched "
@@ -133,7 +108,7 @@ def _graph_show(args: argparse.Namespace) -> int:
 
 
 def _model_init(args: argparse.Namespace) -> int:
-    from model import init_model_dir
+    from gnnstream.model import init_model_dir
     cold = {"policy": args.cold_start}
     if args.cold_start == "feature_only":
         cold["min_neighbours"] = args.min_neighbours
@@ -145,13 +120,13 @@ def _model_init(args: argparse.Namespace) -> int:
 
 
 def _backfill(args: argparse.Namespace) -> int:
-    from workers.offline import backfill
+    from gnnstream.workers.offline import backfill
     _print(backfill(args.state, args.model, publish=args.publish, device=args.device))
     return 0
 
 
 def _embeddings(args: argparse.Namespace) -> int:
-    from workers.offline import export_embeddings
+    from gnnstream.workers.offline import export_embeddings
     if args.out == "-":
         count = export_embeddings(args.state, sys.stdout)
     else:
@@ -162,7 +137,7 @@ def _embeddings(args: argparse.Namespace) -> int:
 
 
 def _apply(args: argparse.Namespace) -> int:
-    from workers.offline import apply_events
+    from gnnstream.workers.offline import apply_events
     summary = apply_events(args.state, args.model, _events_path(args.events), batch=args.batch, seed=args.seed,
                            hub_bound=args.hub_bound, report=args.report, dead_letters=args.dead_letters)
     _print(summary)
@@ -171,21 +146,21 @@ def _apply(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from workers.offline import VERIFY_EXIT, verify
+    from gnnstream.workers.offline import VERIFY_EXIT, verify
     summary = verify(args.state, args.model, atol=args.atol)
     _print(summary)
     return VERIFY_EXIT[summary["status"]]
 
 
 def _snapshot(args: argparse.Namespace) -> int:
-    from graph_state.snapshot import snapshot
+    from gnnstream.graph_state.snapshot import snapshot
     _print(snapshot(args.state, args.out))
     return 0
 
 
 def _events_from_snap(args: argparse.Namespace) -> int:
-    from stream.events import encode_event
-    from fraud.datasets import read_snap, snap_events
+    from gnnstream.stream.events import encode_event
+    from gnnstream.stream.snap import read_snap, snap_events
     rows = read_snap(args.csv)
     if args.limit:
         rows = rows[: args.limit]
@@ -199,13 +174,13 @@ def _events_from_snap(args: argparse.Namespace) -> int:
 
 
 def _broker(args: argparse.Namespace) -> int:
-    from stream.broker import run_broker_foreground
+    from gnnstream.stream.broker import run_broker_foreground
     return run_broker_foreground(args.port)
 
 
 def _run(args: argparse.Namespace) -> int:
-    from workers.settings import settings_from_args
-    from workers.worker import Worker
+    from gnnstream.workers.settings import settings_from_args
+    from gnnstream.workers.worker import Worker
     worker = Worker(settings_from_args(args))
     worker.install_signal_handlers()
     _print(worker.run(max_idle_s=args.exit_when_idle))
@@ -213,7 +188,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from workers.serve import bind, serve
+    from gnnstream.workers.serve import bind, serve
     if not args.query_port:
         raise ValueError("serve needs a port: pass --query-port PORT or set GNNSTREAM_QUERY_PORT")
     sock = bind(args.query_host, args.query_port)
@@ -225,18 +200,18 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _produce(args: argparse.Namespace) -> int:
-    from workers.replay import produce_file
+    from gnnstream.workers.replay import produce_file
     _print(produce_file(args.bootstrap, args.file, topic=args.events_topic, fmt=args.format, rate=args.rate,
                         partitions=args.partitions, limit=args.limit, kafka_client=args.kafka_client))
     return 0
 
 
 def _tail(args: argparse.Namespace) -> int:
-    from workers.replay import tail_embeddings, wait_for_topic
+    from gnnstream.workers.replay import tail_embeddings, wait_for_topic
     topic = args.output_topic
     if not topic:
-        from stream.rollout import version_topic
-        from workers.rollout import RolloutError, status
+        from gnnstream.stream.rollout import version_topic
+        from gnnstream.workers.rollout import RolloutError, status
         model = args.model_id or status(bootstrap=args.bootstrap, control_topic=args.control_topic,
                                         kafka_client=args.kafka_client).serving
         if model is None:
@@ -246,29 +221,6 @@ def _tail(args: argparse.Namespace) -> int:
     wait_for_topic(args.bootstrap, topic, timeout_s=args.idle)
     tail_embeddings(args.bootstrap, topic=topic, from_beginning=args.from_beginning,
                     max_messages=args.max, idle_s=args.idle, kafka_client=args.kafka_client)
-    return 0
-
-
-def _train(args: argparse.Namespace) -> int:
-    from fraud.train import train_fraud_model
-    _print(train_fraud_model(args.events, args.out, train_fraction=args.train_fraction, hidden=args.hidden,
-                             out_dim=args.out_dim, fanouts=args.fanouts, seed=args.seed, epochs=args.epochs,
-                             name=args.name, version=args.version, overwrite=args.force))
-    return 0
-
-
-def _score(args: argparse.Namespace) -> int:
-    import signal
-    from fraud.scorer import FraudScorer
-    if args.output_topic and len(args.model) > 1:
-        raise ValueError(f"--output-topic reads one topic, for one --model (got {len(args.model)}); leave it out "
-                         f"to read each model's version topic")
-    scorer = FraudScorer(args.bootstrap, args.model, in_topic=args.output_topic or None, out_topic=args.scores_topic,
-                         canary=args.canary, canary_topic=args.canary_topic, group=args.scorer_group,
-                         control_topic=args.control_topic or None, kafka_client=args.kafka_client)
-    signal.signal(signal.SIGTERM, scorer.stop)
-    signal.signal(signal.SIGINT, scorer.stop)
-    _print(scorer.run(max_idle_s=args.exit_when_idle))
     return 0
 
 
@@ -335,13 +287,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hidden", type=int, default=64, help="hidden width (default 64)")
     p.add_argument("--out-dim", type=int, default=64, help="embedding dimension (default 64)")
     p.add_argument("--layers", type=int, default=2, help="number of layers (default 2)")
-    p.add_argument("--fanouts", type=_fanouts, default=[25, 10], help="per-layer sample sizes (default 25,10)")
+    p.add_argument("--fanouts", type=fanout_list, default=[25, 10], help="per-layer sample sizes (default 25,10)")
     p.add_argument("--seed", type=int, default=0, help="sampling and init seed (default 0)")
     p.add_argument("--heads", type=int, default=1, help="attention heads, gat only (default 1)")
-    p.add_argument("--name", type=_model_name, default="model",
+    p.add_argument("--name", type=model_name, default="model",
                    help="model name; the model is published as NAME:VERSION, to node-embeddings.NAME.vVERSION "
                         "(default model)")
-    p.add_argument("--version", type=_model_version, default=1,
+    p.add_argument("--version", type=model_version, default=1,
                    help="model version, a non-negative integer (default 1)")
     p.add_argument("--cold-start", choices=["plain", "feature_only"], default="plain",
                    help="cold-start policy (default plain: the contract of docs/design.md)")
@@ -423,7 +375,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the new state directory: must not exist, or be empty; not inside --state")
     p.set_defaults(func=_snapshot)
 
-    from workers.rollout import add_rollout_parser
+    from gnnstream.workers.rollout import add_rollout_parser
     add_rollout_parser(sub)
 
     ev = sub.add_parser("events", help="build event files")
@@ -438,11 +390,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_events_from_snap)
 
     _streaming_commands(sub)
+    for entry in entry_points(group="gnnstream.commands"):  # commands of packages built on this one
+        entry.load()(sub)
     return parser
 
 
 def _streaming_commands(sub: Any) -> None:
-    from workers.settings import add_worker_arguments
+    from gnnstream.workers.settings import add_worker_arguments
 
     p = sub.add_parser("broker", help="run the embedded Kafka-protocol broker (Tansu) in the foreground; Ctrl-C stops it")
     p.add_argument("--port", type=port_number(None), default=None,
@@ -477,80 +431,6 @@ def _streaming_commands(sub: Any) -> None:
     p.add_argument("--limit", type=whole_number(0, None, "0 = all"), default=0,
                    help="only the first N events (default 0: all)")
     p.set_defaults(func=_produce)
-
-    def _train_fraction(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number between 0 and 1 like 0.7 (got {text!r})") from None
-        if not 0 < value < 1:
-            raise argparse.ArgumentTypeError(f"expected a fraction between 0 and 1, both excluded (got {text!r})")
-        return value
-
-    def _epochs(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a whole number of epochs like 300 (got {text!r})") from None
-        if value < 1:
-            raise argparse.ArgumentTypeError(f"expected at least 1 epoch (got {text!r})")
-        return value
-
-    p = sub.add_parser("train", help="train a GraphSAGE model and a logistic fraud head on Bitcoin OTC")
-    p.add_argument("--events", required=True, metavar="FILE.csv", help="SNAP signed-network CSV (Bitcoin OTC)")
-    p.add_argument("--out", required=True, metavar="MODEL_DIR", help="model directory to write (servable by run)")
-    p.add_argument("--force", action="store_true", help="overwrite an existing non-empty MODEL_DIR")
-    p.add_argument("--train-fraction", type=_train_fraction, default=0.7,
-                   help="first fraction of ratings by time, between 0 and 1 (default 0.7)")
-    p.add_argument("--hidden", type=int, default=64, help="hidden width of the GraphSAGE layers (default 64)")
-    p.add_argument("--out-dim", type=int, default=32, help="embedding dimension (default 32)")
-    p.add_argument("--fanouts", type=_fanouts, default=[25, 10],
-                   help="per-layer neighbour sample sizes, one per layer (default 25,10)")
-    p.add_argument("--seed", type=int, default=0,
-                   help="seed of the initial weights and of the model's neighbour sampling (default 0)")
-    p.add_argument("--epochs", type=_epochs, default=300, help="training epochs, at least 1 (default 300)")
-    p.add_argument("--name", type=_model_name, default="otc-sage",
-                   help="model name; the model is published as NAME:VERSION, to node-embeddings.NAME.vVERSION "
-                        "(default otc-sage)")
-    p.add_argument("--version", type=_model_version, default=1,
-                   help="model version, a non-negative integer (default 1); train the next version with a new "
-                        "--version (and e.g. another --seed) to roll it out beside the current one")
-    p.set_defaults(func=_train)
-
-    def _canary(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a fraction of nodes between 0 and 1 like 0.05 "
-                                             f"(got {text!r})") from None
-        if not 0 <= value <= 1:
-            raise argparse.ArgumentTypeError(f"expected a fraction of nodes between 0 and 1 (got {text!r})")
-        return value
-
-    p = sub.add_parser("score", help="fraud scorer: consume embeddings, publish fraud scores",
-                       description="Score the serving embeddings of each model version given with --model "
-                                   "(read from its version topic, node-embeddings.NAME.vVERSION) with its fraud "
-                                   "head and publish one score per update; with --canary, also score the other "
-                                   "versions for a fraction of the nodes and report how the scores differ.")
-    add_worker_arguments(p, only=("bootstrap", "kafka_client", "control_topic"))
-    p.add_argument("--model", required=True, action="append", metavar="DIR",
-                   help="model directory with head.json (gnnstream train); repeat it for each version being "
-                        "rolled out (the scorer follows the serving one)")
-    p.add_argument("--output-topic", default=None, metavar="TOPIC",
-                   help="read embeddings from this topic instead of the model's version topic (one --model only)")
-    p.add_argument("--canary", type=_canary, default=0.0, metavar="FRACTION",
-                   help="fraction of nodes (0 to 1, by a hash of the node id) whose updates of every --model "
-                        "are scored, to compare the versions' scores (default 0: none)")
-    p.add_argument("--canary-topic", default=None, metavar="TOPIC",
-                   help="topic of every score of the canary nodes, tagged with model and role (default "
-                        "SCORES_TOPIC.canary)")
-    p.add_argument("--scores-topic", default="fraud-scores", metavar="TOPIC",
-                   help="topic the serving scores are published to (default fraud-scores)")
-    p.add_argument("--scorer-group", default="gnnstream-fraud-scorer",
-                   help="consumer group of the scorer (default gnnstream-fraud-scorer)")
-    p.add_argument("--exit-when-idle", type=finite_number(0), default=None, metavar="SECONDS",
-                   help="stop (and print the summary) after this many seconds without an update (default: never)")
-    p.set_defaults(func=_score)
 
     p = sub.add_parser("tail", help="print embedding updates readably")
     add_worker_arguments(p, only=("bootstrap", "kafka_client", "output_topic", "control_topic"))
@@ -620,10 +500,10 @@ def _one_line(text: str) -> str:
 
 def _error_line(exc: BaseException, args: argparse.Namespace) -> str | None:
     """The one-line message for an error the user can act on; None for anything else (a bug: traceback)."""
-    from graph_state.exceptions import GraphStateError
-    from model import ModelError
-    from stream.exceptions import StreamError
-    from workers.engine import EngineError
+    from gnnstream.graph_state.exceptions import GraphStateError
+    from gnnstream.model import ModelError
+    from gnnstream.stream.exceptions import StreamError
+    from gnnstream.workers.engine import EngineError
     try:
         from kafka.errors import KafkaError
     except ImportError:  # pragma: no cover - kafka-python is a dependency
@@ -662,7 +542,7 @@ def _rocksdb_line(text: str, state: str | None) -> str:
         return (f"{where} is locked by another process ({text}); stop the other gnnstream process using it "
                 f"(one process per state)")
     if text.startswith("Corruption") or "checksum" in low or "corrupt" in low:
-        from graph_state.db import REMEDY, state_corrupted
+        from gnnstream.graph_state.db import REMEDY, state_corrupted
         if state:
             return _one_line(state_corrupted(state, text))  # names the damaged file and the remedy
         return f"{where} is damaged ({text}); {REMEDY}"

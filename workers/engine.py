@@ -37,14 +37,14 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import torch
 
-from graph_state import keys
-from graph_state.idsets import setdiff_ids, unique_ids
-from graph_state.marks import DIRTY_COUNT, DIRTY_DEGREE, DIRTY_INPUT, DIRTY_SAMPLE
-from graph_state.store import GraphStore
-from graph_state.transaction import Transaction
-from stream.delivery import UpdateColumns
-from stream.partitioning import partitions_for
-from graph_state.embeddings import EmbeddingTables, MetaTable, encode_outbox, layer_logs_from
+from gnnstream.graph_state import keys
+from gnnstream.graph_state.idsets import setdiff_ids, unique_ids
+from gnnstream.graph_state.marks import DIRTY_COUNT, DIRTY_DEGREE, DIRTY_INPUT, DIRTY_SAMPLE
+from gnnstream.graph_state.store import GraphStore
+from gnnstream.graph_state.transaction import Transaction
+from gnnstream.stream.delivery import UpdateColumns
+from gnnstream.stream.partitioning import partitions_for
+from gnnstream.graph_state.embeddings import EmbeddingTables, MetaTable, encode_outbox, layer_logs_from
 
 __all__ = ["Engine", "RecomputeStats", "EngineError", "kept_partitions"]
 

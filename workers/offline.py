@@ -48,20 +48,20 @@ import numpy as np
 from rocksdict import AccessType, Cache, Options, Rdict
 from tqdm import tqdm
 
-from graph_state import keys
-from graph_state.exceptions import (StateModelMismatch, StateNoEmbeddings, StateNotADirectoryError,
+from gnnstream.graph_state import keys
+from gnnstream.graph_state.exceptions import (StateModelMismatch, StateNoEmbeddings, StateNotADirectoryError,
                                     StateNotFoundError, StateReadOnlyError, StateSeedMismatch, StoreConfigError,
                                     StoreLockedError)
-from graph_state.bulk import BulkLoad
-from graph_state.db import check_manifest, family_options, layout_error, other_families, state_corrupted
-from graph_state.store import GraphStore
-from graph_state.transaction import Transaction
-from model import CONFIG_FILE, LoadedModel, ModelConfig, ModelError, load_model_dir
-from stream.events import Event, InvalidEvent, NodeUpsert, check_features, decode_event_json
-from workers.atomic import atomic_output
-from workers.engine import Engine, check_device
-from workers.heap import freeze_warm_heap
-from graph_state.embeddings import MetaTable
+from gnnstream.graph_state.bulk import BulkLoad
+from gnnstream.graph_state.db import check_manifest, family_options, layout_error, other_families, state_corrupted
+from gnnstream.graph_state.store import GraphStore
+from gnnstream.graph_state.transaction import Transaction
+from gnnstream.model import CONFIG_FILE, LoadedModel, ModelConfig, ModelError, load_model_dir
+from gnnstream.stream.events import Event, InvalidEvent, NodeUpsert, check_features, decode_event_json
+from gnnstream.workers.atomic import atomic_output
+from gnnstream.workers.engine import Engine, check_device
+from gnnstream.workers.heap import freeze_warm_heap
+from gnnstream.graph_state.embeddings import MetaTable
 
 __all__ = [
     "read_jsonl_events",
@@ -722,8 +722,8 @@ def export_embeddings(state: str, out: TextIO) -> int:
 def _kept_test(store: GraphStore) -> Callable[[int], bool]:
     """Whether the state holds a node's final row current: a worker of a group keeps only its output
     partitions' (``Engine.kept_partitions``); other states every node's."""
-    from stream.partitioning import partition_for
-    from workers.engine import kept_partitions
+    from gnnstream.stream.partitioning import partition_for
+    from gnnstream.workers.engine import kept_partitions
     recorded = kept_partitions(store)
     if recorded is None:
         return lambda iid: True

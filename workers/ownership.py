@@ -34,8 +34,8 @@ import logging
 import threading
 from typing import Any
 
-from stream.backends import open_consumer
-from stream.clients import PartitionKey
+from gnnstream.stream.backends import open_consumer
+from gnnstream.stream.clients import PartitionKey
 
 __all__ = ["Ownership"]
 

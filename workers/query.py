@@ -37,17 +37,17 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 import torch
 
-from graph_state.sampler import seeded_rank_bytes
-from graph_state.exceptions import StateNoEmbeddings, StoreConfigError
-from graph_state.store import GraphStore
-from model import load_model_dir
-from stream.events import (EdgeDelete, EdgeUpsert, Event, InvalidEvent, NodeDelete, NodeUpsert, check_features,
+from gnnstream.graph_state.sampler import seeded_rank_bytes
+from gnnstream.graph_state.exceptions import StateNoEmbeddings, StoreConfigError
+from gnnstream.graph_state.store import GraphStore
+from gnnstream.model import load_model_dir
+from gnnstream.stream.events import (EdgeDelete, EdgeUpsert, Event, InvalidEvent, NodeDelete, NodeUpsert, check_features,
                            decode_event)
-from stream.partitioning import partition_for
-from workers.engine import kept_partitions
-from workers.offline import MODEL_DIR_META
-from graph_state.embeddings import FrameReused, MetaTable
-from model.head import HEAD_FILE, ScoreHead, load_head
+from gnnstream.stream.partitioning import partition_for
+from gnnstream.workers.engine import kept_partitions
+from gnnstream.workers.offline import MODEL_DIR_META
+from gnnstream.graph_state.embeddings import FrameReused, MetaTable
+from gnnstream.model.head import HEAD_FILE, ScoreHead, load_head
 
 __all__ = ["QueryState", "QueryError", "MAX_EVENTS", "MAX_IDS"]
 

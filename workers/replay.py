@@ -15,13 +15,13 @@ import time
 import uuid
 from typing import Any, Iterator
 
-from stream.events import encode_event, event_key
-from stream.backends import DEFAULT_KAFKA_CLIENT, open_consumer, open_producer
-from stream.clients import ConsumerClient
-from stream.kafka import ensure_topics, topic_names
-from stream.exceptions import InvalidUpdate, StreamError
-from stream.updates import decode_update
-from workers.offline import _bar
+from gnnstream.stream.events import encode_event, event_key
+from gnnstream.stream.backends import DEFAULT_KAFKA_CLIENT, open_consumer, open_producer
+from gnnstream.stream.clients import ConsumerClient
+from gnnstream.stream.kafka import ensure_topics, topic_names
+from gnnstream.stream.exceptions import InvalidUpdate, StreamError
+from gnnstream.stream.updates import decode_update
+from gnnstream.workers.offline import _bar
 
 __all__ = ["produce_file", "tail_embeddings", "iter_file_messages", "wait_for_topic"]
 
@@ -35,7 +35,7 @@ def iter_file_messages(path: str, fmt: str = "jsonl") -> Iterator[tuple[bytes | 
     """``(key, value)`` pairs of a file: JSONL lines are sent as they are (even invalid ones; a gzipped file,
     which would go out as bytes, is refused)."""
     if fmt == "snap":
-        from fraud.datasets import read_snap, snap_events  # the example's reader: the one use of it here
+        from gnnstream.stream.snap import read_snap, snap_events
         for ev in snap_events(read_snap(path)):
             yield event_key(ev), encode_event(ev)
         return

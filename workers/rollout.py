@@ -41,13 +41,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import orjson
 
-from graph_state.transaction import Transaction
-from stream.backends import DEFAULT_KAFKA_CLIENT, open_consumer, open_producer, read_to_end
-from stream.rollout import CONTROL_TOPIC, Marker, encode_marker, marker_rank, version_topic
+from gnnstream.graph_state.transaction import Transaction
+from gnnstream.stream.backends import DEFAULT_KAFKA_CLIENT, open_consumer, open_producer, read_to_end
+from gnnstream.stream.rollout import CONTROL_TOPIC, Marker, encode_marker, marker_rank, version_topic
 
 if TYPE_CHECKING:
-    from graph_state.store import GraphStore
-    from workers.worker import Worker
+    from gnnstream.graph_state.store import GraphStore
+    from gnnstream.workers.worker import Worker
 
 __all__ = ["RolloutError", "RolloutView", "stored_rollout", "record_rollout", "worker_report", "read_rollout",
            "start", "promote", "rollback", "retire", "status", "add_rollout_parser"]
@@ -100,8 +100,8 @@ def worker_report(worker: Worker, lag: int | None, final: bool = False) -> tuple
 def read_rollout(bootstrap: str, *, topic: str = CONTROL_TOPIC, kafka_client: str = DEFAULT_KAFKA_CLIENT,
                  timeout_s: float = 30.0) -> list[dict[str, Any]]:
     """Every record of the rollout topic, oldest first (an empty list when it does not exist)."""
-    from stream.exceptions import NoPartitionsError
-    from stream.kafka import ensure_topics
+    from gnnstream.stream.exceptions import NoPartitionsError
+    from gnnstream.stream.kafka import ensure_topics
     ensure_topics(bootstrap, {_named(topic): 1})
     try:
         records = read_to_end(kafka_client, bootstrap, topic, timeout_s=timeout_s)
@@ -129,7 +129,7 @@ def _named(topic: str) -> str:
 
 
 def _record(bootstrap: str, kafka_client: str, topic: str, key: str, value: dict[str, Any]) -> None:
-    from stream.kafka import ensure_topics
+    from gnnstream.stream.kafka import ensure_topics
     ensure_topics(bootstrap, {_named(topic): 1})
     producer = open_producer(kafka_client, bootstrap)
     try:
@@ -215,9 +215,9 @@ def start(live_state: str, state: str, model_dir: str, *, bootstrap: str | None 
     Raises:
         RolloutError: the model does not fit the live graph, or ``state`` exists; nothing was written.
     """
-    from graph_state.snapshot import read_meta, snapshot
-    from model.directory import load_model_dir
-    from workers.offline import _bar, open_engine, open_store
+    from gnnstream.graph_state.snapshot import read_meta, snapshot
+    from gnnstream.model.directory import load_model_dir
+    from gnnstream.workers.offline import _bar, open_engine, open_store
     if bootstrap is not None:
         _named(control_topic)
     config = load_model_dir(model_dir).config
@@ -263,7 +263,7 @@ def start(live_state: str, state: str, model_dir: str, *, bootstrap: str | None 
                     bar.update(1)
                     report(phase="backfill", layer=done, layers=engine.num_layers, nodes=nodes)
                 stats = engine.backfill(progress=advance if progress else None, publish=True)
-            from workers.offline import _bind_model_dir
+            from gnnstream.workers.offline import _bind_model_dir
             _bind_model_dir(store, model_dir)
         os.rename(partial, state)
     except BaseException:
@@ -461,7 +461,7 @@ def _num(value: Any) -> str:
 # ---------------------------------------------------------------------- the command line
 def add_rollout_parser(sub: Any) -> None:
     """``gnnstream rollout …`` (its subcommands)."""
-    from workers.settings import add_worker_arguments
+    from gnnstream.workers.settings import add_worker_arguments
     p = sub.add_parser("rollout", help="run a new model version beside the serving one; promote, roll back, "
                                        "retire (docs/operations.md)",
                        description="Roll a new model version out beside the serving one: `start` prepares its "

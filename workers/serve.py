@@ -38,6 +38,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections import deque
@@ -45,9 +46,8 @@ from typing import Any, Awaitable, Callable
 
 import orjson
 
-from stream.child import module_command
-from workers.heap import freeze_warm_heap, tune_collector
-from workers.query import QueryError, QueryState
+from gnnstream.workers.heap import freeze_warm_heap, tune_collector
+from gnnstream.workers.query import QueryError, QueryState
 
 __all__ = ["QueryApp", "QueryProcess", "serve", "MAX_BODY_BYTES", "bind"]
 
@@ -273,12 +273,12 @@ class QueryProcess:
         os.set_blocking(self._notify, False)
         # the server's own files: removed by the server as it exits, and here in case it was killed
         self._scratch = tempfile.mkdtemp(prefix="gnnstream-query-")
-        argv, env = module_command("workers.serve", "--state", state_dir, "--socket-fd", str(sock.fileno()),
-                                   "--notify-fd", str(read_end), "--scratch", self._scratch,
-                                   *(("--model", model_dir) if model_dir is not None else ()))
+        argv = [sys.executable, "-m", "gnnstream.workers.serve", "--state", state_dir, "--socket-fd",
+                str(sock.fileno()), "--notify-fd", str(read_end), "--scratch", self._scratch,
+                *(("--model", model_dir) if model_dir is not None else ())]
         try:
             # a session of its own: a Ctrl-C at the terminal reaches the worker, which then closes the pipe
-            self._child = subprocess.Popen(argv, pass_fds=(sock.fileno(), read_end), env=env, start_new_session=True)
+            self._child = subprocess.Popen(argv, pass_fds=(sock.fileno(), read_end), start_new_session=True)
         except BaseException:
             shutil.rmtree(self._scratch, ignore_errors=True)
             raise

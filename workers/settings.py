@@ -12,9 +12,10 @@ import os
 from dataclasses import dataclass, fields
 from typing import Any, Callable
 
-from stream.backends import DEFAULT_KAFKA_CLIENT, KAFKA_CLIENTS
+from gnnstream.stream.backends import DEFAULT_KAFKA_CLIENT, KAFKA_CLIENTS
 
 __all__ = ["WorkerSettings", "add_worker_arguments", "settings_from_args", "ENV_PREFIX", "whole_number",
+           "fanout_list", "model_name", "model_version",
            "finite_number", "port_number"]
 
 ENV_PREFIX = "GNNSTREAM_"
@@ -180,6 +181,33 @@ def finite_number(low: float, note: str = "") -> Callable[[str], float]:
 def port_number(zero: str | None) -> Callable[[str], int]:
     """An argparse ``type``: a TCP port, 1..65535, or 0..65535 where ``zero`` says what 0 means."""
     return _bounded(int, 0 if zero else 1, 65535, f"0 = {zero}" if zero else "")
+
+
+def fanout_list(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers like 25,10 (got {text!r})") from None
+    if not values or any(v < 0 for v in values):
+        raise argparse.ArgumentTypeError(f"expected non-negative fanouts like 25,10 (got {text!r})")
+    return values
+
+
+def model_name(text: str) -> str:
+    from gnnstream.stream.rollout import version_topic
+    try:
+        version_topic(f"{text}:1")
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a name of letters, digits, '.', '_' or '-' like otc-sage "
+                                         f"(got {text!r})") from None
+    return text
+
+
+def model_version(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"expected a non-negative whole number like 2 (got {text!r})")
+    return int(text)
+
 
 
 def _env_name(field_name: str) -> str:

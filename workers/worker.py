@@ -70,24 +70,24 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import numpy as np
 
-from graph_state.transaction import Transaction
-from graph_state.store import GraphStore
-from stream.backends import open_consumer, open_producer
-from stream.clients import ConsumerClient, PartitionKey, ProducerClient, Record
-from stream.deadletter import DeadLetter, DeadLetterWriter
-from stream.delivery import Delivery, DeliveryProcess, UpdateColumns
-from stream.events import InvalidEvent, check_features, decode_event_json
-from stream.exceptions import NoPartitionsError, StreamError, TopicSetupError
-from stream.kafka import ensure_topics
-from stream.rollout import CONTROL_KEY, Marker, marker_of, marker_rank, stamp_headers, version_topic
-from workers.heap import freeze_warm_heap
-from workers.metrics import MetricsServer, WorkerMetrics
-from workers.ownership import Ownership
-from workers.rollout import record_rollout, stored_rollout, worker_report
-from workers.settings import WorkerSettings
+from gnnstream.graph_state.transaction import Transaction
+from gnnstream.graph_state.store import GraphStore
+from gnnstream.stream.backends import open_consumer, open_producer
+from gnnstream.stream.clients import ConsumerClient, PartitionKey, ProducerClient, Record
+from gnnstream.stream.deadletter import DeadLetter, DeadLetterWriter
+from gnnstream.stream.delivery import Delivery, DeliveryProcess, UpdateColumns
+from gnnstream.stream.events import InvalidEvent, check_features, decode_event_json
+from gnnstream.stream.exceptions import NoPartitionsError, StreamError, TopicSetupError
+from gnnstream.stream.kafka import ensure_topics
+from gnnstream.stream.rollout import CONTROL_KEY, Marker, marker_of, marker_rank, stamp_headers, version_topic
+from gnnstream.workers.heap import freeze_warm_heap
+from gnnstream.workers.metrics import MetricsServer, WorkerMetrics
+from gnnstream.workers.ownership import Ownership
+from gnnstream.workers.rollout import record_rollout, stored_rollout, worker_report
+from gnnstream.workers.settings import WorkerSettings
 
 if TYPE_CHECKING:  # torch-backed modules are imported by Worker.run, after /healthz is up
-    from workers.engine import Engine
+    from gnnstream.workers.engine import Engine
 
 __all__ = ["Worker", "OutboxPublisher", "Outgoing", "OffsetResetError", "default_worker_id"]
 
@@ -214,7 +214,7 @@ class OutboxPublisher:
         is that record's or a newer one): when delivery falls behind, the
         records waiting for it coalesce.
         """
-        from graph_state.embeddings import decode_outbox
+        from gnnstream.graph_state.embeddings import decode_outbox
         taken = self._taken
         out = Outgoing([], [], np.zeros(0, dtype=np.float64), headers=self._stamp)
         records: list[tuple[float, np.ndarray]] = []
@@ -576,7 +576,7 @@ class Worker:
         server = MetricsServer(self.metrics, s.metrics_port, self.health_info, host=s.metrics_host) \
             if s.metrics_port else None
         try:
-            from workers.offline import open_store  # imports torch: after /healthz is up
+            from gnnstream.workers.offline import open_store  # imports torch: after /healthz is up
             # a new state takes the model's sampling seed; an existing one must have been created with it
             self.store = store = open_store(s.state, create=True, model_dir=s.model)
             try:
@@ -597,7 +597,7 @@ class Worker:
         return self.health_info()
 
     def _run(self, store: GraphStore, max_idle_s: float | None) -> None:
-        from workers.offline import open_engine
+        from gnnstream.workers.offline import open_engine
         s = self.settings
         engine = self.engine = open_engine(store, s.model, hub_bound=s.hub_bound,
                                            max_deferred_age=s.max_staleness_s)
@@ -618,7 +618,7 @@ class Worker:
             self._set_status("recovering", f"recomputing {engine.pending()} dirty marks the last run left")
             self._recompute(engine, None, None, publish=False)  # what a crash left dirty
         if s.query_port:
-            from workers.serve import QueryProcess
+            from gnnstream.workers.serve import QueryProcess
             self._query = QueryProcess(s.state, str(engine.model.path), s.query_host, s.query_port)
         try:
             self._stream(store, engine, max_idle_s)
@@ -1169,7 +1169,7 @@ class Worker:
     @staticmethod
     def _deferred_marks(store: GraphStore) -> np.ndarray:
         """The deferred hub marks in the store, as sorted ``tag << 32 | iid`` keys."""
-        from workers.engine import DEFERRED_TAG
+        from gnnstream.workers.engine import DEFERRED_TAG
         tags, iids, _ = store.dirty_mark_arrays()
         sel = tags >= DEFERRED_TAG
         return np.unique((tags[sel] << 32) | iids[sel])

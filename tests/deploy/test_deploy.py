@@ -31,10 +31,10 @@ from typing import Any
 import pytest
 import yaml
 
-from model import load_model_dir
-from fraud.datasets import FEATURE_DIM
-from workers.metrics import MetricsServer, WorkerMetrics
-from workers.settings import ENV_PREFIX, WorkerSettings, add_worker_arguments, settings_from_args
+from gnnstream.model import load_model_dir
+from gnnstream.stream.snap import FEATURE_DIM
+from gnnstream.workers.metrics import MetricsServer, WorkerMetrics
+from gnnstream.workers.settings import ENV_PREFIX, WorkerSettings, add_worker_arguments, settings_from_args
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"
@@ -265,7 +265,7 @@ def test_worker_env_vars_are_real_settings(worker_envs: dict[str, dict[str, str]
 
 def test_run_help_mentions_every_env_var(worker_envs: dict[str, dict[str, str]]) -> None:
     env = dict(os.environ, COLUMNS="200")
-    result = subprocess.run([sys.executable, "-m", "workers.cli", "run", "--help"], capture_output=True, text=True,
+    result = subprocess.run([sys.executable, "-m", "gnnstream.workers.cli", "run", "--help"], capture_output=True, text=True,
                             timeout=120, cwd=ROOT, env=env)
     assert result.returncode == 0, result.stderr
     help_text = result.stdout
@@ -647,7 +647,7 @@ def test_dockerfile() -> None:
     assert by("VOLUME") == ['["/var/lib/gnnstream"]']
     assert "/healthz" in by("HEALTHCHECK")[-1]
     # The entry point is the console script pyproject.toml declares.
-    assert pyproject["project"]["scripts"]["gnnstream"] == "workers.cli:main"
+    assert pyproject["project"]["scripts"]["gnnstream"] == "gnnstream.workers.cli:main"
 
 
 def _docker_ignored(path: str, patterns: list[str]) -> bool:
@@ -695,7 +695,7 @@ def test_dockerignore_keeps_the_build_context_small_and_complete() -> None:
                  "workers/__pycache__/cli.cpython-311.pyc", "model/weights.pt", "docker-compose.yml"):
         assert _docker_ignored(path, patterns), f"{path} should not be in the build context"
     needed = ["pyproject.toml", "README.md"]
-    packages = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    packages = sorted(set(_package_dirs().values()))
     for package in packages:
         files = sorted((ROOT / package).glob("*.py"))
         assert files, package
@@ -712,6 +712,13 @@ def test_dockerignore_keeps_the_build_context_small_and_complete() -> None:
         assert (ROOT / source).exists(), source
         assert not _docker_ignored(source, patterns), source
     assert set(packages) | {"pyproject.toml", "README.md"} <= set(copied)
+
+
+def _package_dirs() -> dict[str, str]:
+    """Each installed package and the folder of the repository it is installed from (``pyproject.toml``)."""
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert set(setuptools["packages"]) == set(setuptools["package-dir"]), "every package names its folder"
+    return dict(setuptools["package-dir"])
 
 
 def _build_context(dest: Path) -> list[str]:
@@ -758,10 +765,14 @@ def test_image_build_steps_work_on_the_build_context(tmp_path: Path) -> None:
     with zipfile.ZipFile(wheel) as zf:
         names = set(zf.namelist())
         entry_points = next(zf.read(n).decode() for n in names if n.endswith(".dist-info/entry_points.txt"))
-    for package in pyproject["tool"]["setuptools"]["packages"]:
-        for module in (ROOT / package).glob("*.py"):
-            assert module.relative_to(ROOT).as_posix() in names, f"{module} is missing from the image's install"
-    assert "gnnstream = workers.cli:main" in entry_points
+    for package, folder in _package_dirs().items():
+        for module in (ROOT / folder).glob("*.py"):
+            installed = f"{package.replace('.', '/')}/{module.name}"
+            assert installed in names, f"{module} is missing from the image's install (as {installed})"
+    # one top-level package, gnnstream, and its metadata: no generic names in site-packages
+    assert {n.split("/")[0] for n in names} == {"gnnstream", "gnnstream-0.1.0.dist-info"}
+    assert "gnnstream = gnnstream.workers.cli:main" in entry_points
+    assert "fraud = gnnstream.fraud.cli:add_commands" in entry_points
     assert wheel.name.endswith("-py3-none-any.whl"), f"{wheel.name}: the package must be pure Python"
     assert not [n for n in names if n.endswith((".so", ".c", ".pyd"))], "compiled code in the wheel"
 
@@ -810,7 +821,7 @@ def test_docs_describe_the_stack(compose: dict[str, Any], workers: dict[str, Any
                 assert f"http://localhost:{host}/metrics" in text, name
     assert "--scale" in text, "say why `docker compose up --scale` is no way to add workers"
     # the model's version topic and group, as the worker derives them from the model model-init creates
-    from stream.rollout import version_topic
+    from gnnstream.stream.rollout import version_topic
     init = _model_init_script(compose["services"])
     tag = "{}:{}".format(re.search(r"--name (\S+)", init).group(1), re.search(r"--version (\S+)", init).group(1))
     group = version_topic(tag, worker_envs[next(iter(workers))]["GNNSTREAM_GROUP"])

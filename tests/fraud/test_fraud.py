@@ -11,19 +11,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from graph_state.store import GraphStore
-from model import load_model_dir
-from stream.backends import KAFKA_CLIENTS
-from stream.clients import Record
-from stream.kafka import EventConsumer, Producer, ensure_topics
-from stream.exceptions import InvalidUpdate
-from stream.updates import EmbeddingUpdate, encode_update, tombstone
+from gnnstream.graph_state.store import GraphStore
+from gnnstream.model import load_model_dir
+from gnnstream.stream.backends import KAFKA_CLIENTS
+from gnnstream.stream.clients import Record
+from gnnstream.stream.kafka import EventConsumer, Producer, ensure_topics
+from gnnstream.stream.exceptions import InvalidUpdate
+from gnnstream.stream.updates import EmbeddingUpdate, encode_update, tombstone
 from tests.workers.reference import run_gnnstream
-from fraud.datasets import BITCOIN_OTC, read_snap, snap_events
-from workers.engine import Engine
-from fraud.scorer import FraudScorer, decode_updates, encode_scores
-from fraud.train import distrust_labels, roc_auc, train_fraud_model
-from model.head import ScoreHead, load_head
+from gnnstream.fraud.datasets import BITCOIN_OTC
+from gnnstream.stream.snap import read_snap, snap_events
+from gnnstream.workers.engine import Engine
+from gnnstream.fraud.scorer import FraudScorer, decode_updates, encode_scores
+from gnnstream.fraud.train import distrust_labels, roc_auc, train_fraud_model
+from gnnstream.model.head import ScoreHead, load_head
 
 DATA = BITCOIN_OTC
 
@@ -172,7 +173,7 @@ def test_scorer_decode_skips_bad_and_other_model_updates(caplog) -> None:
     # poison, another model, a wrong size and a binary update in one poll: decoded message by message
     values = [encode_update(good[0]), b'{"hello":1}', encode_update(other), encode_update(_updates(1, dim=5)[0]),
               encode_update(good[1], "binary"), b"\x00junk"]
-    with caplog.at_level(logging.WARNING, logger="fraud.scorer"):
+    with caplog.at_level(logging.WARNING, logger="gnnstream.fraud.scorer"):
         cols = scorer._decode(_records(values))
     assert cols.ids == ["n0", "n1"] and cols.versions == [1, 2] and cols.models == ["m:1", "m:1"]
     np.testing.assert_array_equal(cols.rows, np.stack([good[0].embedding, good[1].embedding]))

@@ -13,15 +13,15 @@ from typing import Any
 import numpy as np
 import pytest
 
-from stream.backends import KAFKA_CLIENTS
-from stream.clients import Record
-from stream.kafka import EventConsumer, Producer, ensure_topics
-from stream.rollout import SERVING_HEADER, version_topic
-from stream.updates import encode_update, encode_updates, tombstone, EmbeddingUpdate
+from gnnstream.stream.backends import KAFKA_CLIENTS
+from gnnstream.stream.clients import Record
+from gnnstream.stream.kafka import EventConsumer, Producer, ensure_topics
+from gnnstream.stream.rollout import SERVING_HEADER, version_topic
+from gnnstream.stream.updates import encode_update, encode_updates, tombstone, EmbeddingUpdate
 from tests.workers.reference import run_gnnstream
-from fraud.scorer import FraudScorer, canary_mask, compare_scores, ks_statistic
-from fraud.train import train_fraud_model
-from model.head import ScoreHead, load_head
+from gnnstream.fraud.scorer import FraudScorer, canary_mask, compare_scores, ks_statistic
+from gnnstream.fraud.train import train_fraud_model
+from gnnstream.model.head import ScoreHead, load_head
 
 from tests.fraud.test_fraud import _small_csv
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 
-from graph_state.store import GraphStore
+from gnnstream.graph_state.store import GraphStore
 from tests.graph_state._events import random_batches
 
 N_BATCHES = 200

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from stream.events import EdgeDelete, EdgeUpsert, NodeDelete, NodeUpsert
+from gnnstream.stream.events import EdgeDelete, EdgeUpsert, NodeDelete, NodeUpsert
 
 __all__ = ["DIM", "random_batches"]
 

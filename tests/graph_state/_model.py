@@ -13,9 +13,9 @@ from typing import Iterable, Sequence
 import networkx as nx
 import numpy as np
 
-from graph_state import keys
-from graph_state.sampler import sample_neighbors
-from stream.events import EdgeDelete, EdgeUpsert, NodeDelete, NodeUpsert
+from gnnstream.graph_state import keys
+from gnnstream.graph_state.sampler import sample_neighbors
+from gnnstream.stream.events import EdgeDelete, EdgeUpsert, NodeDelete, NodeUpsert
 from tests.graph_state._events import DIM, random_batches
 
 __all__ = ["GraphModel", "ranked", "assert_store_matches", "raw_contents", "random_batches", "DIM"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,9 +13,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_store_bench_quick_run(tmp_path):
     out = subprocess.run(
-        [sys.executable, str(REPO / "bench" / "store.py"), "--hub-degree", "3000", "--random-edges", "500",
+        [sys.executable, "-m", "bench.store", "--hub-degree", "3000", "--random-edges", "500",
          "--reads", "30", "--dir", str(tmp_path)],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=300,
     )
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)  # exactly one JSON object on stdout

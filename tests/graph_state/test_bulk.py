@@ -10,11 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import graph_state.bulk as bulk_module
-from graph_state.bulk import BulkLoad
-from graph_state.exceptions import StoreConfigError
-from graph_state.store import GraphStore
-from stream.events import EdgeDelete, EdgeUpsert, NodeDelete, NodeUpsert
+import gnnstream.graph_state.bulk as bulk_module
+from gnnstream.graph_state.bulk import BulkLoad
+from gnnstream.graph_state.exceptions import StoreConfigError
+from gnnstream.graph_state.store import GraphStore
+from gnnstream.stream.events import EdgeDelete, EdgeUpsert, NodeDelete, NodeUpsert
 from tests.graph_state._events import random_batches
 
 GRAPH_FAMILIES = ("ids", "names", "nodes", "feats", "edges", "nbrs")
@@ -167,7 +167,7 @@ def test_a_bulk_load_without_edges_equals_apply(tmp_path: Path, events: list) ->
 
 
 def test_graph_load_into_a_new_state_takes_files_without_edges(tmp_path: Path) -> None:
-    from stream.events import encode_event
+    from gnnstream.stream.events import encode_event
     from tests.workers.reference import run_gnnstream
     files = {  # name: (events, nodes after the load, events in the bulk part)
         "empty": ([], 0, 0),

@@ -23,10 +23,10 @@ from typing import Iterator
 
 import pytest
 
-from graph_state.exceptions import GraphStateError, StateCorrupted
-from graph_state.db import MANIFEST_RECORD
-from graph_state.store import GraphStore
-from model import init_model_dir
+from gnnstream.graph_state.exceptions import GraphStateError, StateCorrupted
+from gnnstream.graph_state.db import MANIFEST_RECORD
+from gnnstream.graph_state.store import GraphStore
+from gnnstream.model import init_model_dir
 from tests.workers.reference import fast_tempdir, run_gnnstream
 
 NODES = 3_000

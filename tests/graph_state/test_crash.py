@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from graph_state.store import GraphStore
+from gnnstream.graph_state.store import GraphStore
 from tests.graph_state import _crash_child as child
 from tests.graph_state._model import GraphModel, assert_store_matches, raw_contents
 

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import numpy as np
 
-from graph_state.marks import DIRTY_COUNT, DIRTY_DEGREE, DIRTY_INPUT, DIRTY_SAMPLE
-from graph_state.store import GraphStore
-from graph_state.transaction import Transaction
-from stream.events import EdgeUpsert, NodeUpsert
+from gnnstream.graph_state.marks import DIRTY_COUNT, DIRTY_DEGREE, DIRTY_INPUT, DIRTY_SAMPLE
+from gnnstream.graph_state.store import GraphStore
+from gnnstream.graph_state.transaction import Transaction
+from gnnstream.stream.events import EdgeUpsert, NodeUpsert
 
 
 def _marks(store: GraphStore) -> dict[tuple[int, str], int]:

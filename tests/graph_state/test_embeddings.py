@@ -7,10 +7,10 @@ import os
 import numpy as np
 import pytest
 
-from graph_state import keys
-from graph_state.store import GraphStore
-from graph_state.transaction import Transaction
-from graph_state.embeddings import (PAGE_ROWS, SUPERSEDED_SHARE, EmbeddingMeta, EmbeddingTables, MetaTable,
+from gnnstream.graph_state import keys
+from gnnstream.graph_state.store import GraphStore
+from gnnstream.graph_state.transaction import Transaction
+from gnnstream.graph_state.embeddings import (PAGE_ROWS, SUPERSEDED_SHARE, EmbeddingMeta, EmbeddingTables, MetaTable,
                                     decode_outbox, decode_page, encode_outbox)
 
 
@@ -319,7 +319,7 @@ def test_projections_of_rows_beyond_the_bound_are_computed_each_time(tmp_path) -
 
 
 def test_frames_hold_what_was_written_whether_fresh_or_rewritten_through_the_mapping(tmp_path) -> None:
-    from graph_state.embeddings import _FrameFile, _Readers
+    from gnnstream.graph_state.embeddings import _FrameFile, _Readers
 
     file = _FrameFile(str(tmp_path / "rows-3.f32"), 3)
     file.start([])
@@ -342,7 +342,7 @@ def test_frames_hold_what_was_written_whether_fresh_or_rewritten_through_the_map
 
 
 def test_fresh_frames_apart_in_the_file_are_written_each_at_its_own_place(tmp_path) -> None:
-    from graph_state.embeddings import _FrameFile, _Readers
+    from gnnstream.graph_state.embeddings import _FrameFile, _Readers
 
     file = _FrameFile(str(tmp_path / "rows-2.f32"), 2)
     file.start([1])  # frame 1 is taken by a stored page: 0 is free, new frames start at 2
@@ -357,7 +357,7 @@ def test_fresh_frames_apart_in_the_file_are_written_each_at_its_own_place(tmp_pa
 
 
 def test_a_failed_row_write_fails_the_encode(tmp_path, monkeypatch) -> None:
-    from graph_state import embeddings as tables_module
+    from gnnstream.graph_state import embeddings as tables_module
 
     with GraphStore(str(tmp_path / "db")) as store:
         table = MetaTable(store)
@@ -372,8 +372,8 @@ def test_a_failed_row_write_fails_the_encode(tmp_path, monkeypatch) -> None:
 
 
 def test_a_row_file_closed_while_a_failed_write_holds_its_mapping_keeps_the_error(tmp_path, monkeypatch) -> None:
-    from graph_state import embeddings as tables_module
-    from graph_state.embeddings import _FrameFile, _Readers
+    from gnnstream.graph_state import embeddings as tables_module
+    from gnnstream.graph_state.embeddings import _FrameFile, _Readers
 
     file = _FrameFile(str(tmp_path / "rows-2.f32"), 2)
     file.start([])
@@ -396,7 +396,7 @@ def test_a_row_file_closed_while_a_failed_write_holds_its_mapping_keeps_the_erro
 
 @pytest.mark.parametrize("framed", [True, False])
 def test_encoded_pages_decode_to_their_records_full_pages_and_the_rest(framed: bool) -> None:
-    from graph_state.embeddings import encode_pages
+    from gnnstream.graph_state.embeddings import encode_pages
 
     n = 2 * PAGE_ROWS + 37
     rng = np.random.default_rng(3)
@@ -421,8 +421,8 @@ def test_encoded_pages_decode_to_their_records_full_pages_and_the_rest(framed: b
 
 
 def test_the_row_file_mapping_grows_geometrically(tmp_path, monkeypatch) -> None:
-    from graph_state import embeddings as tables_module
-    from graph_state.embeddings import _FrameFile, _Readers
+    from gnnstream.graph_state import embeddings as tables_module
+    from gnnstream.graph_state.embeddings import _FrameFile, _Readers
 
     file = _FrameFile(str(tmp_path / "rows-2.f32"), 2)
     file.start([])

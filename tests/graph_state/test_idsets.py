@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 
-from graph_state.idsets import setdiff_ids, unique_ids
+from gnnstream.graph_state.idsets import setdiff_ids, unique_ids
 
 ids = st.lists(st.one_of(st.integers(0, 300), st.integers(0, (1 << 62) - 1)), max_size=200)
 

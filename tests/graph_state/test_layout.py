@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from rocksdict import Options, Rdict
 
-from graph_state import keys
-from graph_state.exceptions import StateLayoutError
-from graph_state.store import GraphStore
-from stream.events import EdgeUpsert
+from gnnstream.graph_state import keys
+from gnnstream.graph_state.exceptions import StateLayoutError
+from gnnstream.graph_state.store import GraphStore
+from gnnstream.stream.events import EdgeUpsert
 from tests.workers.reference import run_gnnstream
 
 

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from graph_state.sampler import rank_bytes, seeded_rank_bytes
-from graph_state.store import GraphStore
-from stream.events import EdgeDelete, EdgeUpsert, NodeUpsert
+from gnnstream.graph_state.sampler import rank_bytes, seeded_rank_bytes
+from gnnstream.graph_state.store import GraphStore
+from gnnstream.stream.events import EdgeDelete, EdgeUpsert, NodeUpsert
 from tests.graph_state._model import DIM, GraphModel, assert_store_matches
 
 FANOUTS = (1, 3, 10)

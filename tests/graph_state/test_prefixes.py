@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from graph_state.prefixes import merge_rows
-from graph_state.store import GraphStore
-from stream.events import EdgeDelete, EdgeUpsert, NodeDelete
+from gnnstream.graph_state.prefixes import merge_rows
+from gnnstream.graph_state.store import GraphStore
+from gnnstream.stream.events import EdgeDelete, EdgeUpsert, NodeDelete
 
 WIDTH = 4
 

@@ -7,7 +7,7 @@ import random
 import numpy as np
 import pytest
 
-from graph_state.sampled import SampledIndex
+from gnnstream.graph_state.sampled import SampledIndex
 
 
 def _packed(pairs) -> np.ndarray:

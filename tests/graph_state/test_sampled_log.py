@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import graph_state.store as store_module
-from graph_state import keys
-from graph_state.store import GraphStore
+import gnnstream.graph_state.store as store_module
+from gnnstream.graph_state import keys
+from gnnstream.graph_state.store import GraphStore
 from tests.graph_state._events import random_batches
 from tests.graph_state._model import GraphModel, assert_store_matches
 

@@ -36,16 +36,16 @@ from typing import Iterator
 import pytest
 from rocksdict import Options, Rdict
 
-from graph_state import snapshot as snapshot_module
-from graph_state.exceptions import SnapshotTargetError, StateNotADirectoryError, StateNotFoundError
-from graph_state.snapshot import snapshot
-from graph_state.store import GraphStore
-from model import init_model_dir, load_model_dir
+from gnnstream.graph_state import snapshot as snapshot_module
+from gnnstream.graph_state.exceptions import SnapshotTargetError, StateNotADirectoryError, StateNotFoundError
+from gnnstream.graph_state.snapshot import snapshot
+from gnnstream.graph_state.store import GraphStore
+from gnnstream.model import init_model_dir, load_model_dir
 from tests.graph_state._events import DIM, random_batches
 from tests.graph_state._model import GraphModel, assert_store_matches, raw_contents
-from workers.engine import Engine
-from workers.offline import verify
-from graph_state.embeddings import MetaTable
+from gnnstream.workers.engine import Engine
+from gnnstream.workers.offline import verify
+from gnnstream.graph_state.embeddings import MetaTable
 
 REPO = Path(__file__).resolve().parents[2]
 N_NODES = 400  # several pages of 128 records per layer, so frames are released and reused
@@ -460,7 +460,7 @@ def test_a_failed_snapshot_leaves_nothing(work: Path, closed_state: Path, monkey
 # ---------------------------------------------------------------------- the command
 def _gnnstream(*argv: object) -> subprocess.CompletedProcess:
     env = dict(os.environ, GNNSTREAM_NO_PROGRESS="1", COLUMNS="200")
-    return subprocess.run([sys.executable, "-m", "workers.cli", *map(str, argv)], cwd=REPO, env=env,
+    return subprocess.run([sys.executable, "-m", "gnnstream.workers.cli", *map(str, argv)], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=300)
 
 

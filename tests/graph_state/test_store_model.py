@@ -15,9 +15,9 @@ import pytest
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
-from graph_state.sampler import neighbor_rank, sample_neighbors
-from graph_state.store import GraphStore
-from stream.events import EdgeDelete, EdgeUpsert, NodeDelete, NodeUpsert
+from gnnstream.graph_state.sampler import neighbor_rank, sample_neighbors
+from gnnstream.graph_state.store import GraphStore
+from gnnstream.stream.events import EdgeDelete, EdgeUpsert, NodeDelete, NodeUpsert
 from tests.graph_state._model import DIM, GraphModel, assert_store_matches, random_batches, ranked, raw_contents
 
 FANOUTS = (1, 3, 10)

@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from graph_state.exceptions import GraphStateError, OffsetRegressionError, StoreConfigError, StoreLockedError
-from graph_state.store import GraphStore
-from stream.events import EdgeDelete, EdgeUpsert, NodeDelete, NodeUpsert
+from gnnstream.graph_state.exceptions import GraphStateError, OffsetRegressionError, StoreConfigError, StoreLockedError
+from gnnstream.graph_state.store import GraphStore
+from gnnstream.stream.events import EdgeDelete, EdgeUpsert, NodeDelete, NodeUpsert
 from tests.graph_state._model import DIM, raw_contents
 
 REPO = Path(__file__).resolve().parents[2]
@@ -196,8 +196,8 @@ def test_invalid_seed_or_dim(tmp_path):
 
 _LOCK_CHILD = textwrap.dedent("""
     import sys, time
-    from graph_state.store import GraphStore
-    from graph_state.exceptions import StoreLockedError
+    from gnnstream.graph_state.store import GraphStore
+    from gnnstream.graph_state.exceptions import StoreLockedError
     t = time.monotonic()
     try:
         s = GraphStore(sys.argv[1], lock_timeout=float(sys.argv[2]))

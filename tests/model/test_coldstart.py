@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from model import (
+from gnnstream.model import (
     MODE_COLD_START,
     MODE_FEATURE_ONLY,
     MODE_FULL,

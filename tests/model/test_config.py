@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from model import InvalidModelConfig, ModelConfig, UnknownArchitecture, UnknownColdStartPolicy
+from gnnstream.model import InvalidModelConfig, ModelConfig, UnknownArchitecture, UnknownColdStartPolicy
 
 BASE = dict(arch="gat", in_dim=4, hidden_dim=8, out_dim=2, num_layers=2, fanouts=[3, 1], seed=1, heads=2)
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch_geometric.nn.models import GraphSAGE
 
-from model import (
+from gnnstream.model import (
     CONFIG_FILE,
     WEIGHTS_FILE,
     ChecksumMismatch,
@@ -27,7 +27,7 @@ from model import (
     load_model_dir,
     save_model_dir,
 )
-from model.directory import file_sha256
+from gnnstream.model.directory import file_sha256
 
 
 @pytest.fixture()

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch_geometric.nn import GATConv, GCNConv, SAGEConv
 
-from model import GATLayer, GCNLayer, SAGELayer
+from gnnstream.model import GATLayer, GCNLayer, SAGELayer
 from tests.model.graphs import gather_batch, randomise_, random_neighbourhoods, sampled_edge_index
 
 ATOL = 1e-5

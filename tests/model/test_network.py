@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch_geometric.nn.models import GAT, GCN, GraphSAGE
 
-from model import GNN, ModelConfig, load_model_dir, save_model_dir
+from gnnstream.model import GNN, ModelConfig, load_model_dir, save_model_dir
 from tests.model.graphs import randomise_, random_neighbourhoods, run_layerwise, sampled_edge_index
 
 ATOL = 1e-5

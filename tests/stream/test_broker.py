@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from stream.broker import EmbeddedBroker, _all_threads_stopped, _metadata_ok, _port_is_free, free_port
-from stream.exceptions import BrokerBinaryNotFound, BrokerError, BrokerPortInUse
+from gnnstream.stream.broker import EmbeddedBroker, _all_threads_stopped, _metadata_ok, _port_is_free, free_port
+from gnnstream.stream.exceptions import BrokerBinaryNotFound, BrokerError, BrokerPortInUse
 
 pytestmark = pytest.mark.broker
 REPO = Path(__file__).resolve().parents[2]

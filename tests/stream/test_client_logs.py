@@ -15,8 +15,8 @@ import uuid
 import pytest
 from confluent_kafka import KafkaError
 
-import stream.confluent as confluent
-from stream.broker import free_port
+import gnnstream.stream.confluent as confluent
+from gnnstream.stream.broker import free_port
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -52,32 +52,32 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> _Clock:
 
 def test_identical_librdkafka_messages_are_logged_once_then_summarised(clock: _Clock,
                                                                       caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.DEBUG, logger="stream.confluent")
+    caplog.set_level(logging.DEBUG, logger="gnnstream.stream.confluent")
     log, port = confluent._librdkafka_log, free_port()
     for i in range(1000):  # each refused reconnect: a log line and an error, with the same text
         log.log(logging.ERROR, "%s [%s] %s", "FAIL", "gnnstream-producer#producer-1", _refused(port, i))
         confluent._log_error(KafkaError(KafkaError._TRANSPORT, _refused(port, i).split("]: ", 1)[1]))
         clock.now += 0.05
-    shown = _shown(caplog, "stream.confluent")
+    shown = _shown(caplog, "gnnstream.stream.confluent")
     assert len(shown) == 1 and "Connection refused" in shown[0] and "thrd:" not in shown[0], shown
     repeats = [r for r in caplog.records if r.levelno == logging.DEBUG and "Connection refused" in r.getMessage()]
     assert len(repeats) == 1999  # every repeat still goes to DEBUG
 
     clock.now += 11  # 61 s after the first line: the next check logs how many were held back
     confluent._repeats.expire()
-    shown = _shown(caplog, "stream.confluent")
+    shown = _shown(caplog, "gnnstream.stream.confluent")
     assert len(shown) == 2 and shown[1].endswith("[repeated 999 times in the last 61 s]"), shown
     assert caplog.records[-1].levelno == logging.ERROR
 
     clock.now += 61  # a quiet minute: nothing to summarise, and the next failure is a first again
     confluent._repeats.expire()
     log.log(logging.ERROR, "%s [%s] %s", "FAIL", "gnnstream-producer#producer-2", _refused(port))
-    shown = _shown(caplog, "stream.confluent")
+    shown = _shown(caplog, "gnnstream.stream.confluent")
     assert len(shown) == 3 and "repeated" not in shown[2] and "producer-2" in shown[2], shown
 
 
 def test_a_distinct_librdkafka_message_still_gets_through(clock: _Clock, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="stream.confluent")
+    caplog.set_level(logging.INFO, logger="gnnstream.stream.confluent")
     log, port, other = confluent._librdkafka_log, free_port(), free_port()
     for i in range(200):
         log.log(logging.ERROR, "%s [%s] %s", "FAIL", "c#producer-1", _refused(port, i))
@@ -94,7 +94,7 @@ def test_a_distinct_librdkafka_message_still_gets_through(clock: _Clock, caplog:
     fatal = KafkaError(KafkaError._FENCED, "Producer fenced by newer instance", fatal=True)
     confluent._log_error(fatal)
     confluent._log_error(fatal)  # fatal errors are never held back
-    shown = _shown(caplog, "stream.confluent")
+    shown = _shown(caplog, "gnnstream.stream.confluent")
     assert len(shown) == 6, shown
     assert f"127.0.0.1:{port} failed" in shown[0]
     assert "SASL authentication error" in shown[1]
@@ -106,7 +106,7 @@ def test_a_distinct_librdkafka_message_still_gets_through(clock: _Clock, caplog:
 def test_an_idle_producer_logs_a_refused_broker_at_once_and_once(caplog: pytest.LogCaptureFixture) -> None:
     """The real client against a closed port, reconnecting every few milliseconds: its first failure is
     logged while the producer sits idle (not when it is closed), and its many repeats only at DEBUG."""
-    caplog.set_level(logging.DEBUG, logger="stream.confluent")
+    caplog.set_level(logging.DEBUG, logger="gnnstream.stream.confluent")
     port = free_port()
     producer = confluent.ConfluentProducer(f"127.0.0.1:{port}", reconnect_backoff_ms=10,
                                            reconnect_backoff_max_ms=20)
@@ -119,7 +119,7 @@ def test_an_idle_producer_logs_a_refused_broker_at_once_and_once(caplog: pytest.
     finally:
         producer.close(timeout_s=0.1)
     assert any(f":{port} failed: Connection refused" in m for m in seen_idle), seen_idle
-    shown = [m for m in _shown(caplog, "stream.confluent") if str(port) in m]
+    shown = [m for m in _shown(caplog, "gnnstream.stream.confluent") if str(port) in m]
     repeats = [r for r in caplog.records if r.levelno == logging.DEBUG and f":{port} failed" in r.getMessage()]
     assert len(shown) == 1, shown
     assert len(repeats) >= 5
@@ -127,7 +127,7 @@ def test_an_idle_producer_logs_a_refused_broker_at_once_and_once(caplog: pytest.
 
 def test_kafka_python_connection_failures_are_bounded(monkeypatch: pytest.MonkeyPatch,
                                                       caplog: pytest.LogCaptureFixture) -> None:
-    import stream.kafka  # noqa: F401  (puts the rate limit on kafka-python's loggers)
+    import gnnstream.stream.kafka  # noqa: F401  (puts the rate limit on kafka-python's loggers)
 
     caplog.set_level(logging.DEBUG, logger="kafka")
     node = f"bootstrap-{uuid.uuid4().hex[:8]}"

@@ -7,10 +7,10 @@ from collections.abc import Callable
 
 import pytest
 
-from stream.broker import EmbeddedBroker
-from stream.deadletter import DeadLetter, DeadLetterWriter, dead_letter_headers
-from stream.events import InvalidEvent, decode_event_json
-from stream.kafka import EventConsumer, Producer, Record, ensure_topics
+from gnnstream.stream.broker import EmbeddedBroker
+from gnnstream.stream.deadletter import DeadLetter, DeadLetterWriter, dead_letter_headers
+from gnnstream.stream.events import InvalidEvent, decode_event_json
+from gnnstream.stream.kafka import EventConsumer, Producer, Record, ensure_topics
 
 
 def test_headers_are_named_and_encoded() -> None:

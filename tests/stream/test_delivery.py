@@ -12,10 +12,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from stream.backends import KAFKA_CLIENTS
-from stream.delivery import _CHUNK, DeliveryProcess, UpdateColumns, encode_columns
-from stream.exceptions import DeliveryError
-from stream.kafka import ensure_topics
+from gnnstream.stream.backends import KAFKA_CLIENTS
+from gnnstream.stream.delivery import _CHUNK, DeliveryProcess, UpdateColumns, encode_columns
+from gnnstream.stream.exceptions import DeliveryError
+from gnnstream.stream.kafka import ensure_topics
 from tests.workers.test_worker_kafka import read_topic
 
 pytestmark = [pytest.mark.broker, pytest.mark.filterwarnings("ignore::DeprecationWarning")]

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stream.events import (
+from gnnstream.stream.events import (
     INVALID_EVENT_REASONS,
     MAX_EVENT_BYTES,
     EdgeDelete,

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stream.events import (
+from gnnstream.stream.events import (
     _QUOTED_BYTES, _QUOTED_TEXT, EdgeDelete, EdgeUpsert, InvalidEvent, NodeDelete, NodeUpsert, _decode_common,
     _reject_constant, _unique_fields, decode_event, decode_event_json,
 )

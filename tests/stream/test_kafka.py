@@ -13,11 +13,11 @@ from collections.abc import Callable
 
 import pytest
 
-from stream.backends import KAFKA_CLIENTS, open_consumer, open_producer
-from stream.broker import EmbeddedBroker, free_port
-from stream.clients import ConsumerClient, Record
-from stream.exceptions import DeliveryError, StreamError, TopicSetupError
-from stream.kafka import ensure_topics
+from gnnstream.stream.backends import KAFKA_CLIENTS, open_consumer, open_producer
+from gnnstream.stream.broker import EmbeddedBroker, free_port
+from gnnstream.stream.clients import ConsumerClient, Record
+from gnnstream.stream.exceptions import DeliveryError, StreamError, TopicSetupError
+from gnnstream.stream.kafka import ensure_topics
 
 pytestmark = pytest.mark.broker
 
@@ -309,8 +309,8 @@ def test_high_watermarks_come_from_fetches(kafka_client: str, broker: EmbeddedBr
 def test_read_to_end_reads_every_partition_without_a_group(kafka_client: str, broker: EmbeddedBroker,
                                                           unique_name: Callable[[str], str]) -> None:
     """Every record of every partition, in order per partition; an empty topic is []; a missing one is refused."""
-    from stream.backends import read_to_end
-    from stream.exceptions import NoPartitionsError
+    from gnnstream.stream.backends import read_to_end
+    from gnnstream.stream.exceptions import NoPartitionsError
     topic, empty = unique_name("all"), unique_name("empty")
     ensure_topics(broker.bootstrap, {topic: 3, empty: 2})
     produce(kafka_client, broker.bootstrap, topic, [(i, f"v{i}".encode()) for i in range(40)])
@@ -424,7 +424,7 @@ def test_rebalance_hands_partitions_over_at_the_stored_offsets(kafka_client: str
 
 
 def test_confluent_settings_are_checked() -> None:
-    from stream.confluent import ConfluentConsumer, ConfluentProducer, librdkafka_settings
+    from gnnstream.stream.confluent import ConfluentConsumer, ConfluentProducer, librdkafka_settings
 
     assert librdkafka_settings({"linger_ms": 1, "max_request_size": 2, "fetch.wait.max.ms": 3}) == {
         "linger.ms": 1, "message.max.bytes": 2, "fetch.wait.max.ms": 3}
@@ -436,7 +436,7 @@ def test_confluent_settings_are_checked() -> None:
 
 def test_confluent_full_local_queue_waits_for_room(broker: EmbeddedBroker, unique_name: Callable[[str], str],
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    from stream.confluent import ConfluentProducer
+    from gnnstream.stream.confluent import ConfluentProducer
 
     waits = []
     wait = ConfluentProducer._send_when_room
@@ -456,7 +456,7 @@ def test_confluent_full_local_queue_waits_for_room(broker: EmbeddedBroker, uniqu
 
 
 def test_confluent_full_local_queue_without_broker_fails_the_send() -> None:
-    from stream.confluent import ConfluentProducer
+    from gnnstream.stream.confluent import ConfluentProducer
 
     producer = ConfluentProducer(f"127.0.0.1:{free_port()}", queue_buffering_max_messages=3, max_block_ms=300)
     try:
@@ -477,7 +477,7 @@ def test_confluent_failing_assign_hook_holds_the_partitions(broker: EmbeddedBrok
                                                             unique_name: Callable[[str], str]) -> None:
     """After a failed hook nothing is read from a position the caller did not choose; the next
     assignment, with a working hook, reads again."""
-    from stream.confluent import ConfluentConsumer
+    from gnnstream.stream.confluent import ConfluentConsumer
 
     topic, group = unique_name("hold"), unique_name("g")
     ensure_topics(broker.bootstrap, {topic: 2})
@@ -513,7 +513,7 @@ def test_confluent_failing_assign_hook_holds_the_partitions(broker: EmbeddedBrok
 def test_confluent_close_is_bounded_when_the_broker_stalls(private_broker: EmbeddedBroker,
                                                            unique_name: Callable[[str], str]) -> None:
     """librdkafka would wait minutes for a commit in flight to a stalled broker."""
-    from stream.confluent import ConfluentConsumer
+    from gnnstream.stream.confluent import ConfluentConsumer
 
     topic = unique_name("stallclose")
     ensure_topics(private_broker.bootstrap, {topic: 1})

@@ -12,8 +12,8 @@ from typing import Callable
 
 import pytest
 
-from stream.broker import EmbeddedBroker
-from stream.kafka import EventConsumer, ensure_topics
+from gnnstream.stream.broker import EmbeddedBroker
+from gnnstream.stream.kafka import EventConsumer, ensure_topics
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 

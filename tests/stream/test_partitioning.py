@@ -9,9 +9,9 @@ import random
 import pytest
 from kafka.partitioner.default import murmur2 as kafka_python_murmur2
 
-from stream.backends import KAFKA_CLIENTS, open_producer
-from stream.kafka import ensure_topics
-from stream.partitioning import murmur2, partition_for, partitions_for
+from gnnstream.stream.backends import KAFKA_CLIENTS, open_producer
+from gnnstream.stream.kafka import ensure_topics
+from gnnstream.stream.partitioning import murmur2, partition_for, partitions_for
 
 # Utils.murmur2 in the Java client, as signed ints (its own unit test's values)
 JAVA = {b"21": -973932308, b"foobar": -790332482, b"a-little-bit-long-string": -985981536,

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stream.exceptions import InvalidUpdate
-from stream.updates import (
+from gnnstream.stream.exceptions import InvalidUpdate
+from gnnstream.stream.updates import (
     BINARY_MAGIC,
     VERSION_HEADER,
     EmbeddingUpdate,

@@ -52,7 +52,7 @@ def gnnstream_command(*argv: Any) -> list[str]:
     """The command line running ``gnnstream ARGV`` in a process of its own (the installed script of this
     environment, else the CLI module with this interpreter)."""
     script = Path(sys.executable).with_name("gnnstream")
-    base = [str(script)] if script.is_file() else [sys.executable, "-m", "workers.cli"]
+    base = [str(script)] if script.is_file() else [sys.executable, "-m", "gnnstream.workers.cli"]
     return base + [str(a) for a in argv]
 
 

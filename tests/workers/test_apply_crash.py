@@ -23,7 +23,7 @@ import pytest
 
 from tests.workers.reference import (DATA_DIR, assert_embeddings_close, fast_tempdir, fold_jsonl, gnnstream_command,
                                      reference_embeddings)
-from workers.cli import main
+from gnnstream.workers.cli import main
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::DeprecationWarning"),
               pytest.mark.xdist_group("crash-loops")]  # kills spread over its run time: not beside another loop

@@ -4,6 +4,7 @@ embeddings as the engine alone, and the targets are judged from what was measure
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +21,7 @@ def test_e2e_synthetic_quick_run(tmp_path: Path) -> None:
          "6000", "--stream-events", "1200", "--warmup-events", "400", "--batch-size", "200", "--max-batch-size",
          "400", "--clients", "confluent", "--formats", "json,binary", "--fresh-seconds", "3", "--fresh-warmup-s",
          "1", "--idle-s", "1", "--workdir", str(tmp_path)],
-        cwd=tmp_path, capture_output=True, text=True, timeout=600,
+        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=600,
     )
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout)  # exactly one JSON object on stdout

@@ -4,6 +4,7 @@ targets from what it measured."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,10 +14,10 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_engine_bench_quick_run(tmp_path: Path) -> None:
     out = subprocess.run(
-        [sys.executable, str(REPO / "bench" / "engine.py"), "--nodes", "2000", "--edges", "12000", "--dim", "16",
+        [sys.executable, "-m", "bench.engine", "--nodes", "2000", "--edges", "12000", "--dim", "16",
          "--events", "2000", "--batch", "200", "--hub-degree", "3000", "--hub-setup-batch", "1000",
          "--hub-batches", "2", "--hub-batch", "100", "--workdir", str(tmp_path)],
-        cwd=tmp_path, capture_output=True, text=True, timeout=600,
+        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=600,
     )
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)  # exactly one JSON object on stdout

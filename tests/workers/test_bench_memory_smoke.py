@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,9 +13,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_memory_bench_quick_run(tmp_path: Path) -> None:
     out = subprocess.run(
-        [sys.executable, str(REPO / "bench" / "memory.py"), "--chunks", "2", "--chunk-mib", "4", "--frames", "8",
+        [sys.executable, "-m", "bench.memory", "--chunks", "2", "--chunk-mib", "4", "--frames", "8",
          "--dim", "4", "--workdir", str(tmp_path)],
-        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=120,
     )
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)  # exactly one JSON object on stdout

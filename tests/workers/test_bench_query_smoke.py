@@ -4,6 +4,7 @@ judged from what was measured."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,10 +17,10 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.mark.broker
 def test_query_bench_quick_run(tmp_path: Path) -> None:
     out = subprocess.run(
-        [sys.executable, str(REPO / "bench" / "query.py"), "--nodes", "1000", "--edges", "6000", "--rate", "200",
+        [sys.executable, "-m", "bench.query", "--nodes", "1000", "--edges", "6000", "--rate", "200",
          "--warmup-events", "300", "--seconds", "2", "--lookup-rps", "50", "--infer-rps", "10",
          "--fresh-warmup-s", "2", "--batch-size", "100", "--max-batch-size", "400", "--workdir", str(tmp_path)],
-        cwd=tmp_path, capture_output=True, text=True, timeout=600,
+        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=600,
     )
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout)  # exactly one JSON object on stdout

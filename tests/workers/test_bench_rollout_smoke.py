@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,10 +17,10 @@ pytestmark = pytest.mark.xdist_group("scale-out")  # several workers at once: on
 
 def test_rollout_bench_quick_run(tmp_path: Path) -> None:
     out = subprocess.run(
-        [sys.executable, str(REPO / "bench" / "rollout.py"), "--nodes", "1000", "--edges", "6000", "--rate", "100",
+        [sys.executable, "-m", "bench.rollout", "--nodes", "1000", "--edges", "6000", "--rate", "100",
          "--seconds", "3", "--sample", "1", "--batch-size", "100", "--max-batch-size", "400",
          "--workdir", str(tmp_path)],
-        cwd=tmp_path, capture_output=True, text=True, timeout=600,
+        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=600,
     )
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout)  # exactly one JSON object on stdout

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,9 +13,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_scale_bench_quick_run(tmp_path: Path) -> None:
     out = subprocess.run(
-        [sys.executable, str(REPO / "bench" / "scale.py"), "--large-log2", "11", "--large-edges", "12000",
+        [sys.executable, "-m", "bench.scale", "--large-log2", "11", "--large-edges", "12000",
          "--small-log2", "9", "--events", "600", "--batch", "200", "--workdir", str(tmp_path)],
-        cwd=tmp_path, capture_output=True, text=True, timeout=600,
+        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=600,
     )
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout)  # exactly one JSON object on stdout

@@ -16,20 +16,20 @@ import numpy as np
 import pytest
 from kafka.admin import KafkaAdminClient
 
-import workers.replay as replay
-from stream.clients import Record
-from stream.exceptions import NoPartitionsError, StreamError
-from stream.kafka import Producer, ensure_topics
-from stream.updates import EmbeddingUpdate, encode_update
-from workers.cli import main
-from workers.replay import tail_embeddings
+import gnnstream.workers.replay as replay
+from gnnstream.stream.clients import Record
+from gnnstream.stream.exceptions import NoPartitionsError, StreamError
+from gnnstream.stream.kafka import Producer, ensure_topics
+from gnnstream.stream.updates import EmbeddingUpdate, encode_update
+from gnnstream.workers.cli import main
+from gnnstream.workers.replay import tail_embeddings
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _gnnstream(*argv: Any, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, GNNSTREAM_NO_PROGRESS="1")
-    return subprocess.run([sys.executable, "-m", "workers.cli", *map(str, argv)], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "gnnstream.workers.cli", *map(str, argv)], capture_output=True, text=True,
                           cwd=ROOT, env=env, timeout=timeout)
 
 

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from workers.cli import build_parser, main
-from workers.settings import WorkerSettings
+from gnnstream.workers.cli import build_parser, main
+from gnnstream.workers.settings import WorkerSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -205,7 +205,7 @@ def test_closed_stdout_pipe_ends_quietly(tmp_path: Path) -> None:
     read_end, write_end = os.pipe()
     os.close(read_end)  # the reader went away, as `gnnstream ... | head` once head has its lines
     try:
-        result = subprocess.run([sys.executable, "-m", "workers.cli", "model", "init", str(tmp_path / "m"),
+        result = subprocess.run([sys.executable, "-m", "gnnstream.workers.cli", "model", "init", str(tmp_path / "m"),
                                  "--in-dim", "2", "--hidden", "2", "--out-dim", "2", "--fanouts", "2,2"],
                                 stdout=write_end, stderr=subprocess.PIPE, text=True, cwd=ROOT, timeout=120,
                                 env=dict(os.environ, GNNSTREAM_NO_PROGRESS="1"))

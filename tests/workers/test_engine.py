@@ -21,9 +21,9 @@ import torch
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from graph_state.store import GraphStore
-from model import init_model_dir, load_model_dir
-from stream.events import EdgeDelete, EdgeUpsert, NodeDelete, NodeUpsert
+from gnnstream.graph_state.store import GraphStore
+from gnnstream.model import init_model_dir, load_model_dir
+from gnnstream.stream.events import EdgeDelete, EdgeUpsert, NodeDelete, NodeUpsert
 from tests.graph_state._events import random_batches
 from tests.workers.reference import (
     ATOL,
@@ -36,8 +36,8 @@ from tests.workers.reference import (
     reference_embeddings,
     run_gnnstream,
 )
-from workers.engine import Engine
-from graph_state.embeddings import EmbeddingMeta, MetaTable, decode_outbox
+from gnnstream.workers.engine import Engine
+from gnnstream.graph_state.embeddings import EmbeddingMeta, MetaTable, decode_outbox
 
 SEED = 11
 DIM = 4
@@ -637,7 +637,7 @@ def test_mode_changes_when_features_equal_the_zero_default(model_dirs: dict[str,
 
 
 def test_small_layers_run_on_one_torch_thread_and_restore_the_setting() -> None:
-    from workers.engine import _SMALL_LAYER, _threads_for
+    from gnnstream.workers.engine import _SMALL_LAYER, _threads_for
 
     before = torch.get_num_threads()
     torch.set_num_threads(2)
@@ -659,7 +659,7 @@ def _frames_named_twice(engine: Engine) -> dict:
     """Frames of a row file that more than one stored page points at (must be none)."""
     from collections import Counter
 
-    from graph_state.embeddings import decode_page
+    from gnnstream.graph_state.embeddings import decode_page
 
     named: Counter = Counter()
     for log in engine.logs.values():
@@ -674,7 +674,7 @@ def test_a_recompute_that_fails_before_its_write_leaves_every_frame_to_its_page(
         model_dirs: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The layer-1 log has released frames when the final log's frame write fails (a full disk): those frames
     belong to stored pages until a write deletes them, so a retry and later batches must not reuse them."""
-    from graph_state import embeddings as tables
+    from gnnstream.graph_state import embeddings as tables
 
     model = load_model_dir(model_dirs["sage"])
     rnd = random.Random(5)
@@ -769,7 +769,7 @@ def test_rows_lost_to_an_operating_system_crash_are_recomputed_at_the_next_start
         model_dirs: dict[str, Path], tmp_path: Path) -> None:
     """Frames of the final log and of the h^1 log that no longer hold their pages' rows (zeros, and the rows of
     another page): the engine marks their nodes at start, and the next recompute makes the store exact again."""
-    from graph_state.embeddings import PAGE_ROWS, decode_page
+    from gnnstream.graph_state.embeddings import PAGE_ROWS, decode_page
 
     model = load_model_dir(model_dirs["sage"])
     with GraphStore(tmp_path / "s", seed=SEED) as store:
@@ -833,7 +833,7 @@ def test_sharded_final_layer_keeps_publishes_and_takes_over_by_partition(model_d
     """One engine of a group: it keeps and publishes the final layer of its output partition only; a takeover
     computes and publishes another partition's nodes; a partition kept but not published is stored, not
     published, and taking it back recomputes nothing. Every version is at least its epoch << 32."""
-    from stream.partitioning import partition_for
+    from gnnstream.stream.partitioning import partition_for
     model = load_model_dir(model_dirs["sage"])
     rnd = random.Random(3)
     names = [f"v{i}" for i in range(40)]
@@ -913,7 +913,7 @@ def test_a_backfill_on_a_device_equals_the_cpu_backfill(model_dirs: dict[str, Pa
 
 def test_a_device_torch_does_not_have_is_refused_before_anything_changes(model_dirs: dict[str, Path],
                                                                          tmp_path: Path) -> None:
-    from workers.engine import check_device
+    from gnnstream.workers.engine import check_device
     with pytest.raises(ValueError, match="Expected device cpu or cuda"):
         check_device("meta")
     with pytest.raises(ValueError, match="Expected a torch device"):

@@ -3,7 +3,7 @@
 import gc
 import weakref
 
-from workers.heap import freeze_warm_heap, tune_collector
+from gnnstream.workers.heap import freeze_warm_heap, tune_collector
 
 
 def test_tune_collector_sets_thresholds() -> None:

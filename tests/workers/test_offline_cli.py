@@ -29,7 +29,7 @@ from tests.workers.reference import (
     neighbourhoods,
     reference_embeddings,
 )
-from workers.cli import build_parser, main
+from gnnstream.workers.cli import build_parser, main
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -272,7 +272,7 @@ def test_features_at_the_largest_magnitude_give_finite_embeddings(capsys: pytest
                                                                   model_dirs: dict[str, Path], arch: str) -> None:
     """Features of ±MAX_FEATURE on a dense little graph still give finite, exact embeddings; one beyond it
     (which overflowed float32 in the layers) is skipped as ``not_finite`` instead of stopping the stream."""
-    from stream.events import MAX_FEATURE
+    from gnnstream.stream.events import MAX_FEATURE
     lines = [{"op": "node_upsert", "id": str(v), "ts": 1, "features": [MAX_FEATURE * (-1) ** (v + i)
                                                                        for i in range(8)]} for v in range(12)]
     lines += [{"op": "edge_upsert", "src": str(a), "dst": str(b), "ts": 2} for a in range(12) for b in range(12)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from model import init_model_dir
+from gnnstream.model import init_model_dir
 from tests.workers.reference import DATA_DIR, run_gnnstream
-from workers.cli import main
+from gnnstream.workers.cli import main
 
 DATA = DATA_DIR / "soc-sign-bitcoinotc.csv.gz"
 

@@ -31,16 +31,16 @@ from typing import Any, Iterable
 import numpy as np
 import pytest
 
-from graph_state import keys
-from graph_state.store import GraphStore
-from graph_state.transaction import Transaction
-from stream.events import EdgeDelete, NodeDelete
-from stream.updates import VERSION_HEADER, decode_update
-from stream.clients import ProducerClient
-from stream.delivery import Delivery, UpdateColumns
-from workers.settings import WorkerSettings, add_worker_arguments, settings_from_args
-from graph_state.embeddings import encode_outbox
-from workers.worker import OutboxPublisher, Outgoing, Worker
+from gnnstream.graph_state import keys
+from gnnstream.graph_state.store import GraphStore
+from gnnstream.graph_state.transaction import Transaction
+from gnnstream.stream.events import EdgeDelete, NodeDelete
+from gnnstream.stream.updates import VERSION_HEADER, decode_update
+from gnnstream.stream.clients import ProducerClient
+from gnnstream.stream.delivery import Delivery, UpdateColumns
+from gnnstream.workers.settings import WorkerSettings, add_worker_arguments, settings_from_args
+from gnnstream.graph_state.embeddings import encode_outbox
+from gnnstream.workers.worker import OutboxPublisher, Outgoing, Worker
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -314,7 +314,8 @@ N_EVENTS = 1_500
 
 @pytest.fixture(scope="module")
 def otc_events() -> list:
-    from fraud.datasets import BITCOIN_OTC, read_snap, snap_events
+    from gnnstream.fraud.datasets import BITCOIN_OTC
+    from gnnstream.stream.snap import read_snap, snap_events
     evs = list(itertools.islice(snap_events(read_snap(BITCOIN_OTC)[:N_EVENTS]), N_EVENTS))
     rnd = random.Random(5)
     nodes = sorted({ev.src for ev in evs if hasattr(ev, "src")})
@@ -332,7 +333,7 @@ def otc_events() -> list:
 def exact_state(state: str) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
     """The stored final embeddings (``gnnstream embeddings``) and ``gnnstream verify``'s summary."""
     import io
-    from workers.offline import export_embeddings, verify
+    from gnnstream.workers.offline import export_embeddings, verify
     buf = io.StringIO()
     export_embeddings(state, buf)
     stored = {obj["id"]: obj for obj in map(json.loads, buf.getvalue().splitlines())}
@@ -359,7 +360,7 @@ def assert_consumer_within(held: Held, stored: dict[str, dict[str, Any]], min_ch
 @pytest.mark.parametrize("min_change", [0.0, 0.05])
 def test_engine_stream_consumer_stays_within_min_change(otc_events: list, model_dir: str, tmp_path: Path,
                                                         min_change: float) -> None:
-    from workers.offline import open_engine, open_store
+    from gnnstream.workers.offline import open_engine, open_store
     state = str(tmp_path / "state")
     held, producer = Held(), RecordingProducer()
     resolved = sent = suppressed = deletes_sent = 0
@@ -415,9 +416,9 @@ def test_worker_with_min_change_end_to_end(broker: Any, otc_events: list, model_
                                            monkeypatch: pytest.MonkeyPatch, unique_name: Any) -> None:
     """Two runs of the worker on one state: the Bitcoin OTC prefix, then (a restart: nothing kept) deletes of
     nodes no other event of that run names, so each must end on a tombstone."""
-    from stream.events import encode_event, event_key
-    from stream.kafka import ensure_topics
-    from workers.engine import Engine
+    from gnnstream.stream.events import encode_event, event_key
+    from gnnstream.stream.kafka import ensure_topics
+    from gnnstream.workers.engine import Engine
     from tests.workers.test_worker_kafka import produce, read_topic
 
     min_change = 0.05

@@ -10,9 +10,9 @@ from typing import Any, Callable
 
 import pytest
 
-import workers.ownership as ownership
-from workers.settings import WorkerSettings
-from workers.worker import Worker
+import gnnstream.workers.ownership as ownership
+from gnnstream.workers.settings import WorkerSettings
+from gnnstream.workers.worker import Worker
 
 TOPIC = "node-embeddings"
 

@@ -27,14 +27,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from graph_state.store import GraphStore
-from stream.broker import EmbeddedBroker, free_port
-from stream.events import EdgeUpsert, encode_event
-from stream.kafka import ensure_topics
+from gnnstream.graph_state.store import GraphStore
+from gnnstream.stream.broker import EmbeddedBroker, free_port
+from gnnstream.stream.events import EdgeUpsert, encode_event
+from gnnstream.stream.kafka import ensure_topics
 from tests.workers.reference import GraphFold, assert_embeddings_close, fold_jsonl, reference_embeddings
 from tests.workers.test_worker_kafka import (JOIN_TIMEOUT_S, PARTITIONS, GNNSTREAM, Names, event_messages, events,
                                              health, produce, running_worker, stop_worker, wait_for, worker_cmd)
-from graph_state.embeddings import MetaTable
+from gnnstream.graph_state.embeddings import MetaTable
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -171,7 +171,7 @@ def _server_pid(state: str) -> int:
             cmd = (entry / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"workers.serve" in cmd and state.encode() in cmd:
+        if b"gnnstream.workers.serve" in cmd and state.encode() in cmd:
             return int(entry.name)
     raise AssertionError(f"no query server for {state}")
 
@@ -228,7 +228,7 @@ def _hostile(rng: random.Random, nodes: list[str]) -> tuple[str, str, bytes | No
 
 
 def test_hostile_requests_get_4xx_and_change_nothing(events: list, model_dir: str, tmp_path: Path) -> None:
-    from workers.offline import apply_events
+    from gnnstream.workers.offline import apply_events
     jsonl = tmp_path / "events.jsonl"
     jsonl.write_bytes(b"\n".join(encode_event(ev) for ev in events[:1500]) + b"\n")
     state = str(tmp_path / "state")
@@ -310,11 +310,10 @@ def test_serve_refuses_with_one_line(tmp_path: Path) -> None:
     assert not (tmp_path / "none").exists()
 
 
-# a worker's side of the query process, run with -P as the gnnstream command runs (the working directory is
-# not on sys.path)
+# a worker's side of the query process, run with the working directory first on sys.path (``python -c``)
 _PARENT = """
 import sys, time
-from workers.serve import QueryProcess
+from gnnstream.workers.serve import QueryProcess
 proc = QueryProcess(sys.argv[1], "model", "127.0.0.1", 0)
 print(proc.port, proc._scratch, proc._child.pid, flush=True)
 time.sleep(600)
@@ -323,21 +322,24 @@ time.sleep(600)
 
 def test_query_process_beside_a_model_folder_and_after_its_worker_is_killed(events: list, model_dir: str,
                                                                               tmp_path: Path) -> None:
-    """Run where ``model/`` is the model directory (a name users pick), the query process still imports our
-    ``model`` package and answers; when its worker is killed with SIGKILL it exits and removes its files."""
+    """Run where ``model/`` is the model directory (a name users pick) beside ``stream/`` and ``workers/``
+    packages of someone else's, the query process imports ours (``gnnstream.*``) and answers; when its worker is
+    killed with SIGKILL it exits and removes its files."""
     import shutil
     import sys
-    from workers.offline import apply_events
+    from gnnstream.workers.offline import apply_events
     jsonl = tmp_path / "events.jsonl"
     jsonl.write_bytes(b"\n".join(encode_event(ev) for ev in events[:300]) + b"\n")
     state = str(tmp_path / "state")
     apply_events(state, model_dir, str(jsonl))
     cwd = tmp_path / "cwd"
     shutil.copytree(model_dir, cwd / "model")
-    (cwd / "stream").mkdir()  # an empty folder named like another of our packages
+    for name in ("stream", "workers"):  # packages named like ours, first on sys.path
+        (cwd / name).mkdir()
+        (cwd / name / "__init__.py").write_text("raise ImportError('not ours')\n")
     log = tmp_path / "parent.log"
     with open(log, "wb") as fh:
-        parent = subprocess.Popen([sys.executable, "-P", "-c", _PARENT, state], cwd=cwd, stdout=subprocess.PIPE, stderr=fh)
+        parent = subprocess.Popen([sys.executable, "-c", _PARENT, state], cwd=cwd, stdout=subprocess.PIPE, stderr=fh)
     try:
         port, scratch, child = parent.stdout.readline().decode().split()
         scratch = Path(scratch)

@@ -25,9 +25,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from stream.kafka import ensure_topics
-from stream.rollout import SERVING_HEADER, Marker, encode_marker, is_serving, version_topic
-from stream.updates import decode_update
+from gnnstream.stream.kafka import ensure_topics
+from gnnstream.stream.rollout import SERVING_HEADER, Marker, encode_marker, is_serving, version_topic
+from gnnstream.stream.updates import decode_update
 from tests.conftest import EmbeddedBroker
 from tests.workers.reference import ATOL, gnnstream_command
 from tests.workers.test_scaleout import PARTS, expected, otc_stream, wait_for
@@ -43,8 +43,8 @@ RATE = 40  # events per feeder step (a step every 0.05 s: a continuous stream, p
 # ---------------------------------------------------------------------- models
 def make_models(tmp_path: Path, name: str) -> tuple[str, str]:
     """v1 and v2 of one model: same config and sampling seed, other weights; each with a fraud head."""
-    from model import init_model_dir
-    from model.directory import load_model_dir, save_model_dir
+    from gnnstream.model import init_model_dir
+    from gnnstream.model.directory import load_model_dir, save_model_dir
     v1, v2, other = tmp_path / "v1", tmp_path / "v2", tmp_path / "other-weights"
     args = dict(arch="sage", in_dim=8, hidden=16, out_dim=8, layers=2, fanouts=[10, 5], name=name)
     init_model_dir(str(v1), seed=0, **args)
@@ -64,7 +64,7 @@ class Feeder:
 
     def __init__(self, bootstrap: str, topic: str, events: list):
         from kafka import KafkaProducer
-        from stream.events import encode_event, event_key
+        from gnnstream.stream.events import encode_event, event_key
         self.producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5, client_id="feeder")
         self.topic, self.events, self.sent, self.cap = topic, events, 0, 0
         self._encode, self._key = encode_event, event_key
@@ -358,15 +358,15 @@ def status(ro: Rollout) -> dict[str, Any]:
 # ---------------------------------------------------------------------- refusals
 def test_rollout_start_refuses_a_model_that_does_not_fit(tmp_path: Path) -> None:
     """Another input dimension or sampling seed is refused in one line before anything is written."""
-    from model import init_model_dir
+    from gnnstream.model import init_model_dir
     from tests.workers.test_worker_start import random_graph
-    from workers.cli import main
+    from gnnstream.workers.cli import main
     live = tmp_path / "live"
     v1 = tmp_path / "v1"
     init_model_dir(str(v1), arch="sage", in_dim=4, hidden=8, out_dim=4, layers=2, fanouts=[3, 2], seed=5,
                    name="fit", version=1)
     path = tmp_path / "events.jsonl"
-    from stream.events import encode_event
+    from gnnstream.stream.events import encode_event
     path.write_bytes(b"\n".join(encode_event(ev) for ev in random_graph("a", 40, 120, seed=1)) + b"\n")
     assert main(["apply", "--state", str(live), "--model", str(v1), str(path)]) == 0
     bad = {"dim": dict(in_dim=6, seed=5), "seed": dict(in_dim=4, seed=6)}
@@ -404,8 +404,8 @@ def test_a_partition_held_at_its_marker_applies_nothing_past_it(broker: Embedded
     many polls, and are applied (and stamped with the new serving version) only once partition 1 got there."""
     from kafka import KafkaProducer
 
-    from stream.events import EdgeUpsert, event_key
-    from stream.partitioning import partition_for
+    from gnnstream.stream.events import EdgeUpsert, event_key
+    from gnnstream.stream.partitioning import partition_for
     from tests.workers.test_worker_kafka import free_port
     from tests.workers.test_worker_start import make_model, produce, random_graph
     tag = uuid.uuid4().hex[:8]
@@ -463,7 +463,7 @@ def test_a_partition_held_at_its_marker_applies_nothing_past_it(broker: Embedded
 def test_rollout_view_follows_what_the_workers_follow() -> None:
     """Raced numbers resolve as the workers resolve them; workers ahead of the records win; promote wants a
     live worker of the version."""
-    from workers.rollout import RolloutError, RolloutView, _running
+    from gnnstream.workers.rollout import RolloutError, RolloutView, _running
 
     def report(model: str, rollout: int, serving: str, at: float, status: str = "consuming") -> dict[str, Any]:
         return {"kind": "worker", "model": model, "worker": "w", "topic": version_topic(model), "status": status,
@@ -495,7 +495,7 @@ def test_an_empty_control_topic_is_one_line_naming_the_flag(argv: list[str], cap
                                                             tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``--control-topic ''`` ("do not record") where a rollout topic is needed: one line naming the flag, before
     Kafka (no broker at 127.0.0.1:1) or any state is touched."""
-    from workers.cli import main
+    from gnnstream.workers.cli import main
     monkeypatch.chdir(tmp_path)
     capsys.readouterr()
     assert main([*argv, "--bootstrap", "127.0.0.1:1", "--control-topic", ""]) == 2

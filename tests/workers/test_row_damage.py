@@ -23,11 +23,11 @@ from typing import Iterator
 import numpy as np
 import pytest
 
-from graph_state.store import GraphStore
-from model import init_model_dir
+from gnnstream.graph_state.store import GraphStore
+from gnnstream.model import init_model_dir
 from tests.workers.reference import (assert_embeddings_close, fast_tempdir, fold_jsonl, run_gnnstream,
                                      reference_embeddings)
-from graph_state.embeddings import PAGE_ROWS, MetaTable
+from gnnstream.graph_state.embeddings import PAGE_ROWS, MetaTable
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 

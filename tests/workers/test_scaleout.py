@@ -23,16 +23,16 @@ from typing import Any
 import numpy as np
 import pytest
 
-from stream.backends import KAFKA_CLIENTS
-from stream.delivery import WORKER_HEADER
-from stream.events import EdgeDelete, EdgeUpsert, NodeDelete, decode_event_json
-from stream.kafka import ensure_topics
-from stream.partitioning import partition_for
-from stream.updates import VERSION_HEADER, decode_update
+from gnnstream.stream.backends import KAFKA_CLIENTS
+from gnnstream.stream.delivery import WORKER_HEADER
+from gnnstream.stream.events import EdgeDelete, EdgeUpsert, NodeDelete, decode_event_json
+from gnnstream.stream.kafka import ensure_topics
+from gnnstream.stream.partitioning import partition_for
+from gnnstream.stream.updates import VERSION_HEADER, decode_update
 from tests.conftest import EmbeddedBroker
 from tests.workers.reference import ATOL, DATA_DIR, gnnstream_command, reference_embeddings
 from tests.workers.test_worker_start import Names, Proc, fold, healthz, produce, procs  # noqa: F401 (fixture)
-from workers.settings import WorkerSettings
+from gnnstream.workers.settings import WorkerSettings
 
 pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"),
               pytest.mark.xdist_group("scale-out")]  # several workers at once: one such test at a time
@@ -47,7 +47,7 @@ def otc_stream(tmp_path: Path) -> tuple[list, list]:
     edge delete after every 40th rating (of the rating 300 events earlier: same key, so ordered after it in
     every worker), and 25 node deletes to produce once everything before them was applied (a node delete
     races with edges keyed by other nodes, docs/design.md)."""
-    from workers.cli import main
+    from gnnstream.workers.cli import main
     path = tmp_path / "otc.jsonl"
     assert main(["events", "from-snap", str(DATA_DIR / "soc-sign-bitcoinotc.csv.gz"), "--out", str(path)]) == 0
     base = [decode_event_json(line) for line in path.read_bytes().splitlines()]
@@ -67,7 +67,7 @@ def otc_stream(tmp_path: Path) -> tuple[list, list]:
 
 
 def make_model(path: Path) -> str:
-    from model import init_model_dir
+    from gnnstream.model import init_model_dir
     init_model_dir(str(path), arch="sage", in_dim=8, hidden=16, out_dim=8, layers=2, fanouts=[10, 5], seed=0)
     return str(path)
 

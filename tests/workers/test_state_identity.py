@@ -23,11 +23,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from graph_state.exceptions import StateModelMismatch, StateNotFoundError, StateSeedMismatch
-from graph_state.store import GraphStore
-from stream.events import EdgeUpsert
+from gnnstream.graph_state.exceptions import StateModelMismatch, StateNotFoundError, StateSeedMismatch
+from gnnstream.graph_state.store import GraphStore
+from gnnstream.stream.events import EdgeUpsert
 from tests.workers.reference import fast_tempdir, run_gnnstream
-from workers.cli import main
+from gnnstream.workers.cli import main
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -270,7 +270,7 @@ def test_graph_load_with_a_seed_7_model_then_apply(tmp: Path, events: Path, mode
 
 def test_open_store_takes_the_seed_from_the_model(tmp: Path, models: dict[str, Path]) -> None:
     """What ``run`` does (``Worker.run`` opens its state this way): a fresh state gets the model's seed."""
-    from workers.offline import open_engine, open_store
+    from gnnstream.workers.offline import open_engine, open_store
     fresh = tmp / "fresh"
     with pytest.raises(StateNotFoundError, match="does not exist"):
         open_store(fresh, create=False, model_dir=str(models["m7"]))
@@ -347,7 +347,7 @@ def test_bad_lines_after_a_crash_are_reported_once(tmp: Path, models: dict[str, 
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """A run that dies after writing a batch's report records but before committing the batch: the rerun
     finds those lines again, and the report holds each bad line once."""
-    from workers import offline
+    from gnnstream.workers import offline
     lines = event_lines()
     bad = [json.dumps({"op": "node_upsert", "id": str(i), "ts": 1, "features": [0.5] * (DIM + 1)}).encode() + b"\n"
            for i in range(3)]
@@ -400,7 +400,7 @@ def test_embeddings_out_keeps_the_old_file_when_the_state_is_locked(tmp: Path, g
 
 
 def test_out_files_are_replaced_only_when_complete(tmp: Path) -> None:
-    from workers.atomic import atomic_output
+    from gnnstream.workers.atomic import atomic_output
     out = tmp / "file.jsonl"
     out.write_text("old\n")
     with pytest.raises(RuntimeError):
@@ -431,7 +431,7 @@ def _kafka_down() -> Exception:
 
 
 def _stream_error() -> Exception:
-    from stream.exceptions import TopicSetupError
+    from gnnstream.stream.exceptions import TopicSetupError
     return TopicSetupError("topic graph-events could not be created on localhost:9092: broker down; start it")
 
 
@@ -460,7 +460,7 @@ ERRORS = {
 @pytest.mark.parametrize("case", list(ERRORS))
 def test_errors_are_one_line_and_v_shows_the_traceback(case: str, tmp: Path, capsys: pytest.CaptureFixture,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    from workers import offline
+    from gnnstream.workers import offline
     make, words = ERRORS[case]
 
     def failing(*args: Any, **kwargs: Any) -> Any:

@@ -42,13 +42,14 @@ from typing import Any, Iterator
 import numpy as np
 import pytest
 
-from stream.backends import KAFKA_CLIENTS
-from stream.broker import EmbeddedBroker, free_port
-from stream.clients import Record
-from stream.deadletter import DeadLetter
-from stream.events import EdgeUpsert, NodeUpsert, encode_event, event_key
-from stream.kafka import ensure_topics
-from fraud.datasets import BITCOIN_OTC, read_snap, snap_events
+from gnnstream.stream.backends import KAFKA_CLIENTS
+from gnnstream.stream.broker import EmbeddedBroker, free_port
+from gnnstream.stream.clients import Record
+from gnnstream.stream.deadletter import DeadLetter
+from gnnstream.stream.events import EdgeUpsert, NodeUpsert, encode_event, event_key
+from gnnstream.stream.kafka import ensure_topics
+from gnnstream.fraud.datasets import BITCOIN_OTC
+from gnnstream.stream.snap import read_snap, snap_events
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -147,7 +148,7 @@ def read_topic(bootstrap: str, topic: str, partitions: int, idle_s: float = 2.0,
 def latest_published(bootstrap: str, topic: str, in_order: bool = True) -> dict[str, Any]:
     """The highest version published of each node; with ``in_order``, each node's versions must never go
     down in its partition (repeats are allowed: delivery is at least once)."""
-    from stream.updates import decode_update
+    from gnnstream.stream.updates import decode_update
     latest: dict[str, Any] = {}
     last: dict[str, int] = {}
     for r in read_topic(bootstrap, topic, PARTITIONS):
@@ -260,7 +261,7 @@ def cli(*args: str) -> subprocess.CompletedProcess:
 def assert_exact(bootstrap: str, n: Names, evs: list, hw: dict[tuple[str, int], int], tmp_path: Path,
                  use_cli: bool = False, in_order: bool = True) -> None:
     """The full "exact output" check (worker must be stopped)."""
-    from graph_state.store import GraphStore
+    from gnnstream.graph_state.store import GraphStore
     want_edges, want_feats = expected_graph(evs)
     with GraphStore(n.state) as store:
         assert store.offsets() == hw, "stored offsets differ from the high watermarks"
@@ -278,7 +279,7 @@ def assert_exact(bootstrap: str, n: Names, evs: list, hw: dict[tuple[str, int], 
         res = cli("embeddings", "--state", n.state, "--out", str(out))
         assert res.returncode == 0, res.stderr
     else:  # the same functions in-process (saves two torch imports)
-        from workers.offline import export_embeddings, verify
+        from gnnstream.workers.offline import export_embeddings, verify
         summary = verify(n.state)
         assert summary["ok"] is True, summary
         with open(out, "w") as fh:
@@ -354,7 +355,7 @@ def test_crash_restarts_exact(kafka_client: str, broker: EmbeddedBroker, events:
     moment after the first batch often came after the end of the whole stream). Each run is killed once it
     has applied a random number of events below what it had left.
     """
-    from graph_state.store import GraphStore
+    from gnnstream.graph_state.store import GraphStore
     n = Names(tmp_path)
     ensure_topics(broker.bootstrap, {n.events: PARTITIONS, n.output: PARTITIONS, n.dlq: 1})
     messages = event_messages(events)
@@ -515,8 +516,8 @@ def test_broker_stall_recovers(kafka_client: str, events: list, model_dir: str, 
 
 def test_metrics_and_health(kafka_client: str, broker: EmbeddedBroker, events: list, model_dir: str,
                             tmp_path: Path) -> None:
-    from workers.settings import WorkerSettings
-    from workers.worker import Worker
+    from gnnstream.workers.settings import WorkerSettings
+    from gnnstream.workers.worker import Worker
     n = Names(tmp_path)
     ensure_topics(broker.bootstrap, {n.events: PARTITIONS, n.output: PARTITIONS, n.dlq: 1})
     produce(broker.bootstrap, n.events, event_messages(events))
@@ -570,8 +571,8 @@ def test_first_batch_without_features(broker: EmbeddedBroker, model_dir: str, tm
     cache: ValueError in ``graph_state/embeddings.py`` ``get``. The worker dies, and since the dirty marks are
     stored it dies again at every restart (crash loop) until someone edits the state.
     """
-    from workers.settings import WorkerSettings
-    from workers.worker import Worker
+    from gnnstream.workers.settings import WorkerSettings
+    from gnnstream.workers.worker import Worker
     n = Names(tmp_path)
     ensure_topics(broker.bootstrap, {n.events: PARTITIONS, n.output: PARTITIONS, n.dlq: 1})
     evs = [EdgeUpsert("a", "b", 1.0, 2.0), EdgeUpsert("b", "c", 2.0, 1.0)]

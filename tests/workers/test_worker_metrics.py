@@ -27,11 +27,11 @@ import numpy as np
 import pytest
 import yaml
 
-from stream.clients import ConsumerClient, PartitionKey, Record
-from stream.exceptions import DeliveryError
-from workers.metrics import MetricsServer, WorkerMetrics
-from workers.settings import WorkerSettings, add_worker_arguments, settings_from_args
-from workers.worker import OffsetResetError, Outgoing, Worker
+from gnnstream.stream.clients import ConsumerClient, PartitionKey, Record
+from gnnstream.stream.exceptions import DeliveryError
+from gnnstream.workers.metrics import MetricsServer, WorkerMetrics
+from gnnstream.workers.settings import WorkerSettings, add_worker_arguments, settings_from_args
+from gnnstream.workers.worker import OffsetResetError, Outgoing, Worker
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -179,7 +179,7 @@ def _delivered(sender: Any, count: int) -> list:
 
 
 def test_publisher_thread_retries_in_order_and_clears_its_error(tmp_path: Path) -> None:
-    from workers.worker import _Sender
+    from gnnstream.workers.worker import _Sender
     worker = Worker(WorkerSettings(state=str(tmp_path / "s"), metrics_port=0))
     worker._stop.set()  # _recoverable's one-second pause returns at once
     worker._recoverable("poll", ConnectionError("broker gone"))
@@ -210,7 +210,7 @@ def test_publisher_thread_retries_in_order_and_clears_its_error(tmp_path: Path) 
 
 
 def test_a_batch_that_cannot_be_encoded_stops_the_worker_instead_of_retrying(tmp_path: Path) -> None:
-    from workers.worker import _Sender
+    from gnnstream.workers.worker import _Sender
     worker = Worker(WorkerSettings(state=str(tmp_path / "s"), metrics_port=0))
     publisher = _FlakyPublisher(failures=0, refuse=True)
     sender = worker._sender = _Sender(worker, publisher)  # type: ignore[arg-type]
@@ -228,7 +228,7 @@ def test_a_batch_that_cannot_be_encoded_stops_the_worker_instead_of_retrying(tmp
 
 def test_batch_histogram_renders_like_a_prometheus_histogram() -> None:
     from prometheus_client import CollectorRegistry, Histogram, generate_latest
-    from workers.metrics import BatchHistogram
+    from gnnstream.workers.metrics import BatchHistogram
     bounds = (0.005, 0.01, 1.0, 2.5, 86400.0 * 365 * 30)
     values = np.array([0.0, 0.005, 0.0051, 1.0, 3.0, 1e9, 2.5, 0.3, 0.3])
     ours, theirs = CollectorRegistry(), CollectorRegistry()
@@ -306,7 +306,7 @@ def test_offset_past_end_is_caught_before_any_record_is_applied(tmp_path: Path, 
     """Partition 0 was reset: its end (4) is below the stored offset (10), and the consumer's position
     already went back to its start (what kafka-python does on OFFSET_OUT_OF_RANGE): records 0..3 arrive.
     Partition 1 is fine (stored 5, end 9)."""
-    from graph_state.store import GraphStore
+    from gnnstream.graph_state.store import GraphStore
     worker = Worker(WorkerSettings(state=str(tmp_path / "s"), metrics_port=0, on_offset_reset=policy))
     with GraphStore(str(tmp_path / "s")) as store:
         store.apply([], {("ev", 0): 10, ("ev", 1): 5})
@@ -340,12 +340,12 @@ def test_offset_past_end_is_caught_before_any_record_is_applied(tmp_path: Path, 
 
 # ---------------------------------------------------------------------- the outbox publisher, without a broker
 def test_outbox_publisher_encodes_columns_and_deletes_only_confirmed_records(tmp_path: Path) -> None:
-    from graph_state import keys
-    from graph_state.store import GraphStore
-    from stream.updates import EmbeddingUpdate, VERSION_HEADER, encode_update
-    from stream.delivery import UpdateColumns, encode_columns
-    from graph_state.embeddings import encode_outbox
-    from workers.worker import OutboxPublisher
+    from gnnstream.graph_state import keys
+    from gnnstream.graph_state.store import GraphStore
+    from gnnstream.stream.updates import EmbeddingUpdate, VERSION_HEADER, encode_update
+    from gnnstream.stream.delivery import UpdateColumns, encode_columns
+    from gnnstream.graph_state.embeddings import encode_outbox
+    from gnnstream.workers.worker import OutboxPublisher
 
     def resolve(iids: np.ndarray, computed_at: float) -> UpdateColumns:
         n = len(iids)
@@ -356,7 +356,7 @@ def test_outbox_publisher_encodes_columns_and_deletes_only_confirmed_records(tmp
                              ["deleted" if d else "full" for d in deleted.tolist()], rows, deleted)
 
     with GraphStore(str(tmp_path / "s")) as store:
-        from graph_state.transaction import Transaction
+        from gnnstream.graph_state.transaction import Transaction
         tx = Transaction()
         tx.put_outbox(0, encode_outbox(np.array([1, 2, 3]), 100.0))
         tx.put_outbox(1, encode_outbox(np.array([4, 5]), 200.0))
@@ -384,12 +384,12 @@ def test_outbox_publisher_encodes_columns_and_deletes_only_confirmed_records(tmp
 def test_outbox_publisher_sends_a_node_of_several_records_once(tmp_path: Path) -> None:
     """Records waiting together coalesce: each node goes out once, under the last record naming it, and the
     limit counts distinct nodes."""
-    from graph_state import keys
-    from graph_state.embeddings import encode_outbox
-    from graph_state.store import GraphStore
-    from graph_state.transaction import Transaction
-    from stream.delivery import UpdateColumns
-    from workers.worker import OutboxPublisher
+    from gnnstream.graph_state import keys
+    from gnnstream.graph_state.embeddings import encode_outbox
+    from gnnstream.graph_state.store import GraphStore
+    from gnnstream.graph_state.transaction import Transaction
+    from gnnstream.stream.delivery import UpdateColumns
+    from gnnstream.workers.worker import OutboxPublisher
 
     calls: list[tuple[list[int], float]] = []
 

@@ -32,9 +32,9 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from stream.broker import EmbeddedBroker, free_port
-from stream.events import EdgeUpsert, NodeUpsert, encode_event, event_key
-from stream.kafka import ensure_topics
+from gnnstream.stream.broker import EmbeddedBroker, free_port
+from gnnstream.stream.events import EdgeUpsert, NodeUpsert, encode_event, event_key
+from gnnstream.stream.kafka import ensure_topics
 from tests.workers.reference import GraphFold, assert_embeddings_close, gnnstream_command, reference_embeddings
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -77,7 +77,7 @@ def fold(events: list) -> GraphFold:
 
 
 def make_model(path: Path, seed: int = 0) -> str:
-    from model import init_model_dir
+    from gnnstream.model import init_model_dir
     init_model_dir(str(path), arch="sage", in_dim=IN_DIM, hidden=8, out_dim=6, layers=2, fanouts=[4, 3], seed=seed)
     return str(path)
 
@@ -133,7 +133,7 @@ def read_all(bootstrap: str, topic: str, partitions: int) -> list:
 
 
 def latest_published(bootstrap: str, topic: str) -> dict[str, Any]:
-    from stream.updates import decode_update
+    from gnnstream.stream.updates import decode_update
     latest: dict[str, Any] = {}
     for r in read_all(bootstrap, topic, PARTITIONS):
         assert r.value is not None, f"unexpected tombstone for {r.key!r}"
@@ -146,7 +146,7 @@ def latest_published(bootstrap: str, topic: str) -> dict[str, Any]:
 # ---------------------------------------------------------------------- exactness
 def stored_embeddings(state: str) -> dict[str, dict[str, Any]]:
     import io
-    from workers.offline import export_embeddings
+    from gnnstream.workers.offline import export_embeddings
     buf = io.StringIO()
     export_embeddings(state, buf)
     return {obj["id"]: obj for obj in map(json.loads, buf.getvalue().splitlines())}
@@ -160,7 +160,7 @@ def assert_exact(state: str, model_dir: str, events: list, ends: dict[tuple[str,
         published: the latest published update per node on the broker, or None to skip that check.
         published_nodes: the nodes that must have been published there (default: every node).
     """
-    from graph_state.store import GraphStore
+    from gnnstream.graph_state.store import GraphStore
     g = fold(events)
     want = reference_embeddings(g.nodes, g.edges, g.features, model_dir)
     with GraphStore(state) as store:
@@ -276,7 +276,7 @@ def run_in_thread(worker: Any, max_idle_s: float | None = None) -> tuple[threadi
 
 
 def settings(bootstrap: str, n: Names, model: str, **extra: Any) -> Any:
-    from workers.settings import WorkerSettings
+    from gnnstream.workers.settings import WorkerSettings
     values: dict[str, Any] = dict(bootstrap=bootstrap, state=n.state, model=model, events_topic=n.events,
                                   output_topic=n.output, dlq_topic=n.dlq, group=n.group, partitions=PARTITIONS,
                                   batch_size=100, metrics_port=0)
@@ -286,7 +286,7 @@ def settings(bootstrap: str, n: Names, model: str, **extra: Any) -> Any:
 
 def run_until_idle(bootstrap: str, n: Names, model: str, idle_s: float = 3.0, **extra: Any) -> dict[str, Any]:
     """Run a worker in this process until it has been idle for ``idle_s`` with everything done."""
-    from workers.worker import Worker
+    from gnnstream.workers.worker import Worker
     return Worker(settings(bootstrap, n, model, **extra)).run(max_idle_s=idle_s)
 
 
@@ -338,8 +338,8 @@ def test_broker_wait_bound_is_one_line(tmp_path: Path) -> None:
 
 # ---------------------------------------------------------------------- (b) topic reset
 def test_offset_reset(tmp_path: Path) -> None:
-    from graph_state.store import GraphStore
-    from workers.worker import OffsetResetError, Worker
+    from gnnstream.graph_state.store import GraphStore
+    from gnnstream.workers.worker import OffsetResetError, Worker
     model = make_model(tmp_path / "model")
     n = Names(tmp_path)
     first = random_graph("a", nodes=80, edges=240, seed=2)
@@ -348,7 +348,7 @@ def test_offset_reset(tmp_path: Path) -> None:
         ends_a = produce(a.bootstrap, n.events, first)
         assert run_until_idle(a.bootstrap, n, model)["applied"] == len(first)
         # its last progress record says it stopped: `rollout status` does not count it as consuming
-        from workers.rollout import read_rollout
+        from gnnstream.workers.rollout import read_rollout
         reports = [r for r in read_rollout(a.bootstrap) if r.get("kind") == "worker"]
         assert reports and {r["status"] for r in reports[:-1]} <= {"consuming"}, reports
         assert reports[-1]["status"] == "stopped" and reports[-1]["applied"] == len(first), reports[-1]
@@ -447,9 +447,9 @@ def test_sigterm_drains_deferred_hubs(broker: EmbeddedBroker, tmp_path: Path, pr
 
 def test_stop_without_time_to_drain_keeps_marks(broker: EmbeddedBroker, tmp_path: Path,
                                                 caplog: pytest.LogCaptureFixture) -> None:
-    from graph_state.store import GraphStore
-    from workers.offline import verify
-    from workers.worker import Worker
+    from gnnstream.graph_state.store import GraphStore
+    from gnnstream.workers.offline import verify
+    from gnnstream.workers.worker import Worker
     model = make_model(tmp_path / "model")
     n = Names(tmp_path)
     ensure_topics(broker.bootstrap, n.topics())
@@ -466,7 +466,7 @@ def test_stop_without_time_to_drain_keeps_marks(broker: EmbeddedBroker, tmp_path
     while worker.health.applied < len(events) + 1:
         assert "error" not in result and time.monotonic() < deadline, result.get("error")
         time.sleep(0.1)
-    with caplog.at_level("WARNING", logger="workers.worker"):
+    with caplog.at_level("WARNING", logger="gnnstream.workers.worker"):
         worker.stop()
         thread.join(DEADLINE_S)
     assert not thread.is_alive() and "error" not in result, result.get("error")
@@ -481,7 +481,7 @@ def test_stop_without_time_to_drain_keeps_marks(broker: EmbeddedBroker, tmp_path
 
 # ---------------------------------------------------------------------- (e) a model with seed 7
 def test_seed7_model_on_fresh_state(broker: EmbeddedBroker, tmp_path: Path) -> None:
-    from graph_state.store import GraphStore
+    from gnnstream.graph_state.store import GraphStore
     model = str(tmp_path / "m7")
     init = subprocess.run(gnnstream_command("model", "init", model, "--in-dim", IN_DIM, "--hidden", 8, "--out-dim", 6,
                                             "--fanouts", "4,3", "--seed", 7), capture_output=True, text=True,
