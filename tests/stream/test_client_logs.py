@@ -112,9 +112,9 @@ def test_an_idle_producer_logs_a_refused_broker_at_once_and_once(caplog: pytest.
                                            reconnect_backoff_max_ms=20)
     try:
         deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and not any(f":{port} failed" in m for m in _shown(caplog, "stream")):
+        while time.monotonic() < deadline and not any(f":{port} failed" in m for m in _shown(caplog, "gnnstream.stream")):
             time.sleep(0.1)
-        seen_idle = _shown(caplog, "stream")
+        seen_idle = _shown(caplog, "gnnstream.stream")
         time.sleep(1.5)  # dozens of reconnects more
     finally:
         producer.close(timeout_s=0.1)
@@ -143,7 +143,7 @@ def test_kafka_python_connection_failures_are_bounded(monkeypatch: pytest.Monkey
     assert len([r for r in caplog.records if r.levelno == logging.DEBUG and node in r.getMessage()]) == 598
 
     later = time.monotonic() + 61  # a minute on: the next one says how many were held back
-    monkeypatch.setattr(stream.kafka._repeats, "clock", lambda: later)
+    monkeypatch.setattr(gnnstream.stream.kafka._repeats, "clock", lambda: later)
     manager.warning("Bootstrap connection to %s failed: %s (backoff %.2f secs)", node,
                     "KafkaConnectionError: 111 ECONNREFUSED", 1.0)
     last = [m for m in _shown(caplog, "kafka") if node in m][-1]
