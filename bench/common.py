@@ -239,11 +239,11 @@ def code_fingerprint() -> dict[str, Any]:
     except (OSError, subprocess.SubprocessError):
         out["git_head"] = None
     hashes = {}
-    for rel in ("graph_state/store.py", "graph_state/keys.py", "workers/engine.py", "graph_state/embeddings.py",
-                "model/sage.py", "model/aggregate.py", "model/network.py"):
-        path = ROOT / rel
-        if path.exists():
-            hashes[rel] = hashlib.sha256(path.read_bytes()).hexdigest()[:12]
+    for rel in ("graph_state", "workers/engine", "model"):  # the code the engine's numbers depend on
+        digest = hashlib.sha256()
+        for path in sorted((ROOT / rel).glob("*.py")):
+            digest.update(path.name.encode() + b"\0" + path.read_bytes())
+        hashes[rel] = digest.hexdigest()[:12]
     out["sha256_12"] = hashes
     return out
 

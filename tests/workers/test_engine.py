@@ -637,7 +637,7 @@ def test_mode_changes_when_features_equal_the_zero_default(model_dirs: dict[str,
 
 
 def test_small_layers_run_on_one_torch_thread_and_restore_the_setting() -> None:
-    from gnnstream.workers.engine import _SMALL_LAYER, _threads_for
+    from gnnstream.workers.engine.device import SMALL_LAYER as _SMALL_LAYER, threads_for as _threads_for
 
     before = torch.get_num_threads()
     torch.set_num_threads(2)

@@ -43,10 +43,12 @@ from gnnstream.graph_state.marks import DIRTY_COUNT, DIRTY_DEGREE, DIRTY_INPUT, 
 from gnnstream.graph_state.store import GraphStore
 from gnnstream.graph_state.transaction import Transaction
 from gnnstream.stream.delivery import UpdateColumns
-from gnnstream.stream.partitioning import partitions_for
 from gnnstream.graph_state.embeddings import EmbeddingTables, MetaTable, encode_outbox, layer_logs_from
+from gnnstream.workers.engine.device import check_device, threads_for
+from gnnstream.workers.engine.rows import CachedRows, DenseRows, Project, Rows
+from gnnstream.workers.engine.shards import OutputShards
 
-__all__ = ["Engine", "RecomputeStats", "EngineError", "kept_partitions"]
+__all__ = ["Engine", "RecomputeStats", "EngineError", "DEFERRED_TAG", "DELETED"]
 
 logger = logging.getLogger(__name__)
 
@@ -54,108 +56,7 @@ DELETED = "deleted"  # mode of a withdrawn embedding (its meta keeps the version
 DEFERRED_TAG = 0x8000  # dirty key tag 0x8000 + l: dependents of v at layer l are pending
 _ATOL = 1e-6
 _HEAD_COLUMNS = 8  # entries of a recomputed row compared first (one 32-byte read per held row)
-_SMALL_LAYER = 1024  # a layer over fewer targets runs on one torch thread
 _OUTBOX_SEQ = b"outbox_seq"
-KEPT_META = b"kept_partitions"  # {"count", "kept"}: the output partitions whose final rows are current
-EPOCH_META = b"highest_epoch"  # the highest epoch this state has owned partitions at
-EPOCH_SHIFT = 32  # a version is (the owner's epoch << 32) + a count within it
-
-
-@contextmanager
-def _threads_for(rows: int) -> Iterator[None]:
-    """One torch thread for a small layer, else torch's setting.
-
-    A parallel region over a few hundred rows gains little, and waits for
-    its second thread whenever RocksDB's background work holds the other
-    core: small recomputes (a quiet stream, a hub's few dependents) ran two
-    to three times slower on two threads in ``bench/engine.py``'s hub test.
-    The first layer of a 1,000-event batch (about 2,000 targets, 25 sampled
-    rows each) gains from both cores.
-    """
-    threads = torch.get_num_threads()
-    if rows >= _SMALL_LAYER or threads == 1:
-        yield
-        return
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-
-
-Rows = Callable[[np.ndarray], "tuple[np.ndarray, np.ndarray]"]
-"""Layer inputs by iid: ``rows(iids) -> (table, positions)``, ``table[positions[i]]`` being the row of ``iids[i]``.
-
-A source may also offer ``projected(iids, project) -> (table, positions, half)``: a
-layer's two projections of those rows (:meth:`model.network.GNN.project`) stacked
-in one table, the second ``half`` rows after the first, kept between calls where
-it can."""
-Project = Callable[[np.ndarray], "tuple[np.ndarray, np.ndarray]"]
-
-
-def check_device(device: str | torch.device) -> torch.device:
-    """``device`` as a torch device that is present here.
-
-    Raises:
-        ValueError: an unknown device, or CUDA without a GPU torch can use.
-    """
-    try:
-        found = torch.device(device)
-    except RuntimeError as exc:
-        raise ValueError(f"Expected a torch device such as cpu or cuda (got {device!r})") from exc
-    if found.type not in ("cpu", "cuda"):
-        raise ValueError(f"Expected device cpu or cuda (got {device!r})")
-    if found.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {device!r}: torch sees no CUDA GPU here (torch {torch.__version__}, CUDA build "
-                         f"{torch.version.cuda}); run the backfill with --device cpu")
-    if found.type == "cuda" and found.index is not None and found.index >= torch.cuda.device_count():
-        raise ValueError(f"device {device!r}: torch sees {torch.cuda.device_count()} CUDA GPU(s), numbered from 0")
-    return found
-
-
-class _DenseRows:
-    """The rows of ``targets`` (zeros for any other iid) as a :data:`Rows` source, projected once on request."""
-
-    def __init__(self, targets: np.ndarray, rows: np.ndarray):
-        self._pos = np.full(int(targets.max()) + 1 if len(targets) else 0, len(rows), dtype=np.int64)
-        self._pos[targets] = np.arange(len(targets))
-        self._rows = np.concatenate([rows, np.zeros((1, rows.shape[1]), dtype=np.float32)])
-        self._projected: np.ndarray | None = None
-
-    def _positions(self, iids: np.ndarray) -> np.ndarray:
-        inside = iids < len(self._pos)
-        return np.where(inside, self._pos[np.where(inside, iids, 0)], len(self._rows) - 1)
-
-    def __call__(self, iids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        return self._rows, self._positions(iids)
-
-    def projected(self, iids: np.ndarray, project: Project) -> tuple[np.ndarray, np.ndarray, int]:
-        if self._projected is None:
-            self._projected = np.concatenate(project(self._rows))
-        return self._projected, self._positions(iids), len(self._rows)
-
-
-class _CachedRows:
-    """The engine's cached rows of one layer (:class:`EmbeddingTables`) as a :data:`Rows` source."""
-
-    def __init__(self, tables: EmbeddingTables, layer: int):
-        self.tables, self.layer = tables, layer
-
-    def __call__(self, iids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        return self.tables.index(self.layer, iids)
-
-    def projected(self, iids: np.ndarray, project: Project) -> tuple[np.ndarray, np.ndarray, int]:
-        return self.tables.projected(self.layer, iids, project)
-
-
-def kept_partitions(store: GraphStore) -> "tuple[int, set[int]] | None":
-    """``(count, partitions)``: the output partitions (of ``count``) whose final rows ``store`` holds
-    current, as last recorded by a worker of a group (None: every node's)."""
-    raw = store.column("meta").get(KEPT_META)
-    if raw is None:
-        return None
-    obj = json.loads(raw)
-    return int(obj["count"]), set(obj["kept"])
 
 
 class EngineError(RuntimeError):
@@ -253,13 +154,7 @@ class Engine:
         self._projects = [layer > 0 and self.gnn.projects(layer) for layer in range(self.num_layers)]
         self._deferred_since: float | None = None
         self._capped = 0
-        # masks over the output topic's partitions (see own), a node being in the partition its id maps to
-        # (stream.partitioning); None = every node
-        self._kept: np.ndarray | None = None  # final rows computed and stored
-        self._published: np.ndarray | None = None  # changes also published
-        self._partition_count = 0
-        self._epoch = 0  # this worker's epoch as the owner of its partitions (0: no group)
-        self._partition = np.zeros(0, dtype=np.int32)  # by iid: the node's output partition, -1 = not known yet
+        self.shards = OutputShards(store)  # whose final rows are kept and published (see own)
         self._deleted_code = self.meta.code(DELETED)
         self._mode_of: dict[int, int] = {}  # mode code by degree * 2 + has features (the policy is fixed)
         raw = store.column("meta").get(_OUTBOX_SEQ)
@@ -310,21 +205,11 @@ class Engine:
     def _outbox_seq(self, tx: Transaction) -> None:
         tx.set_meta(_OUTBOX_SEQ, keys.U64.pack(self._seq))
 
-    # ------------------------------------------------------------------ versions and ownership
-    def _next_versions(self, old: np.ndarray) -> np.ndarray:
-        """Versions for new values of nodes whose stored versions are ``old``.
-
-        One past the old version, and at least ``epoch << EPOCH_SHIFT``
-        (:meth:`own`): strictly increasing per node, and above every version
-        an earlier owner of the node's partition published, whose epoch was
-        lower (docs/scaling.md). Without a group the epoch is 0.
-        """
-        return np.maximum(old + 1, self._epoch << EPOCH_SHIFT)
-
+    # ------------------------------------------------------------------ ownership (a group's output partitions)
     def own(self, keep: "set[int] | None", publish: "set[int] | None" = None, count: int = 0,
             epoch: int | None = None) -> None:
         """Shard the final layer by the ``count`` partitions of the output topic (a node being in the partition
-        its id maps to, :mod:`stream.partitioning`).
+        its id maps to, :mod:`gnnstream.stream.partitioning`).
 
         Args:
             keep: the partitions whose nodes' final rows are computed and
@@ -332,81 +217,25 @@ class Engine:
             publish: those of ``keep`` whose nodes' changes are also published
                 (None: all of ``keep``).
             epoch: this worker's epoch as the owner of the partitions it was
-                assigned (see :meth:`_next_versions`); None keeps the one it
-                had.
+                assigned (versions published are at least ``epoch << 32``);
+                None keeps the one it had.
 
         A partition added to ``keep`` needs :meth:`take_over`: its nodes'
         final rows were not kept current before.
         """
-        if keep is None:
-            self._kept = self._published = None
-            self._epoch = 0
-            return
-        publish = set(keep) if publish is None else set(publish)
-        if any(not 0 <= p < count for p in set(keep) | publish):
-            raise ValueError(f"Expected partitions in [0, {count}) (got {sorted(set(keep) | publish)})")
-        if count != self._partition_count:
-            self._partition = np.zeros(0, dtype=np.int32)
-        self._partition_count = count
-        if epoch is not None:
-            self._epoch = epoch
-            if epoch > self.highest_epoch():
-                tx = Transaction()
-                tx.set_meta(EPOCH_META, keys.U64.pack(epoch))
-                self.store.commit(tx)
-        self._kept, self._published = self._mask(keep, count), self._mask(publish, count)
-        # a partition dropped is recorded before anything else happens; one added, by take_over once done
-        stored = self.kept_partitions()
-        if stored is None:  # every node's row was current
-            self._put_kept(tx := Transaction(), set(keep))
-            self.store.commit(tx)
-        elif stored[0] != count or not stored[1] <= set(keep):
-            self._put_kept(tx := Transaction(), stored[1] & set(keep) if stored[0] == count else set())
-            self.store.commit(tx)
+        self.shards.own(keep, publish, count, epoch)
 
     def kept_partitions(self) -> "tuple[int, set[int]] | None":
         """:func:`kept_partitions` of this engine's store."""
-        return kept_partitions(self.store)
+        return self.shards.stored()
 
     def highest_epoch(self) -> int:
         """The highest epoch at which this state has owned partitions (see :meth:`own`; 0: never)."""
-        raw = self.store.column("meta").get(EPOCH_META)
-        return 0 if raw is None else keys.U64.unpack(raw)[0]
-
-    def _put_kept(self, tx: Transaction, kept: "set[int]") -> None:
-        value = {"count": self._partition_count, "kept": sorted(kept)}
-        tx.set_meta(KEPT_META, json.dumps(value).encode())
-
-    @staticmethod
-    def _mask(partitions: "set[int]", count: int) -> np.ndarray:
-        mask = np.zeros(count, dtype=bool)
-        mask[list(partitions)] = True
-        return mask
+        return self.shards.highest_epoch()
 
     def partitions_of(self, iids: np.ndarray) -> np.ndarray:
         """The output partition of each node (among the ``count`` set by :meth:`own`)."""
-        iids = np.asarray(iids, dtype=np.int64)
-        if not len(iids):
-            return np.zeros(0, dtype=np.int32)
-        have = len(self._partition)
-        top = int(iids.max()) + 1
-        if top > have:
-            grown = np.full(max(top, have + have // 2), -1, dtype=np.int32)
-            grown[:have] = self._partition
-            self._partition = grown
-        part = self._partition
-        unknown = unique_ids(iids[part[iids] < 0])
-        if len(unknown):
-            part[unknown] = partitions_for(map(self.store.name, unknown.tolist()), self._partition_count)
-        return part[iids]
-
-    def _in(self, mask: "np.ndarray | None", iids: np.ndarray) -> np.ndarray:
-        """Which of ``iids`` lie in the partitions of ``mask`` (None: all)."""
-        if mask is None:
-            return np.ones(len(iids), dtype=bool)
-        if not mask.any():
-            return np.zeros(len(iids), dtype=bool)
-        return mask[self.partitions_of(iids)]
+        return self.shards.partitions_of(iids)
 
     def take_over(self, partitions: "set[int]", computed: "set[int]" = frozenset()) -> RecomputeStats:
         """Publish the final embedding of every node in newly owned output ``partitions``.
@@ -425,13 +254,13 @@ class Engine:
     def _take_over(self, partitions: "set[int]", computed: "set[int]") -> RecomputeStats:
         t0 = time.perf_counter()
         stats = RecomputeStats()
-        if self._kept is None or not partitions:
+        if self.shards.every or not partitions:
             return stats
         every = np.fromiter((keys.decode_iid(k) for k in self.store.column("names").keys()), dtype=np.int64)
-        every = every[self._in(self._mask(partitions, self._partition_count), every)]
+        every = every[self.shards.within(self.shards.mask(partitions), every)]
         alive = self.store.node_arrays(every)[0] >= 0
         targets, gone = every[alive], every[~alive]
-        current = self._in(self._mask(computed, self._partition_count), targets)  # rows kept current meanwhile
+        current = self.shards.within(self.shards.mask(computed), targets)  # rows kept current meanwhile
         layer = self.num_layers - 1
         step = min(self.chunk_nodes, 50_000)
         for start in range(0, len(targets), step):
@@ -440,7 +269,7 @@ class Engine:
             fresh = ~present | ~current[start:start + step]
             if fresh.any():
                 rows = np.array(rows, dtype=np.float32)
-                rows[fresh], sampled = self.compute_layer(layer, chunk[fresh], _CachedRows(self.tables, layer))
+                rows[fresh], sampled = self.compute_layer(layer, chunk[fresh], CachedRows(self.tables, layer))
                 stats.sampled_neighbours += sampled
                 self.tables.set(self.num_layers, chunk[fresh], rows[fresh])
             stats.recomputed.append(int(fresh.sum()))
@@ -453,8 +282,8 @@ class Engine:
         self.tables.set(self.num_layers, gone, None)
         self._outputs_for_deleted(gone, tx, True, stats, again=True)
         self._outbox_seq(tx)
-        stored = self.kept_partitions()
-        self._put_kept(tx, (stored[1] if stored and stored[0] == self._partition_count else set()) | partitions)
+        stored = self.shards.stored()
+        self.shards.record_kept(tx, (stored[1] if stored and stored[0] == self.shards.count else set()) | partitions)
         tx.add(self.meta.compact())
         self._commit(tx)
         stats.seconds = time.perf_counter() - t0
@@ -501,7 +330,7 @@ class Engine:
 
     def _projector(self, layer: int) -> Project:
         def project(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-            with _threads_for(len(rows)):
+            with threads_for(len(rows)):
                 first, second = self.gnn.project(layer, self._tensor(rows))
             return first.cpu().numpy(), second.cpu().numpy()
         return project
@@ -538,7 +367,7 @@ class Engine:
                 table, pos, half = projected(np.concatenate([chunk, np.where(valid, mat, chunk[:, None]).ravel()]),
                                              self._projector(layer))
                 nbr_rows = pos[len(chunk):].reshape(mat.shape)
-                with torch.no_grad(), _threads_for(len(chunk)):
+                with torch.no_grad(), threads_for(len(chunk)):
                     h = self.gnn.layer_projected(layer, self._table_tensor(table), self._tensor(nbr_rows),
                                                  self._tensor(valid), self._tensor(pos[:len(chunk)] + half))
             else:
@@ -549,7 +378,7 @@ class Engine:
                     nbr_count = self._tensor(self._neighbour_counts(flat, k))
                 else:
                     nbr_count = self._tensor(np.zeros(len(flat), dtype=np.int64))
-                with torch.no_grad(), _threads_for(len(chunk)):
+                with torch.no_grad(), threads_for(len(chunk)):
                     h = self.gnn.layer_indexed(layer, self._tensor(table[pos[:len(chunk)]]), self._table_tensor(table),
                                                self._tensor(pos[len(chunk):]), self_count, nbr_count)
             h = h.cpu()  # no copy on the CPU
@@ -611,7 +440,7 @@ class Engine:
                 self.tables.set(layer + 1, targets, h)
                 prev = self._backfill_inputs(layer + 1, targets, h)
             else:
-                owned = self._in(self._kept, targets)
+                owned = self.shards.kept(targets)
                 self.tables.set(layer + 1, targets[owned], h[owned])
             if progress:
                 progress(layer + 1)
@@ -622,7 +451,7 @@ class Engine:
             stale = setdiff_ids(log.held_iids(), targets)
             self.tables.set(layer, stale, None)
             if layer == self.num_layers:
-                self._outputs_for_deleted(stale[self._in(self._kept, stale)], tx, publish, stats)
+                self._outputs_for_deleted(stale[self.shards.kept(stale)], tx, publish, stats)
             else:
                 tx.add(log.put_rows(stale, None))
         for log in self.logs.values():
@@ -630,10 +459,7 @@ class Engine:
         self._commit(tx)
         tx = Transaction()
         tx.set_meta(b"model", self.binding.encode())
-        if self._kept is None:  # every node's final row was written
-            tx.set_meta(KEPT_META, None)
-        else:
-            self._put_kept(tx, set(np.flatnonzero(self._kept).tolist()))
+        self.shards.record_kept(tx, None if self.shards.every else self.shards.kept_set())
         tx.clear_marks()
         self.store.commit(tx)
         self._damaged = {}  # every row was written
@@ -672,15 +498,15 @@ class Engine:
 
     def _full_inputs(self, targets: np.ndarray) -> Rows:
         feats, _ = self.store.feature_rows(targets.tolist(), self.tables.dims[0])
-        return _DenseRows(targets, feats)
+        return DenseRows(targets, feats)
 
     def _backfill_inputs(self, layer: int, targets: np.ndarray, rows: np.ndarray) -> Rows:
         """The ``h^layer`` rows of every node, just set in the tables, as the next layer's inputs: the tables
         themselves (they keep the projections the next batches start from), or a copy of ``rows`` when the
         graph has more nodes than they hold."""
         if len(targets) and int(targets.max()) < self.tables.max_rows:
-            return _CachedRows(self.tables, layer)
-        return _DenseRows(targets, rows)
+            return CachedRows(self.tables, layer)
+        return DenseRows(targets, rows)
 
     def _write_layer_rows(self, layer: int, iids: np.ndarray, rows: np.ndarray) -> None:
         step = 50_000
@@ -696,7 +522,7 @@ class Engine:
         h = np.zeros((len(targets), self.tables.dims[0]), dtype=np.float32)
         for layer in range(self.num_layers):
             h, _ = self.compute_layer(layer, targets, prev)
-            prev = _DenseRows(targets, h)
+            prev = DenseRows(targets, h)
         return targets, h
 
     # ------------------------------------------------------------------ outputs
@@ -724,11 +550,11 @@ class Engine:
             ids = iids[start:start + chunk]
             old_version, _, _ = meta.get(ids)
             degree, flags, last_ts = self.store.node_arrays(ids)
-            versions = self._next_versions(old_version)
+            versions = self.shards.next_versions(old_version)
             times = np.maximum(last_ts, event_ts or 0.0)
             meta.set(ids, versions, times, self._mode_codes(degree, flags))
             tx.add(meta.encode(ids, rows[start:start + chunk]))
-            sent = ids if self._published is None else ids[self._in(self._published, ids)]
+            sent = ids if self.shards.publishes_all else ids[self.shards.published(ids)]
             if publish and len(sent):
                 self._outbox(tx, encode_outbox(sent, now))
                 stats.published += len(sent)
@@ -761,7 +587,7 @@ class Engine:
             return present
         held, new, at = torch.from_numpy(table), torch.from_numpy(rows), torch.from_numpy(pos)
         head = min(_HEAD_COLUMNS, new.shape[1])
-        with _threads_for(len(iids)):
+        with threads_for(len(iids)):
             # most recomputed rows really changed, and show it in their first entries: only the others are read whole
             gap = held.narrow(1, 0, head).index_select(0, at).sub_(new.narrow(1, 0, head)).abs_().amax(dim=1)
             moved = (gap > _ATOL).numpy()
@@ -826,12 +652,12 @@ class Engine:
             stats.deferred += len(new_deferred[layer])
             final_from = t if layer == self.num_layers - 1 else None
             dirty_ids = unique_ids(np.concatenate(dirty))
-            if layer == self.num_layers - 1 and self._kept is not None:  # the final layer: kept nodes only
-                dirty_ids = dirty_ids[self._in(self._kept, dirty_ids)]
+            if layer == self.num_layers - 1 and not self.shards.every:  # the final layer: kept nodes only
+                dirty_ids = dirty_ids[self.shards.kept(dirty_ids)]
             alive = store.node_arrays(dirty_ids)[0] >= 0
             targets, gone = dirty_ids[alive], dirty_ids[~alive]
             t = stats.lap("dirty", t)
-            rows, sampled = self.compute_layer(layer, targets, _CachedRows(self.tables, layer))
+            rows, sampled = self.compute_layer(layer, targets, CachedRows(self.tables, layer))
             stats.sampled_neighbours += sampled
             t = stats.lap("compute", t)
             diff = self._moved(layer + 1, targets, rows)
@@ -853,7 +679,7 @@ class Engine:
                 final_iids, final_rows = moved, moved_rows
                 # a node whose mode changed is republished even if its vector did not move
                 touched = input_ids[(input_flags & (DIRTY_INPUT | DIRTY_DEGREE)) != 0]
-                touched = touched[self._in(self._kept, touched)]
+                touched = touched[self.shards.kept(touched)]
                 recheck = setdiff_ids(np.concatenate([targets[~diff], touched]), moved)
                 degree, flags, _ = store.node_arrays(recheck)
                 live = degree >= 0
@@ -906,12 +732,12 @@ class Engine:
         version, event_ts, mode = self.meta.get(gone)
         # the meta stays as a version floor, so a re-created node keeps counting up
         withdraw = np.ones(len(gone), dtype=bool) if again else (mode >= 0) & (mode != self._deleted_code)
-        ids, versions, times = gone[withdraw], self._next_versions(version[withdraw]), event_ts[withdraw]
+        ids, versions, times = gone[withdraw], self.shards.next_versions(version[withdraw]), event_ts[withdraw]
         if not len(ids):
             return
         self.meta.set(ids, versions, times, np.full(len(ids), self._deleted_code, dtype=np.int16))
         tx.add(self.meta.encode(ids, None))
-        sent = ids if self._published is None else ids[self._in(self._published, ids)]
+        sent = ids if self.shards.publishes_all else ids[self.shards.published(ids)]
         if publish and len(sent):
             self._outbox(tx, encode_outbox(sent, time.time()))
             stats.published += len(sent)
