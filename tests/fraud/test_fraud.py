@@ -98,7 +98,8 @@ def test_scorer_scores_every_published_embedding(kafka_client: str, broker, uniq
     thread.start()
     thread.join(90)
     assert not thread.is_alive(), "scorer did not stop when idle"
-    assert result == {"scored": 200, "deleted": 1, "invalid": 0, "other_model": 0}
+    assert result == {"scored": 200, "canary_scored": 0, "not_serving": 0, "deleted": 1, "invalid": 0,
+                      "other_model": 0}
     consumer = EventConsumer(broker.bootstrap, score_topic, unique_name("read"))
     got, idle = [], 0
     try:
