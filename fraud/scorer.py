@@ -48,9 +48,8 @@ when the scorer stops.
 Summary of :meth:`FraudScorer.run`: ``scored`` (serving scores published),
 ``canary_scored`` (non-serving updates scored for the canary),
 ``not_serving``, ``deleted`` (serving tombstones passed on), ``invalid``,
-``other_model`` and, with a canary, ``canary`` (the report). A scorer of one
-explicit ``in_topic`` leaves ``canary_scored`` and ``not_serving`` out while
-they are 0.
+``other_model`` (:data:`SUMMARY_KEYS`, whatever the heads and input topics)
+and, with a canary, ``canary`` (the report).
 
 Bad input: an update that does not decode (or whose embedding is not its
 head's size) is skipped with a warning naming its topic, partition and
@@ -90,12 +89,14 @@ from gnnstream.stream.rollout import CONTROL_TOPIC, SERVING_HEADER, is_serving, 
 from gnnstream.stream.updates import BINARY_MAGIC, decode_binary_columns, decode_update
 from gnnstream.model.head import ScoreHead, load_head
 
-__all__ = ["FraudScorer", "SCORES_TOPIC", "encode_score", "encode_scores", "decode_updates", "DecodedUpdates", "compare_scores",
-           "ks_statistic", "canary_mask"]
+__all__ = ["FraudScorer", "SCORES_TOPIC", "SUMMARY_KEYS", "encode_score", "encode_scores", "decode_updates",
+           "DecodedUpdates", "compare_scores", "ks_statistic", "canary_mask"]
 
 logger = logging.getLogger(__name__)
 
 SCORES_TOPIC = "fraud-scores"  # where serving scores go unless told otherwise
+SUMMARY_KEYS = ("scored", "canary_scored", "not_serving", "deleted", "invalid", "other_model")
+"""The counts in :meth:`FraudScorer.summary` (and ``gnnstream score``'s JSON), one model or several."""
 _NUMBERS = frozenset((int, float))
 _BINARY = bytes((BINARY_MAGIC,))
 _VALUE, _TOPIC, _HEADERS = operator.attrgetter("value"), operator.attrgetter("topic"), operator.attrgetter("headers")
@@ -345,12 +346,7 @@ class FraudScorer:
 
     def summary(self) -> dict[str, Any]:
         """The counts (and the canary report) :meth:`run` returns; see the module doc."""
-        out: dict[str, Any] = {"scored": self.scored}
-        if self.in_topic is None or self.canary or self.canary_scored:
-            out["canary_scored"] = self.canary_scored
-        if self.in_topic is None or self.canary or self.not_serving:
-            out["not_serving"] = self.not_serving
-        out.update(deleted=self.deleted, invalid=self.invalid, other_model=self.other_model)
+        out: dict[str, Any] = {key: getattr(self, key) for key in SUMMARY_KEYS}
         if self.canary:
             out["canary"] = self.canary_report()
         return out

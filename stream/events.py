@@ -14,28 +14,34 @@ types (``true`` is not a number), NaN/inf, empty ids and the like are all
 errors.
 
 Whatever the input, :func:`decode_event_json` returns an event or raises
-:class:`InvalidEvent`, never any other exception; its ``reason`` is one of
+:class:`InvalidEvent`, never any other exception; :func:`check_features`,
+which the worker, ``graph load`` and ``apply`` run on each decoded event,
+raises it too. Its ``reason`` is one of
 :data:`INVALID_EVENT_REASONS` (stable: used as a metric label and in
 dead-letter headers):
 
-==================  ==========================================================
-``empty``           no message value (a Kafka tombstone) or zero bytes
-``oversize``        larger than ``max_bytes`` (default :data:`MAX_EVENT_BYTES`)
-``not_utf8``        the bytes are not UTF-8
-``not_json``        not one JSON value (syntax, nesting too deep, ...)
-``not_object``      valid JSON but not an object
-``duplicate_field`` a field appears twice in the object
-``missing_field``   ``op`` or a field the op needs is absent
-``unknown_op``      ``op`` is not one of the four operations
-``unknown_field``   a field the op does not take
-``bad_id``          an id that is not a string/integer, too long, bad unicode
-``empty_id``        an id that is ``""``
-``bad_type``        a number that is not a number, features not a list
-``not_finite``      NaN, Infinity or a number too large for a float; in
-                    ``check_features``, a feature beyond ±1e15
-``bad_ts``          a negative timestamp
-``bad_features``    an empty feature list
-==================  ==========================================================
+========================  ====================================================
+``empty``                 no message value (a Kafka tombstone) or zero bytes
+``oversize``              larger than ``max_bytes`` (default
+                          :data:`MAX_EVENT_BYTES`)
+``not_utf8``              the bytes are not UTF-8
+``not_json``              not one JSON value (syntax, nesting too deep, ...)
+``not_object``            valid JSON but not an object
+``duplicate_field``       a field appears twice in the object
+``missing_field``         ``op`` or a field the op needs is absent
+``unknown_op``            ``op`` is not one of the four operations
+``unknown_field``         a field the op does not take
+``bad_id``                an id that is not a string/integer, too long, bad
+                          unicode
+``empty_id``              an id that is ``""``
+``bad_type``              a number that is not a number, features not a list
+``not_finite``            NaN, Infinity or a number too large for a float; in
+                          ``check_features``, a feature beyond ±1e15
+``bad_ts``                a negative timestamp
+``bad_features``          an empty feature list
+``wrong_feature_length``  in ``check_features``, a feature count that is not
+                          the model's input width
+========================  ====================================================
 """
 
 from __future__ import annotations
@@ -71,7 +77,7 @@ MAX_EVENT_BYTES = 1 << 20  # 1 MiB: the default size limit of one encoded event
 INVALID_EVENT_REASONS = frozenset({
     "empty", "oversize", "not_utf8", "not_json", "not_object", "duplicate_field",
     "missing_field", "unknown_op", "unknown_field", "bad_id", "empty_id", "bad_type",
-    "not_finite", "bad_ts", "bad_features",
+    "not_finite", "bad_ts", "bad_features", "wrong_feature_length",
 })
 _MAX_DETAIL = 200
 

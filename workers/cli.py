@@ -261,7 +261,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("events", metavar="EVENTS.jsonl", help="one JSON event per line (see docs/design.md)")
     p.add_argument("--model", default=None, metavar="DIR",
                    help="model the state is for: a new state takes its sampling seed, features must have its "
-                        "in_dim")
+                        "in_dim, and the state records it (the default of --model for apply, run, verify...)")
     p.add_argument("--seed", type=int, default=None,
                    help="sampling seed of a new state without --model (default 0); with --model it must be the "
                         "model's")

@@ -336,6 +336,24 @@ def _bind_model_dir(store: GraphStore, model_dir: str | os.PathLike[str]) -> Non
         meta.put(MODEL_DIR_META, value)
 
 
+def _other_model(store: GraphStore, model_dir: str | os.PathLike[str], config: ModelConfig,
+                 held: dict[str, Any] | None) -> StateModelMismatch | None:
+    """The error for using the model in ``model_dir`` on a state holding the embeddings of ``held``, or None
+    when the state holds none or that model's."""
+    if held is None:
+        return None
+    want = model_identity(config)
+    differ = _differences(held, want)
+    if not differ:
+        return None
+    fields = ", ".join(f"{k} {_show(held, k)} in the state, {_show(want, k)} in the model" for k in differ)
+    return StateModelMismatch(
+        f"state {store.path!r} holds the embeddings of model {held.get('model')}, and the model in "
+        f"{str(model_dir)!r} ({want['model']}) is another one: {fields} (models are the same when tag, arch, "
+        f"weights sha256, fanouts and cold-start policy agree); switching a state to another model is "
+        f"explicit: run `gnnstream backfill --state {store.path} --model {model_dir}`")
+
+
 def open_engine(store: GraphStore, model_dir: str | None, *, switch_model: bool = False,
                 **engine_args: Any) -> Engine:
     """An engine for ``store`` with the model in ``model_dir`` (default: the one the state uses).
@@ -358,22 +376,16 @@ def open_engine(store: GraphStore, model_dir: str | None, *, switch_model: bool 
             raise StateNoEmbeddings(f"state {store.path!r} has no model yet; pass --model DIR")
         model_dir = raw.decode()
     model: LoadedModel = load_model_dir(model_dir)
-    want = model_identity(model.config)
     held = _held_identity(store)
-    differ = [] if held is None else _differences(held, want)
-    if differ and not switch_model:
-        fields = ", ".join(f"{k} {_show(held, k)} in the state, {_show(want, k)} in the model" for k in differ)
-        raise StateModelMismatch(
-            f"state {store.path!r} holds the embeddings of model {held.get('model')}, and the model in "
-            f"{str(model_dir)!r} ({want['model']}) is another one: {fields} (models are the same when tag, arch, "
-            f"weights sha256, fanouts and cold-start policy agree); switching a state to another model is "
-            f"explicit: run `gnnstream backfill --state {store.path} --model {model_dir}`")
+    other = _other_model(store, model_dir, model.config, held)
+    if other is not None and not switch_model:
+        raise other
     if read_only and held is None:
         raise StateNoEmbeddings(
             f"state {store.path!r} holds no embeddings yet; compute them with "
             f"`gnnstream backfill --state {store.path} --model {model_dir}`")
     engine = Engine(store, model, **engine_args)
-    if not read_only and not differ:
+    if not read_only and other is None:
         _bind_model_dir(store, model_dir)
     return engine
 
@@ -565,7 +577,10 @@ def load_events(state: str, path: str, *, seed: int | None = None, model_dir: st
     """``graph load``: apply a JSONL event file to the graph store (no embeddings).
 
     A new state takes its seed from ``model_dir`` when given, else ``seed``,
-    else 0; with a model, features must have its ``in_dim``. Invalid lines are
+    else 0; with a model, features must have its ``in_dim``, and the state
+    records it as its model (the default of ``--model`` for ``apply``,
+    ``run``, ``verify``...; a state holding another model's embeddings is
+    refused, as by ``apply``). Invalid lines are
     skipped and listed in ``report`` (default :func:`default_report_path`) and
     ``dead_letters``; the run reads the whole file each time.
 
@@ -586,8 +601,12 @@ def load_events(state: str, path: str, *, seed: int | None = None, model_dir: st
     bulk_events = 0
     with open_store(state, create=True, model_dir=model_dir, seed=seed) as store, \
             _bar(_count_lines(path), "load") as bar:
-        if in_dim is not None:
-            store.set_feature_dim(in_dim)
+        if config is not None:
+            other = _other_model(store, model_dir, config, _held_identity(store))
+            if other is not None:
+                raise other
+            store.set_feature_dim(config.in_dim)
+            _bind_model_dir(store, model_dir)  # the default of --model for the commands that follow
         invalid = _InvalidLines(path, report, dead_letters, keep_through=0)
         dim = store.feature_dim
         source = "the model expects" if in_dim is not None else "the state's nodes have"

@@ -19,7 +19,7 @@ from gnnstream.stream.kafka import EventConsumer, Producer, ensure_topics
 from gnnstream.stream.rollout import SERVING_HEADER, version_topic
 from gnnstream.stream.updates import encode_update, encode_updates, tombstone, EmbeddingUpdate
 from tests.workers.reference import run_gnnstream
-from gnnstream.fraud.scorer import FraudScorer, canary_mask, compare_scores, ks_statistic
+from gnnstream.fraud.scorer import SUMMARY_KEYS, FraudScorer, canary_mask, compare_scores, ks_statistic
 from gnnstream.fraud.train import train_fraud_model
 from gnnstream.model.head import ScoreHead, load_head
 
@@ -199,6 +199,34 @@ def test_scorer_selects_serving_and_canary_rows_of_a_poll() -> None:
     report = scorer.canary_report()
     assert report["fraction"] == 0.4
     _assert_report(report, _expected_report(latest, "m:2"))
+
+
+# the counts of `gnnstream score`'s JSON summary, whatever the heads and input topics
+SCORE_SUMMARY = ["scored", "canary_scored", "not_serving", "deleted", "invalid", "other_model"]
+
+
+def test_score_summary_has_the_same_keys_with_one_model_or_several() -> None:
+    """One head on an explicit input topic, one head on its version topic, two heads: the same counts, each
+    counted (no key left out while it is 0); a canary adds its report."""
+    h1, h2 = ScoreHead((0.5, -1.0, 0.25), 0.1, "m:1"), ScoreHead((1.0, 0.5, -0.5, 2.0), -0.2, "m:2")
+    assert list(SUMMARY_KEYS) == SCORE_SUMMARY
+    emb = np.ones(3, dtype=np.float32)
+    records = [Record("emb", 0, 0, b"a", encode_update(EmbeddingUpdate("a", "m:1", 1, emb, 1.0, 2.0, "full")), 0,
+                      ((SERVING_HEADER, b"m:1"),)),
+               Record("emb", 0, 1, b"b", encode_update(EmbeddingUpdate("b", "m:1", 1, emb, 1.0, 2.0, "full")), 0,
+                      ((SERVING_HEADER, b"m:2"),)),
+               Record("emb", 0, 2, b"c", b"not an update", 0, ()),
+               Record("emb", 0, 3, b"d", None, 0, ())]
+    shapes = {"one head, explicit topic": FraudScorer("unused:9092", h1, in_topic="emb", out_topic="s"),
+              "one head": FraudScorer("unused:9092", h1, out_topic="s"),
+              "two heads": FraudScorer("unused:9092", [h1, h2], out_topic="s")}
+    for shape, scorer in shapes.items():
+        assert list(scorer.summary()) == SCORE_SUMMARY, shape
+        scorer._score_poll(records, lambda topic, key, value: None)
+        assert scorer.summary() == {"scored": 1, "canary_scored": 0, "not_serving": 1, "deleted": 1, "invalid": 1,
+                                    "other_model": 0}, shape
+    canary = FraudScorer("unused:9092", h1, in_topic="emb", out_topic="s", canary=0.5)
+    assert list(canary.summary()) == [*SCORE_SUMMARY, "canary"]
 
 
 # ---------------------------------------------------------------------- against the embedded broker

@@ -235,6 +235,73 @@ def test_apply_with_a_new_model_is_refused_until_backfill(capsys: pytest.Capture
                             what=f"state switched from sage to gat ({second}) vs PyG reference")
 
 
+def _part(events_file: Path, path: Path, start: int, stop: int) -> Path:
+    path.write_bytes(b"".join(events_file.read_bytes().splitlines(keepends=True)[start:stop]))
+    return path
+
+
+def _sage_reference(events_file: Path, lines: int, model_dir: Path) -> dict[str, np.ndarray]:
+    fold = fold_jsonl(events_file, limit=lines)
+    return reference_embeddings(fold.nodes, fold.edges, fold.features, model_dir)
+
+
+def test_graph_load_with_a_model_makes_it_the_states_model(capsys: pytest.CaptureFixture, tmp_path: Path,
+                                                           events_file: Path, model_dirs: dict[str, Path]) -> None:
+    """``graph load --model`` records the model: ``apply``, ``verify`` and ``embeddings`` without
+    ``--model`` use it (the sage model's embeddings, not another's); a state loaded without a model still
+    asks for one; ``graph load --model`` of another model into a state holding embeddings is refused."""
+    state = tmp_path / "state"
+    _ok(run_cli(capsys, "graph", "load", "--state", state, "--model", model_dirs["sage"],
+                _part(events_file, tmp_path / "first.jsonl", 0, 600)), "graph load --model")
+    more = json.loads(_ok(run_cli(capsys, "apply", "--state", state, _part(events_file, tmp_path / "more.jsonl",
+                                                                           600, 900)), "apply without --model"))
+    assert more["events"] == 300 and more["pending"] == 0, more
+    verified = json.loads(_ok(run_cli(capsys, "verify", "--state", state), "verify"))
+    assert verified["status"] == "ok" and verified["model"] == "model:1", verified
+    export = tmp_path / "emb.jsonl"
+    _ok(run_cli(capsys, "embeddings", "--state", state, "--out", export), "embeddings")
+    assert_embeddings_close({r["id"]: r["embedding"] for r in _read_export(export)},
+                            _sage_reference(events_file, 900, model_dirs["sage"]),
+                            what="graph load --model sage, then apply without --model, vs PyG reference")
+
+    rc, out, err = run_cli(capsys, "graph", "load", "--state", state, "--model", model_dirs["gat"],
+                           _part(events_file, tmp_path / "rest.jsonl", 900, 1000))
+    assert rc == 2 and "Traceback" not in err, (rc, err[-2000:])
+    assert f"gnnstream backfill --state {state} --model {model_dirs['gat']}" in err, err
+    verified = json.loads(_ok(run_cli(capsys, "verify", "--state", state), "verify after the refused load"))
+    assert verified["status"] == "ok" and verified["nodes"] == len(fold_jsonl(events_file, limit=900).nodes)
+
+    bare = tmp_path / "bare"
+    _ok(run_cli(capsys, "graph", "load", "--state", bare, "--seed", SEED, tmp_path / "first.jsonl"), "graph load")
+    rc, out, err = run_cli(capsys, "apply", "--state", bare, tmp_path / "more.jsonl")
+    assert rc == 2 and "pass --model DIR" in err and "Traceback" not in err, (rc, err[-2000:])
+
+
+@pytest.mark.broker
+def test_run_without_model_uses_the_one_graph_load_recorded(capsys: pytest.CaptureFixture, tmp_path: Path,
+                                                            events_file: Path, model_dirs: dict[str, Path],
+                                                            broker: Any, unique_name: Any) -> None:
+    """``gnnstream run`` without ``--model`` on a state from ``graph load --model`` backfills with that
+    model and applies the stream: the embeddings equal the sage reference of the whole graph."""
+    state = tmp_path / "state"
+    _ok(run_cli(capsys, "graph", "load", "--state", state, "--model", model_dirs["sage"],
+                _part(events_file, tmp_path / "first.jsonl", 0, 600)), "graph load --model")
+    topics = ["--events-topic", unique_name("events"), "--partitions", 2]
+    produced = json.loads(_ok(run_cli(capsys, "produce", "--bootstrap", broker.bootstrap, *topics,
+                                      _part(events_file, tmp_path / "more.jsonl", 600, 900)), "produce"))
+    assert produced["produced"] == 300, produced
+    summary = json.loads(_ok(run_cli(capsys, "run", "--bootstrap", broker.bootstrap, "--state", state, *topics,
+                                     "--output-topic", unique_name("out"), "--dlq-topic", unique_name("dlq"),
+                                     "--group", unique_name("group"), "--metrics-port", 0,
+                                     "--exit-when-idle", 3), "run without --model"))
+    assert summary["applied"] == 300 and summary["invalid"] == 0, summary
+    export = tmp_path / "emb.jsonl"
+    _ok(run_cli(capsys, "embeddings", "--state", state, "--out", export), "embeddings")
+    assert_embeddings_close({r["id"]: r["embedding"] for r in _read_export(export)},
+                            _sage_reference(events_file, 900, model_dirs["sage"]),
+                            what="graph load --model sage, then run without --model, vs PyG reference")
+
+
 def test_apply_skips_invalid_lines_and_resumes(capsys: pytest.CaptureFixture, tmp_path: Path, events_file: Path,
                                                model_dirs: dict[str, Path]) -> None:
     """Bad lines are counted and skipped, never stop the run, and never hide the good events after them."""
