@@ -443,7 +443,7 @@ def clone_state(src: Path, dst: Path) -> None:
 
 def final_rows(state: Path, model: str) -> dict[str, np.ndarray]:
     """Every node's stored final embedding in ``state``, by name."""
-    from gnnstream.workers.offline import open_engine, open_store
+    from gnnstream.workers.state import open_engine, open_store
     from gnnstream.graph_state.embeddings import read_final_rows
     with open_store(state, create=False, model_dir=model) as store:
         engine = open_engine(store, model)
@@ -467,7 +467,7 @@ def engine_alone(state: Path, model: str, events: list, batch: int, warmup: int)
     for the batches after the first ``warmup`` events (``updates_per_s``).
     """
     from gnnstream.workers.heap import freeze_warm_heap
-    from gnnstream.workers.offline import open_engine, open_store
+    from gnnstream.workers.state import open_engine, open_store
     times: list[float] = []
     cpu: list[float] = []  # CPU of the process (every thread) per batch
     published: list[int] = []

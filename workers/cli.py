@@ -88,7 +88,7 @@ def _graph_load(args: argparse.Namespace) -> int:
 
 
 def _graph_show(args: argparse.Namespace) -> int:
-    from gnnstream.workers.offline import open_store
+    from gnnstream.workers.state import open_store
     with open_store(args.state, create=False, read_only=True) as store:
         if not store.exists(args.node):
             print(f"gnnstream: error: node {args.node!r} does not exist in state {args.state!r} (ids are matched "

@@ -45,7 +45,7 @@ from gnnstream.stream.events import (EdgeDelete, EdgeUpsert, Event, InvalidEvent
                            decode_event)
 from gnnstream.stream.partitioning import partition_for
 from gnnstream.workers.engine import kept_partitions
-from gnnstream.workers.offline import MODEL_DIR_META
+from gnnstream.workers.state import MODEL_DIR_META
 from gnnstream.graph_state.embeddings import FrameReused, MetaTable
 from gnnstream.model.head import HEAD_FILE, ScoreHead, load_head
 

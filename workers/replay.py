@@ -21,7 +21,7 @@ from gnnstream.stream.clients import ConsumerClient
 from gnnstream.stream.kafka import ensure_topics, topic_names
 from gnnstream.stream.exceptions import InvalidUpdate, StreamError
 from gnnstream.stream.updates import decode_update
-from gnnstream.workers.offline import _bar
+from gnnstream.workers.offline import progress_bar
 
 __all__ = ["produce_file", "tail_embeddings", "iter_file_messages", "wait_for_topic"]
 
@@ -67,7 +67,7 @@ def produce_file(bootstrap: str, path: str, *, topic: str = "graph-events", fmt:
         messages = messages[:limit]
     ensure_topics(bootstrap, {topic: partitions})
     t0 = time.perf_counter()
-    with open_producer(kafka_client, bootstrap) as producer, _bar(len(messages), "produce") as bar:
+    with open_producer(kafka_client, bootstrap) as producer, progress_bar(len(messages), "produce") as bar:
         for i, (key, value) in enumerate(messages):
             producer.send(topic, key, value)
             if rate > 0:

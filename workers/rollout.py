@@ -217,7 +217,8 @@ def start(live_state: str, state: str, model_dir: str, *, bootstrap: str | None 
     """
     from gnnstream.graph_state.snapshot import read_meta, snapshot
     from gnnstream.model.directory import load_model_dir
-    from gnnstream.workers.offline import _bar, open_engine, open_store
+    from gnnstream.workers.offline import progress_bar
+    from gnnstream.workers.state import open_engine, open_store
     if bootstrap is not None:
         _named(control_topic)
     config = load_model_dir(model_dir).config
@@ -258,13 +259,13 @@ def start(live_state: str, state: str, model_dir: str, *, bootstrap: str | None 
             store.commit(tx)
             nodes = None
             report(phase="backfill", layer=0, layers=engine.num_layers, nodes=nodes)
-            with _bar(engine.num_layers, f"backfill {config.model_id}", unit="layer") as bar:
+            with progress_bar(engine.num_layers, f"backfill {config.model_id}", unit="layer") as bar:
                 def advance(done: int) -> None:
                     bar.update(1)
                     report(phase="backfill", layer=done, layers=engine.num_layers, nodes=nodes)
                 stats = engine.backfill(progress=advance if progress else None, publish=True)
-            from gnnstream.workers.offline import _bind_model_dir
-            _bind_model_dir(store, model_dir)
+            from gnnstream.workers.state import bind_model_dir
+            bind_model_dir(store, model_dir)
         os.rename(partial, state)
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)

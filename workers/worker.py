@@ -576,7 +576,7 @@ class Worker:
         server = MetricsServer(self.metrics, s.metrics_port, self.health_info, host=s.metrics_host) \
             if s.metrics_port else None
         try:
-            from gnnstream.workers.offline import open_store  # imports torch: after /healthz is up
+            from gnnstream.workers.state import open_store  # imports torch: after /healthz is up
             # a new state takes the model's sampling seed; an existing one must have been created with it
             self.store = store = open_store(s.state, create=True, model_dir=s.model)
             try:
@@ -597,7 +597,7 @@ class Worker:
         return self.health_info()
 
     def _run(self, store: GraphStore, max_idle_s: float | None) -> None:
-        from gnnstream.workers.offline import open_engine
+        from gnnstream.workers.state import open_engine
         s = self.settings
         engine = self.engine = open_engine(store, s.model, hub_bound=s.hub_bound,
                                            max_deferred_age=s.max_staleness_s)

@@ -360,7 +360,7 @@ def assert_consumer_within(held: Held, stored: dict[str, dict[str, Any]], min_ch
 @pytest.mark.parametrize("min_change", [0.0, 0.05])
 def test_engine_stream_consumer_stays_within_min_change(otc_events: list, model_dir: str, tmp_path: Path,
                                                         min_change: float) -> None:
-    from gnnstream.workers.offline import open_engine, open_store
+    from gnnstream.workers.state import open_engine, open_store
     state = str(tmp_path / "state")
     held, producer = Held(), RecordingProducer()
     resolved = sent = suppressed = deletes_sent = 0

@@ -270,7 +270,7 @@ def test_graph_load_with_a_seed_7_model_then_apply(tmp: Path, events: Path, mode
 
 def test_open_store_takes_the_seed_from_the_model(tmp: Path, models: dict[str, Path]) -> None:
     """What ``run`` does (``Worker.run`` opens its state this way): a fresh state gets the model's seed."""
-    from gnnstream.workers.offline import open_engine, open_store
+    from gnnstream.workers.state import open_engine, open_store
     fresh = tmp / "fresh"
     with pytest.raises(StateNotFoundError, match="does not exist"):
         open_store(fresh, create=False, model_dir=str(models["m7"]))
