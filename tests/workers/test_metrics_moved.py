@@ -33,7 +33,7 @@ from gnnstream.stream.broker import EmbeddedBroker
 from gnnstream.stream.clients import Record
 from gnnstream.stream.events import EdgeUpsert, Event, NodeUpsert
 from gnnstream.stream.kafka import ensure_topics
-from gnnstream.workers import engine as engine_module
+from gnnstream.workers.engine import engine as engine_module
 from gnnstream.workers.engine import Engine
 from gnnstream.workers.settings import WorkerSettings
 from gnnstream.workers.worker import Worker

@@ -31,7 +31,6 @@ import logging
 import os
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 import numpy as np
@@ -45,8 +44,10 @@ from gnnstream.graph_state.transaction import Transaction
 from gnnstream.stream.delivery import UpdateColumns
 from gnnstream.graph_state.embeddings import EmbeddingTables, MetaTable, encode_outbox, layer_logs_from
 from gnnstream.workers.engine.device import check_device, threads_for
-from gnnstream.workers.engine.rows import CachedRows, DenseRows, Project, Rows
+from gnnstream.workers.engine.layers import LayerRunner
+from gnnstream.workers.engine.rows import CachedRows, DenseRows, Rows
 from gnnstream.workers.engine.shards import OutputShards
+from gnnstream.workers.engine.stats import EngineError, RecomputeStats
 
 __all__ = ["Engine", "RecomputeStats", "EngineError", "DEFERRED_TAG", "DELETED"]
 
@@ -57,33 +58,6 @@ DEFERRED_TAG = 0x8000  # dirty key tag 0x8000 + l: dependents of v at layer l ar
 _ATOL = 1e-6
 _HEAD_COLUMNS = 8  # entries of a recomputed row compared first (one 32-byte read per held row)
 _OUTBOX_SEQ = b"outbox_seq"
-
-
-class EngineError(RuntimeError):
-    """The state directory and the model do not fit together."""
-
-
-@dataclass
-class RecomputeStats:
-    """What one recompute did (per layer lists are indexed from layer 1)."""
-
-    recomputed: list[int] = field(default_factory=list)
-    changed: list[int] = field(default_factory=list)
-    published: int = 0
-    deleted: int = 0
-    deferred: int = 0
-    sampled_neighbours: int = 0
-    fanout_capped: int = 0
-    seconds: float = 0.0
-    phases: dict[str, float] = field(default_factory=dict)  # seconds per phase: marks, dirty, compute, rows, outputs, write
-    rows_written: int = 0  # records in the recompute's WriteBatch
-    final_seconds: float = 0.0  # of the dirty, compute and rows phases, the part spent on the final layer
-
-    def lap(self, phase: str, since: float) -> float:
-        """Add the time from ``since`` to now to ``phase``; return now."""
-        now = time.perf_counter()
-        self.phases[phase] = self.phases.get(phase, 0.0) + now - since
-        return now
 
 
 class Engine:
@@ -116,8 +90,6 @@ class Engine:
         self.binding = json.dumps({"model": self.model_tag, "arch": cfg.arch, "weights_sha256": cfg.weights_sha256,
                                    "fanouts": list(cfg.fanouts), "cold_start": cfg.cold_start}, sort_keys=True)
         self.gnn = model.model
-        self.device = torch.device("cpu")  # where the layers run: another only during backfill(device=...)
-        self._device_table: tuple[np.ndarray, torch.Tensor] | None = None  # the input table copied to the device
         self.policy = model.cold_start
         self.plain = self.policy.name == "plain"
         self.chunk_nodes = chunk_nodes
@@ -149,11 +121,8 @@ class Engine:
         self.tables = EmbeddingTables(store, dims, self.logs)
         for l, log in self.logs.items():
             log.row_cache = lambda iids, l=l: self.tables.cached(l, iids)
-        self._uses_counts = [bool(getattr(c, "uses_neighbour_counts", False)) for c in self.gnn.convs]
-        # a layer past the first whose inputs (the engine's own h^l) can be kept projected: see compute_layer
-        self._projects = [layer > 0 and self.gnn.projects(layer) for layer in range(self.num_layers)]
+        self.layers = LayerRunner(store, self.gnn, self.policy, self.fanouts, self.tables.dims, chunk_nodes)
         self._deferred_since: float | None = None
-        self._capped = 0
         self.shards = OutputShards(store)  # whose final rows are kept and published (see own)
         self._deleted_code = self.meta.code(DELETED)
         self._mode_of: dict[int, int] = {}  # mode code by degree * 2 + has features (the policy is fixed)
@@ -294,98 +263,14 @@ class Engine:
         return self.store.column("meta").get(b"model") != self.binding.encode()
 
     # ------------------------------------------------------------------ one layer
-    def _samples(self, targets: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """``(S_k of every target as a [len(targets), k] iid matrix in rank order padded with -1, target degrees)``.
-
-        A node the cold-start policy keeps off its neighbours gets an empty sample.
-        """
-        store = self.store
-        mat = store.sample_matrix(k, targets)
-        degree, _, _ = store.node_arrays(targets)
-        if not self.plain:
-            mat[~self.policy.uses_neighbours_many(np.maximum(degree, 0))] = -1
-        return mat, degree
-
-    def _neighbour_counts(self, nbrs: np.ndarray, k: int) -> np.ndarray:
-        """``|S_k(u)|`` of every neighbour row as the layer sees it (0 for a node kept off its neighbours)."""
-        degree = np.maximum(self.store.node_arrays(nbrs)[0], 0)
-        count = np.minimum(degree, k)
-        if not self.plain:
-            count[~self.policy.uses_neighbours_many(degree)] = 0
-        return count
-
-    def _tensor(self, array: np.ndarray) -> torch.Tensor:
-        """``array`` as a tensor on the engine's device (the CPU but during :meth:`backfill` on another)."""
-        return torch.from_numpy(array).to(self.device, non_blocking=True)  # on the CPU: the array's memory
-
-    def _table_tensor(self, table: np.ndarray) -> torch.Tensor:
-        """A layer's input table as :meth:`_tensor`, copied to another device once per table (every chunk of a
-        layer reads rows of the same one), not once per chunk."""
-        if self.device.type == "cpu":
-            return self._tensor(table)
-        held = self._device_table
-        if held is None or held[0] is not table:  # the array is held, so its identity is not reused meanwhile
-            self._device_table = held = (table, self._tensor(table))
-        return held[1]
-
-    def _projector(self, layer: int) -> Project:
-        def project(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-            with threads_for(len(rows)):
-                first, second = self.gnn.project(layer, self._tensor(rows))
-            return first.cpu().numpy(), second.cpu().numpy()
-        return project
+    @property
+    def device(self) -> torch.device:
+        """Where the layers run: the CPU, but during :meth:`backfill` on another device."""
+        return self.layers.device
 
     def compute_layer(self, layer: int, targets: np.ndarray, inputs: Rows) -> tuple[np.ndarray, int]:
-        """``h^{layer+1}`` of ``targets`` (0-based layer index) from the ``h^layer`` rows of ``inputs``.
-
-        A GraphSAGE layer past the first runs from its inputs' projections
-        (``W_l h_u`` and ``W_r h_u + b_l`` of every node, kept by the source):
-        a target then costs one gathered sum and no matrix product, and only
-        the rows that changed are projected again. Backfill, recompute and
-        :meth:`from_scratch` all compute such a layer this way, so they agree
-        up to the rounding of a matrix product over other sets of rows; against
-        the layer's plain form (and PyG) the difference is float rounding
-        (4.5e-7 in ``bench/backfill.py``).
-
-        Returns:
-            The new rows and the number of sampled neighbours read.
-        """
-        k = self.fanouts[layer]
-        projected = getattr(inputs, "projected", None) if self._projects[layer] else None
-        out = np.empty((len(targets) if len(targets) > self.chunk_nodes else 0, self.tables.dims[layer + 1]),
-                       dtype=np.float32)
-        sampled = 0
-        for start in range(0, len(targets), self.chunk_nodes):
-            chunk = targets[start:start + self.chunk_nodes]
-            mat, degree = self._samples(chunk, k)
-            valid = mat >= 0
-            counts = valid.sum(axis=1)
-            sampled += int(counts.sum())
-            if k:
-                self._capped += int(np.count_nonzero((counts == k) & (degree > k)))
-            if projected is not None:  # padding points at the target itself, with weight 0
-                table, pos, half = projected(np.concatenate([chunk, np.where(valid, mat, chunk[:, None]).ravel()]),
-                                             self._projector(layer))
-                nbr_rows = pos[len(chunk):].reshape(mat.shape)
-                with torch.no_grad(), threads_for(len(chunk)):
-                    h = self.gnn.layer_projected(layer, self._table_tensor(table), self._tensor(nbr_rows),
-                                                 self._tensor(valid), self._tensor(pos[:len(chunk)] + half))
-            else:
-                flat = mat[valid]
-                self_count = self._tensor(counts.astype(np.int64, copy=False))
-                table, pos = inputs(np.concatenate([chunk, flat]))
-                if self._uses_counts[layer]:
-                    nbr_count = self._tensor(self._neighbour_counts(flat, k))
-                else:
-                    nbr_count = self._tensor(np.zeros(len(flat), dtype=np.int64))
-                with torch.no_grad(), threads_for(len(chunk)):
-                    h = self.gnn.layer_indexed(layer, self._tensor(table[pos[:len(chunk)]]), self._table_tensor(table),
-                                               self._tensor(pos[len(chunk):]), self_count, nbr_count)
-            h = h.cpu()  # no copy on the CPU
-            if len(chunk) == len(targets):  # one chunk: keep torch's output, no copy
-                return h.numpy(), sampled
-            out[start:start + len(chunk)] = h.numpy()
-        return out, sampled
+        """:meth:`LayerRunner.compute`: ``h^{layer+1}`` of ``targets`` from the ``h^layer`` rows of ``inputs``."""
+        return self.layers.compute(layer, targets, inputs)
 
     # ------------------------------------------------------------------ backfill
     def backfill(self, progress: Callable[[int], None] | None = None, publish: bool = False,
@@ -400,20 +285,8 @@ class Engine:
             ValueError: ``device`` names a device torch does not have here.
         """
         device = check_device(device)
-        with self._forgetting_on_failure(), self._running_on(device):
+        with self._forgetting_on_failure(), self.layers.running_on(device):
             return self._backfill(progress, publish)
-
-    @contextmanager
-    def _running_on(self, device: torch.device) -> Iterator[None]:
-        """Run the layers on ``device`` inside the block (the model's weights move there and back)."""
-        self.gnn.to(device)
-        self.device = device
-        try:
-            yield
-        finally:
-            self.device = torch.device("cpu")
-            self._device_table = None
-            self.gnn.to(self.device)
 
     def _backfill(self, progress: Callable[[int], None] | None, publish: bool) -> RecomputeStats:
         t0 = time.perf_counter()
@@ -427,8 +300,8 @@ class Engine:
         prev = self._backfill_inputs(0, targets, feats)
         del feats
         for layer in range(self.num_layers):
-            if self._projects[layer]:  # all projections first: the table a layer reads stays as it is meanwhile
-                project = self._projector(layer)
+            if self.layers.projects[layer]:  # all projections first: the table a layer reads stays as it is meanwhile
+                project = self.layers.projector(layer)
                 for start in range(0, len(targets), self.chunk_nodes):
                     prev.projected(targets[start:start + self.chunk_nodes], project)
             h, sampled = self.compute_layer(layer, targets, prev)
@@ -640,7 +513,7 @@ class Engine:
             deferred: list[np.ndarray] = []
             allow = not drain
             dirty = [mark_ids[(mark_flags & DIRTY_SAMPLE) != 0], changed, self._dependents(k, changed, deferred, allow)]
-            if self._uses_counts[layer]:
+            if self.layers.uses_counts[layer]:
                 dirty.append(self._dependents(k, mark_ids[(mark_flags & DIRTY_COUNT) != 0], deferred, allow))
             if not self.plain:
                 dirty += [degree_changed, self._dependents(k, degree_changed, deferred, allow)]
@@ -709,7 +582,7 @@ class Engine:
         self._damaged = {}  # their marks were among those: their rows are written
         stats.lap("write", t)
         stats.seconds = time.perf_counter() - t0
-        stats.fanout_capped, self._capped = self._capped, 0
+        stats.fanout_capped = self.layers.take_capped()
         return stats
 
     def _rewrite(self, layer: int, targets: np.ndarray) -> np.ndarray:
