@@ -47,7 +47,7 @@ from typing import Any, Awaitable, Callable
 import orjson
 
 from gnnstream.workers.heap import freeze_warm_heap, tune_collector
-from gnnstream.workers.query import QueryError, QueryState
+from gnnstream.workers.query import QueryError, QueryState, load_infer_body
 
 __all__ = ["QueryApp", "QueryProcess", "serve", "MAX_BODY_BYTES", "bind"]
 
@@ -119,12 +119,7 @@ class QueryApp:
             return 200, self.state.samples(path[len(_NODES):-len(_SAMPLE)])
         if path == "/v1/infer":
             _only(method, "POST")
-            body = await self._body(scope, receive)
-            try:
-                parsed = orjson.loads(body)
-            except orjson.JSONDecodeError as exc:
-                raise QueryError(400, f"the body is not JSON: {exc}") from None
-            events, ids = self.state.parse_infer(parsed)
+            events, ids = self.state.parse_infer(load_infer_body(await self._body(scope, receive)))
             return 200, self.state.infer(events, ids)
         if path == "/v1/health":
             _only(method, "GET")
