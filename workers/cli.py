@@ -26,11 +26,19 @@ from typing import IO, Any, Iterator, Sequence
 
 from gnnstream.workers.atomic import atomic_output
 from gnnstream.workers.heap import tune_collector
+from gnnstream.workers.http_limits import add_arguments as add_http_limits, from_args as http_limits
 from gnnstream.workers.settings import fanout_list, finite_number, model_name, model_version, port_number, whole_number
 
-__all__ = ["main", "build_parser"]
+__all__ = ["main", "build_parser", "configure_logging"]
 
 logger = logging.getLogger(__name__)
+
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def configure_logging(level: int) -> None:
+    """Log records of ``level`` and above on stderr, in the one format of every gnnstream process."""
+    logging.basicConfig(level=level, format=LOG_FORMAT)
 
 
 def _events_path(path: str) -> str:
@@ -192,10 +200,8 @@ def _serve(args: argparse.Namespace) -> int:
     if not args.query_port:
         raise ValueError("serve needs a port: pass --query-port PORT or set GNNSTREAM_QUERY_PORT")
     sock = bind(args.query_host, args.query_port)
-    address = f"http://{args.query_host}:{sock.getsockname()[1]}"
     signal.signal(signal.SIGTERM, lambda *_: None)  # the server stops on it and returns: exit 0
-    serve(args.state, args.model, sock, refresh_s=args.refresh,
-          ready=lambda: print(f"query API on {address} (state {args.state}); Ctrl-C stops it", file=sys.stderr))
+    serve(args.state, args.model, sock, refresh_s=args.refresh, limits=http_limits(args))
     return 0
 
 
@@ -419,6 +425,7 @@ def _streaming_commands(sub: Any) -> None:
     add_worker_arguments(p, only=("state", "model", "query_port", "query_host"))
     p.add_argument("--refresh", type=finite_number(0.01), default=0.5, metavar="SECONDS",
                    help="how often to catch up with the worker's writes (default 0.5)")
+    add_http_limits(p)
     p.set_defaults(func=_serve)
 
     p = sub.add_parser("produce", help="produce events from a JSONL file or a SNAP CSV to Kafka")
@@ -450,8 +457,7 @@ def _streaming_commands(sub: Any) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(logging.INFO if args.verbose else logging.WARNING)
     tune_collector()
     try:
         status = args.func(args)

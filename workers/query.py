@@ -30,11 +30,13 @@ answer is exact either way.
 from __future__ import annotations
 
 import heapq
+import json
 import logging
 import os
 from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
+import orjson
 import torch
 
 from gnnstream.graph_state.sampler import seeded_rank_bytes
@@ -49,7 +51,7 @@ from gnnstream.workers.state import MODEL_DIR_META
 from gnnstream.graph_state.embeddings import FrameReused, MetaTable
 from gnnstream.model.head import HEAD_FILE, ScoreHead, load_head
 
-__all__ = ["QueryState", "QueryError", "MAX_EVENTS", "MAX_IDS"]
+__all__ = ["QueryState", "QueryError", "load_infer_body", "MAX_EVENTS", "MAX_IDS"]
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +67,56 @@ class QueryError(ValueError):
         super().__init__(message)
         self.status = status
         self.extra = extra
+
+
+def load_infer_body(raw: bytes) -> Any:
+    """The JSON value of a ``POST /v1/infer`` body, its ids as the stream's decoder reads them.
+
+    orjson reads an integer past 64 bits as a float (or refuses it); where
+    an id is a float, or orjson refuses the body, the standard library
+    reads it again, keeping integers whole, as the stream's decoder does
+    with an event it doubts.
+
+    Raises:
+        QueryError: 400 for a body that is not JSON.
+    """
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        body = None
+    else:
+        if not _float_ids(body):
+            return body
+    try:
+        return json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        raise QueryError(400, f"the body is not JSON: {exc}") from None
+
+
+def _float_ids(body: Any) -> bool:
+    """Whether an id of ``ids`` or of an event is a float (an integer orjson could not hold)."""
+    if not isinstance(body, dict):
+        return False
+    ids, events = body.get("ids"), body.get("events")
+    if isinstance(ids, list) and any(isinstance(v, float) for v in ids):
+        return True
+    return isinstance(events, list) and any(isinstance(ev, dict) and any(isinstance(ev.get(k), float)
+                                                                         for k in ("src", "dst", "id"))
+                                            for ev in events)
+
+
+def _no_constant(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _node_id(value: Any) -> str:
+    """A node id of ``ids`` as the stream's decoder takes an event's: a string, or an integer of any size as its
+    decimal string, within :data:`~stream.events.MAX_ID_BYTES`.
+
+    Raises:
+        InvalidEvent: ``bad_id`` or ``empty_id``, as for an event.
+    """
+    return decode_event({"op": "node_delete", "id": value, "ts": 0}).id
 
 
 class _Overlay:
@@ -358,9 +410,10 @@ class QueryState:
             events.append(ev)
         ids = []
         for i, value in enumerate(raw_ids):
-            if isinstance(value, bool) or not isinstance(value, (str, int)) or value == "":
-                raise QueryError(400, f"ids[{i}] must be a non-empty string or an integer")
-            ids.append(str(value))
+            try:
+                ids.append(_node_id(value))
+            except InvalidEvent as exc:
+                raise QueryError(400, f"ids[{i}]: {exc.detail}", index=i, reason=exc.reason) from None
         return events, ids
 
     def infer(self, events: Sequence[Event], ids: Sequence[str]) -> dict[str, Any]:

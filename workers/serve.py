@@ -26,6 +26,11 @@ Routes:
 Every refusal is a 4xx with ``{"error": reason}``; a body over
 :data:`MAX_BODY_BYTES`, more than :data:`workers.query.MAX_EVENTS` events
 or :data:`workers.query.MAX_IDS` ids is refused before any work.
+
+Clients are held to :class:`workers.http_limits.HttpLimits`: a request's
+headers and its body must arrive within their timeouts (else 408 and the
+connection closes), and a connection beyond ``max_connections`` gets 503
+and is closed at once, while the open ones are served on.
 """
 
 from __future__ import annotations
@@ -47,11 +52,12 @@ from typing import Any, Awaitable, Callable
 import orjson
 
 from gnnstream.workers.heap import freeze_warm_heap, tune_collector
-from gnnstream.workers.query import QueryError, QueryState
+from gnnstream.workers.http_limits import HttpLimits, add_arguments, from_args, limited_protocol
+from gnnstream.workers.query import QueryError, QueryState, load_infer_body
 
 __all__ = ["QueryApp", "QueryProcess", "serve", "MAX_BODY_BYTES", "bind"]
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("gnnstream.workers.serve")  # its name also where it runs as __main__
 
 MAX_BODY_BYTES = 1 << 20  # a what-if body; larger ones get 413 before they are read whole
 _EMBEDDINGS = "/v1/embeddings/"
@@ -81,6 +87,9 @@ class QueryApp:
         self.requests = 0
         self.catch_ups: deque[float] = deque(maxlen=1000)  # seconds of the latest catch-ups (requests wait)
         self.busy = 0.0  # seconds spent answering, parsing and reading included
+        self.open = 0  # connections open now (refused ones until they are closed)
+        self.refused = 0  # connections closed at once with 503: max_connections were open
+        self.timed_out = 0  # connections closed because a request's headers or body did not arrive in time
 
     def refresh(self) -> None:
         t = time.perf_counter()
@@ -119,18 +128,14 @@ class QueryApp:
             return 200, self.state.samples(path[len(_NODES):-len(_SAMPLE)])
         if path == "/v1/infer":
             _only(method, "POST")
-            body = await self._body(scope, receive)
-            try:
-                parsed = orjson.loads(body)
-            except orjson.JSONDecodeError as exc:
-                raise QueryError(400, f"the body is not JSON: {exc}") from None
-            events, ids = self.state.parse_infer(parsed)
+            events, ids = self.state.parse_infer(load_infer_body(await self._body(scope, receive)))
             return 200, self.state.infer(events, ids)
         if path == "/v1/health":
             _only(method, "GET")
             took = sorted(self.catch_ups)
             return 200, {"ok": True, **self.state.status(), "refreshed_at": self.refreshed_at,
                          "requests": self.requests, "busy_s": round(self.busy, 3),
+                         "connections": {"open": self.open, "refused": self.refused, "timed_out": self.timed_out},
                          "catch_up_ms": {"count": len(took), "p50": round(1000 * took[len(took) // 2], 2),
                                          "max": round(1000 * took[-1], 2)} if took else None}
         raise QueryError(404, f"no route {method} {path[:200]}; see GET /v1/embeddings/{{id}}, POST /v1/infer, "
@@ -185,13 +190,13 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 def serve(state_dir: str, model_dir: str | None, sock: socket.socket, *, notify_fd: int | None = None,
-          refresh_s: float = 0.5, ready: Callable[[], None] | None = None, scratch: str | None = None) -> None:
+          refresh_s: float = 0.5, limits: HttpLimits = HttpLimits(), scratch: str | None = None) -> None:
     """Serve the query API on ``sock`` until the notify pipe closes (or SIGINT/SIGTERM without one).
 
     Args:
         notify_fd: read end of the worker's pipe: a byte means "a batch was committed", EOF means "stop".
         refresh_s: without a pipe, how often to catch up with the state.
-        ready: called once the state and the model are open, before the first request is answered.
+        limits: what clients may hold (timeouts, connections).
         scratch: an empty directory for the secondary instance's own files (none: a temporary one); removed on
             exit, and by a caller that outlives this process.
     """
@@ -207,10 +212,13 @@ def serve(state_dir: str, model_dir: str | None, sock: socket.socket, *, notify_
         app = QueryApp(state)
         app.refresh()
         freeze_warm_heap()  # the page indexes and the model stay out of later collections
-        if ready is not None:
-            ready()
-        config = uvicorn.Config(app, http="httptools", loop="asyncio", lifespan="off", access_log=False,
-                                log_level="warning", timeout_keep_alive=_KEEP_ALIVE_S)
+        host, port = sock.getsockname()[:2]
+        logger.info("query API on http://%s:%d answers from state %s (model %s)", host, port, state_dir,
+                    state.model_tag)
+        # log_config None: uvicorn's own records go through this process's logging, as the worker's do
+        config = uvicorn.Config(app, http=limited_protocol(app, limits), loop="asyncio", lifespan="off",
+                                access_log=False, log_config=None, log_level="warning", proxy_headers=False,
+                                timeout_keep_alive=_KEEP_ALIVE_S)
         server = uvicorn.Server(config)
 
         async def run() -> None:
@@ -261,12 +269,16 @@ class QueryProcess:
         model_dir: the model directory (None: the one the state uses).
         host: address to listen on.
         port: port to listen on (0: any free one, see :attr:`port`).
+        limits: what the server's clients may hold.
+
+    The server logs at this process's root logging level, in the same format.
 
     Raises:
         OSError: the port cannot be bound.
     """
 
-    def __init__(self, state_dir: str, model_dir: str | None, host: str, port: int):
+    def __init__(self, state_dir: str, model_dir: str | None, host: str, port: int,
+                 limits: HttpLimits = HttpLimits()):
         sock = bind(host, port)
         self.host, self.port = host, sock.getsockname()[1]
         read_end, self._notify = os.pipe()
@@ -274,7 +286,8 @@ class QueryProcess:
         # the server's own files: removed by the server as it exits, and here in case it was killed
         self._scratch = tempfile.mkdtemp(prefix="gnnstream-query-")
         argv = [sys.executable, "-m", "gnnstream.workers.serve", "--state", state_dir, "--socket-fd",
-                str(sock.fileno()), "--notify-fd", str(read_end), "--scratch", self._scratch,
+                str(sock.fileno()), "--notify-fd", str(read_end), "--scratch", self._scratch, *limits.argv(),
+                "--log-level", str(logging.getLogger().getEffectiveLevel()),
                 *(("--model", model_dir) if model_dir is not None else ())]
         try:
             # a session of its own: a Ctrl-C at the terminal reaches the worker, which then closes the pipe
@@ -315,19 +328,22 @@ class QueryProcess:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m workers.serve", description="the query API server process "
-                                     "(started by `gnnstream run --query-port`)")
-    parser.add_argument("--state", required=True)
-    parser.add_argument("--model")
-    parser.add_argument("--socket-fd", type=int, required=True)
-    parser.add_argument("--notify-fd", type=int, required=True)
+    from gnnstream.workers.cli import configure_logging
+    parser = argparse.ArgumentParser(prog="python -m gnnstream.workers.serve", description="the query API server "
+                                     "process (started by `gnnstream run --query-port`)")
+    parser.add_argument("--state", required=True, help="the worker's state directory")
+    parser.add_argument("--model", help="the model directory (default: the one the state uses)")
+    parser.add_argument("--socket-fd", type=int, required=True, help="the listening socket, inherited")
+    parser.add_argument("--notify-fd", type=int, required=True, help="the worker's pipe, inherited")
     parser.add_argument("--scratch", help="directory for the secondary instance's files (removed on exit)")
+    parser.add_argument("--log-level", type=int, default=logging.WARNING, help="the worker's logging level")
+    add_arguments(parser)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s query: %(message)s")
+    configure_logging(args.log_level)
     tune_collector()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the worker stops this process by closing the pipe
     sock = socket.socket(fileno=args.socket_fd)
-    serve(args.state, args.model, sock, notify_fd=args.notify_fd, scratch=args.scratch)
+    serve(args.state, args.model, sock, notify_fd=args.notify_fd, limits=from_args(args), scratch=args.scratch)
 
 
 if __name__ == "__main__":

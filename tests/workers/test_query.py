@@ -12,6 +12,7 @@ still equal the reference.
 from __future__ import annotations
 
 import hashlib
+import json
 import random
 from pathlib import Path
 from typing import Any
@@ -23,13 +24,13 @@ from hypothesis import strategies as st
 
 from gnnstream.graph_state.store import GraphStore
 from gnnstream.model import load_model_dir
-from gnnstream.stream.events import EdgeUpsert, NodeUpsert
+from gnnstream.stream.events import EdgeUpsert, NodeUpsert, decode_event_json
 from tests.workers.reference import GraphFold, assert_embeddings_close, expected_modes, fast_tempdir, \
     reference_embeddings
 from tests.workers.test_engine import FANOUTS, HUB, LEAVES, MODELS, SEED, SETTINGS, _event_group, _nonzero, \
     _to_event, model_dirs
 from gnnstream.workers.engine import Engine
-from gnnstream.workers.query import MAX_EVENTS, QueryError, QueryState
+from gnnstream.workers.query import MAX_EVENTS, QueryError, QueryState, load_infer_body
 from gnnstream.graph_state.embeddings import MetaTable
 from gnnstream.model.head import ScoreHead
 
@@ -215,7 +216,11 @@ def test_scores_come_with_a_fraud_head(model_dirs: dict[str, Path], tmp_path: Pa
      "event 0: not_finite: a feature of node 'a' is beyond ±1e+15, where the model's sums could overflow float32"),
     ({"events": [{"op": "edge_upsert", "src": "a", "dst": str(i), "ts": 1} for i in range(MAX_EVENTS + 1)],
       "ids": ["a"]}, 413, f"at most {MAX_EVENTS}"),
-    ({"events": [], "ids": [True]}, 400, "ids[0]"),
+    ({"events": [], "ids": [True]}, 400, "ids[0]: id must be a string or integer (got bool)"),
+    # ids are held to the stream's rules for an event's ids
+    ({"events": [], "ids": ["a", ""]}, 400, "ids[1]: id is empty"),
+    ({"events": [], "ids": ["x" * 257]}, 400, "ids[0]: id is longer than 256 bytes"),
+    ({"events": [], "ids": [10 ** 300]}, 400, "ids[0]: id is an integer longer than 256 digits"),
 ])
 def test_bad_what_ifs_are_refused_with_a_reason(model_dirs: dict[str, Path], tmp_path: Path, body: Any,
                                                 status: int, words: str) -> None:
@@ -232,6 +237,27 @@ def test_bad_what_ifs_are_refused_with_a_reason(model_dirs: dict[str, Path], tmp
             with pytest.raises(QueryError) as err:
                 view.infer([], ["never-seen"])
             assert err.value.status == 404
+        finally:
+            view.close()
+
+
+def test_integer_ids_of_any_size_are_their_decimal_string(model_dirs: dict[str, Path], tmp_path: Path) -> None:
+    """An integer id past 64 bits, in ``ids`` and in events, names the node the stream names by it."""
+    big = 2 ** 70 + 1
+    with GraphStore(tmp_path / "s", seed=SEED) as store:
+        engine = Engine(store, load_model_dir(model_dirs["sage"]))
+        store.apply([decode_event_json(json.dumps({"op": "edge_upsert", "src": big, "dst": "a", "ts": 1}))])
+        engine.recompute(drain=True)
+        view = QueryState(store.path, model_dirs["sage"], tmp_path / "q")
+        try:
+            view.refresh()
+            body = {"events": [{"op": "edge_upsert", "src": "b", "dst": big, "ts": 2}], "ids": [big, str(big), 7]}
+            events, ids = view.parse_infer(load_infer_body(json.dumps(body).encode()))
+            assert ids == [str(big), str(big), "7"] and events[0].dst == str(big)
+            stored = view.embedding(str(big))["embedding"]
+            got = view.infer([], ids[:1])["embeddings"]
+            assert list(got) == [str(big)]
+            np.testing.assert_allclose(got[str(big)], stored, rtol=0, atol=1e-5)
         finally:
             view.close()
 

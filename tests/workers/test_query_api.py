@@ -18,6 +18,7 @@ import http.client
 import json
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -238,7 +239,9 @@ def test_hostile_requests_get_4xx_and_change_nothing(events: list, model_dir: st
     port = free_port()
     log = tmp_path / "serve.log"
     with open(log, "wb") as fh:
-        proc = subprocess.Popen([str(GNNSTREAM), "serve", "--state", state, "--query-port", str(port)], stderr=fh)
+        # the slow clients trickle for as long as the test runs: their bodies' deadline is beyond it
+        proc = subprocess.Popen([str(GNNSTREAM), "serve", "--state", state, "--query-port", str(port),
+                                 "--body-timeout", "3600"], stderr=fh)
     slow: list[socket.socket] = []
     try:
         client = Client(port)
@@ -312,9 +315,12 @@ def test_serve_refuses_with_one_line(tmp_path: Path) -> None:
 
 # a worker's side of the query process, run with the working directory first on sys.path (``python -c``)
 _PARENT = """
-import sys, time
+import logging, sys, time
+from gnnstream.workers.cli import configure_logging
+from gnnstream.workers.http_limits import HttpLimits
 from gnnstream.workers.serve import QueryProcess
-proc = QueryProcess(sys.argv[1], "model", "127.0.0.1", 0)
+configure_logging(logging.INFO)
+proc = QueryProcess(sys.argv[1], "model", "127.0.0.1", 0, HttpLimits(header_timeout_s=0.5))
 print(proc.port, proc._scratch, proc._child.pid, flush=True)
 time.sleep(600)
 """
@@ -323,8 +329,9 @@ time.sleep(600)
 def test_query_process_beside_a_model_folder_and_after_its_worker_is_killed(events: list, model_dir: str,
                                                                               tmp_path: Path) -> None:
     """Run where ``model/`` is the model directory (a name users pick) beside ``stream/`` and ``workers/``
-    packages of someone else's, the query process imports ours (``gnnstream.*``) and answers; when its worker is
-    killed with SIGKILL it exits and removes its files."""
+    packages of someone else's, the query process imports ours (``gnnstream.*``) and answers, under the limits
+    and at the logging level its worker gives it, in the worker's log format; when its worker is killed with
+    SIGKILL it exits and removes its files."""
     import shutil
     import sys
     from gnnstream.workers.offline import apply_events
@@ -355,7 +362,17 @@ def test_query_process_beside_a_model_folder_and_after_its_worker_is_killed(even
         node = sorted(fold_jsonl(jsonl).nodes)[0]
         status, body = client.request("GET", f"/v1/embeddings/{node}")
         assert status == 200 and body["id"] == node and len(body["embedding"]) == 8, body
+        with socket.create_connection(("127.0.0.1", int(port)), timeout=120) as half:  # the worker's limits
+            half.sendall(b"GET /v1/health HTTP/1.1\r\n")
+            reply = b""
+            while chunk := half.recv(4096):
+                reply += chunk
+        assert reply.startswith(b"HTTP/1.1 408") and b"within 0.5 s" in reply, reply
         client.close()
+        logged = log.read_text().splitlines()
+        # the worker's format (workers/cli.py), the server's INFO lines included
+        assert any(re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} INFO gnnstream\.workers\.serve: query API on "
+                                f"http://127\\.0\\.0\\.1:{port} answers from state .+", line) for line in logged), "\n".join(logged)
         parent.kill()
         parent.wait()
         wait_for(lambda: not scratch.exists(), 60, "the query process to remove its files")
