@@ -149,7 +149,7 @@ def _ticks_by_role(extra: dict[int, str]) -> dict[str, int]:
         if pid != me and int(fields[1]) != me:
             continue
         role = ("worker" if pid == me else extra.get(pid) or
-                ("delivery process" if b"gnnstream.stream.delivery" in cmd else "query server" if b"gnnstream.workers.serve" in cmd
+                ("delivery process" if b"gnnstream.stream.delivery" in cmd else "query server" if b"gnnstream.workers.query.server" in cmd
                  else "broker" if b"tansu" in cmd else "event producer" if b"multiprocessing" in cmd else None))
         if role:
             out[role] = out.get(role, 0) + int(fields[11]) + int(fields[12])

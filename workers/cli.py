@@ -26,7 +26,7 @@ from typing import IO, Any, Iterator, Sequence
 
 from gnnstream.workers.atomic import atomic_output
 from gnnstream.workers.heap import tune_collector
-from gnnstream.workers.http_limits import add_arguments as add_http_limits, from_args as http_limits
+from gnnstream.workers.query.limits import add_arguments as add_http_limits, from_args as http_limits
 from gnnstream.workers.settings import fanout_list, finite_number, model_name, model_version, port_number, whole_number
 
 __all__ = ["main", "build_parser", "configure_logging"]
@@ -196,7 +196,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from gnnstream.workers.serve import bind, serve
+    from gnnstream.workers.query.server import bind, serve
     if not args.query_port:
         raise ValueError("serve needs a port: pass --query-port PORT or set GNNSTREAM_QUERY_PORT")
     sock = bind(args.query_host, args.query_port)

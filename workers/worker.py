@@ -503,7 +503,7 @@ class Worker:
         self._sender: _Sender | None = None
         self._idle = False  # the last poll brought nothing: _publish waits for delivery (nothing to overlap)
         self._batch_target = settings.batch_size  # records asked of the next poll (dynamic micro-batching)
-        self._query: Any = None  # the query API process (workers.serve.QueryProcess), told of every commit
+        self._query: Any = None  # the query API process (gnnstream.workers.query.server.QueryProcess), told of every commit
         self.worker_id = settings.worker_id or default_worker_id(settings.state)
         self._ownership: Ownership | None = None
         self._owned: set[int] = set()  # output partitions whose nodes this worker publishes
@@ -618,7 +618,7 @@ class Worker:
             self._set_status("recovering", f"recomputing {engine.pending()} dirty marks the last run left")
             self._recompute(engine, None, None, publish=False)  # what a crash left dirty
         if s.query_port:
-            from gnnstream.workers.serve import QueryProcess
+            from gnnstream.workers.query.server import QueryProcess
             self._query = QueryProcess(s.state, str(engine.model.path), s.query_host, s.query_port)
         try:
             self._stream(store, engine, max_idle_s)

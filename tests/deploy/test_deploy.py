@@ -721,6 +721,14 @@ def _package_dirs() -> dict[str, str]:
     return dict(setuptools["package-dir"])
 
 
+def test_every_package_folder_is_installed_under_gnnstream() -> None:
+    """A sub-package (a folder with ``__init__.py``) left out of pyproject.toml would be missing from the wheel."""
+    folders = set(_package_dirs().values())
+    found = {init.parent.relative_to(ROOT).as_posix() for top in folders if "/" not in top
+             for init in (ROOT / top).rglob("__init__.py") if "__pycache__" not in init.parts}
+    assert found == folders
+
+
 def _build_context(dest: Path) -> list[str]:
     """Copy what the Dockerfile's COPY lines take from the build context into ``dest``; return the sources."""
     patterns = [line.strip() for line in DOCKERIGNORE.read_text().splitlines()

@@ -1,4 +1,4 @@
-"""The query API's answers (workers/query.py), read from a follower of a live state.
+"""The query API's answers (workers/query/state.py), read from a follower of a live state.
 
 What-if answers are checked two ways: against the independent PyG reference
 on the folded graph with the what-if events added, and against what the
@@ -30,7 +30,7 @@ from tests.workers.reference import GraphFold, assert_embeddings_close, expected
 from tests.workers.test_engine import FANOUTS, HUB, LEAVES, MODELS, SEED, SETTINGS, _event_group, _nonzero, \
     _to_event, model_dirs
 from gnnstream.workers.engine import Engine
-from gnnstream.workers.query import MAX_EVENTS, QueryError, QueryState, load_infer_body
+from gnnstream.workers.query.state import MAX_EVENTS, QueryError, QueryState, load_infer_body
 from gnnstream.graph_state.embeddings import MetaTable
 from gnnstream.model.head import ScoreHead
 

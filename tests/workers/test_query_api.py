@@ -172,7 +172,7 @@ def _server_pid(state: str) -> int:
             cmd = (entry / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"gnnstream.workers.serve" in cmd and state.encode() in cmd:
+        if b"gnnstream.workers.query.server" in cmd and state.encode() in cmd:
             return int(entry.name)
     raise AssertionError(f"no query server for {state}")
 
@@ -317,8 +317,8 @@ def test_serve_refuses_with_one_line(tmp_path: Path) -> None:
 _PARENT = """
 import logging, sys, time
 from gnnstream.workers.cli import configure_logging
-from gnnstream.workers.http_limits import HttpLimits
-from gnnstream.workers.serve import QueryProcess
+from gnnstream.workers.query.limits import HttpLimits
+from gnnstream.workers.query.server import QueryProcess
 configure_logging(logging.INFO)
 proc = QueryProcess(sys.argv[1], "model", "127.0.0.1", 0, HttpLimits(header_timeout_s=0.5))
 print(proc.port, proc._scratch, proc._child.pid, flush=True)
@@ -371,7 +371,7 @@ def test_query_process_beside_a_model_folder_and_after_its_worker_is_killed(even
         client.close()
         logged = log.read_text().splitlines()
         # the worker's format (workers/cli.py), the server's INFO lines included
-        assert any(re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} INFO gnnstream\.workers\.serve: query API on "
+        assert any(re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} INFO gnnstream\.workers\.query\.server: query API on "
                                 f"http://127\\.0\\.0\\.1:{port} answers from state .+", line) for line in logged), "\n".join(logged)
         parent.kill()
         parent.wait()

@@ -41,7 +41,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 __all__ = ["events"]  # the workload fixture, shared with the worker tests
 
 CLOSE_DEADLINE_S = 120.0  # how long a close is waited for; the servers' timeouts are 1 s
-# the worker's log format (workers/cli.py): "2025-01-01 12:00:00,123 INFO gnnstream.workers.serve: ..."
+# the worker's log format (workers/cli.py): "2025-01-01 12:00:00,123 INFO gnnstream.workers.query.server: ..."
 LOG_LINE = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (DEBUG|INFO|WARNING|ERROR|CRITICAL) [\w.]+: .+")
 
 
@@ -153,9 +153,9 @@ def test_half_sent_requests_get_408_and_are_closed(state: tuple[str, list[str]],
         assert health["connections"]["refused"] == 0, health
     lines = log.read_text().splitlines()
     assert lines and all(LOG_LINE.fullmatch(line) for line in lines), lines[:20]
-    assert any(f"INFO gnnstream.workers.serve: query API on http://127.0.0.1:{port} answers from state {path}" in line
+    assert any(f"INFO gnnstream.workers.query.server: query API on http://127.0.0.1:{port} answers from state {path}" in line
                for line in lines), lines[:20]
-    assert sum("gnnstream.workers.http_limits: closed the connection of" in line for line in lines) == 6, lines
+    assert sum("gnnstream.workers.query.limits: closed the connection of" in line for line in lines) == 6, lines
 
 
 def test_connections_beyond_the_bound_get_503_while_open_ones_are_served(state: tuple[str, list[str]],

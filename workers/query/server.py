@@ -2,8 +2,8 @@
 
 ``gnnstream run --query-port PORT`` binds the port itself (so a port in
 use stops the worker at once, with one line), then starts
-``python -m workers.serve`` with the listening socket. That process opens
-the worker's state as a RocksDB follower (:class:`workers.query.QueryState`)
+``python -m gnnstream.workers.query.server`` with the listening socket. That process opens
+the worker's state as a RocksDB follower (:class:`gnnstream.workers.query.state.QueryState`)
 and serves a plain ASGI application with uvicorn (httptools parser, one
 asyncio loop). After every batch it commits, the worker writes a byte to
 a pipe; the server then catches up with the state between two requests,
@@ -24,10 +24,10 @@ Routes:
   worker's applied offsets and its dirty marks as of the last catch-up).
 
 Every refusal is a 4xx with ``{"error": reason}``; a body over
-:data:`MAX_BODY_BYTES`, more than :data:`workers.query.MAX_EVENTS` events
-or :data:`workers.query.MAX_IDS` ids is refused before any work.
+:data:`MAX_BODY_BYTES`, more than :data:`gnnstream.workers.query.state.MAX_EVENTS` events
+or :data:`gnnstream.workers.query.state.MAX_IDS` ids is refused before any work.
 
-Clients are held to :class:`workers.http_limits.HttpLimits`: a request's
+Clients are held to :class:`gnnstream.workers.query.limits.HttpLimits`: a request's
 headers and its body must arrive within their timeouts (else 408 and the
 connection closes), and a connection beyond ``max_connections`` gets 503
 and is closed at once, while the open ones are served on.
@@ -52,12 +52,12 @@ from typing import Any, Awaitable, Callable
 import orjson
 
 from gnnstream.workers.heap import freeze_warm_heap, tune_collector
-from gnnstream.workers.http_limits import HttpLimits, add_arguments, from_args, limited_protocol
-from gnnstream.workers.query import QueryError, QueryState, load_infer_body
+from gnnstream.workers.query.limits import HttpLimits, add_arguments, from_args, limited_protocol
+from gnnstream.workers.query.state import QueryError, QueryState, load_infer_body
 
 __all__ = ["QueryApp", "QueryProcess", "serve", "MAX_BODY_BYTES", "bind"]
 
-logger = logging.getLogger("gnnstream.workers.serve")  # its name also where it runs as __main__
+logger = logging.getLogger("gnnstream.workers.query.server")  # its name also where it runs as __main__
 
 MAX_BODY_BYTES = 1 << 20  # a what-if body; larger ones get 413 before they are read whole
 _EMBEDDINGS = "/v1/embeddings/"
@@ -285,7 +285,7 @@ class QueryProcess:
         os.set_blocking(self._notify, False)
         # the server's own files: removed by the server as it exits, and here in case it was killed
         self._scratch = tempfile.mkdtemp(prefix="gnnstream-query-")
-        argv = [sys.executable, "-m", "gnnstream.workers.serve", "--state", state_dir, "--socket-fd",
+        argv = [sys.executable, "-m", "gnnstream.workers.query.server", "--state", state_dir, "--socket-fd",
                 str(sock.fileno()), "--notify-fd", str(read_end), "--scratch", self._scratch, *limits.argv(),
                 "--log-level", str(logging.getLogger().getEffectiveLevel()),
                 *(("--model", model_dir) if model_dir is not None else ())]
@@ -329,7 +329,7 @@ class QueryProcess:
 
 def main(argv: list[str] | None = None) -> None:
     from gnnstream.workers.cli import configure_logging
-    parser = argparse.ArgumentParser(prog="python -m gnnstream.workers.serve", description="the query API server "
+    parser = argparse.ArgumentParser(prog="python -m gnnstream.workers.query.server", description="the query API server "
                                      "process (started by `gnnstream run --query-port`)")
     parser.add_argument("--state", required=True, help="the worker's state directory")
     parser.add_argument("--model", help="the model directory (default: the one the state uses)")
