@@ -687,7 +687,7 @@ def _settings(bootstrap: str, topic: str, model: str, state: str, tag: str, clie
 def base_state(args: argparse.Namespace, work: Path, result: dict[str, Any]) -> tuple[Any, str, Path]:
     """The synthetic graph, its model and its loaded, backfilled state in ``work`` (``result`` gets the graph's
     stats and the setup times); returns ``(graph, model directory, state)``."""
-    from gnnstream.workers.offline import backfill
+    from gnnstream.workers.offline.jobs import backfill
     graph = make_graph(args.nodes, args.edges, dim=SYNTH_DIM, seed=0)
     result["graph"] = graph.stats()
     model = str(work / "model")

@@ -41,8 +41,8 @@ from gnnstream.stream.events import EdgeUpsert, encode_event
 from gnnstream.fraud.datasets import BITCOIN_OTC
 from gnnstream.stream.snap import read_snap, snap_events
 from gnnstream.workers.heap import tune_collector
-from gnnstream.workers.offline import verify
-from gnnstream.workers.replay import produce_file
+from gnnstream.workers.offline.jobs import verify
+from gnnstream.workers.offline.replay import produce_file
 from gnnstream.fraud.scorer import SCORES_TOPIC, FraudScorer
 from gnnstream.workers.settings import WorkerSettings
 from gnnstream.fraud.train import distrust_labels, roc_auc, roc_curve, train_fraud_model

@@ -21,7 +21,7 @@ class OffsetRegressionError(GraphStateError, ValueError):
     """A batch tried to move a stored consumer offset backwards."""
 
 
-# ---------------------------------------------------------------------- a state's identity (workers.offline.open_store)
+# ---------------------------------------------------------------------- a state's identity (gnnstream.workers.state.open_store)
 class StateNotFoundError(GraphStateError):
     """A command that only reads a state was given a path that holds none (missing, or not a state directory)."""
 

@@ -87,7 +87,7 @@ def _warn_invalid(summary: dict[str, Any], events: str) -> None:
 
 # ---------------------------------------------------------------------- handlers
 def _graph_load(args: argparse.Namespace) -> int:
-    from gnnstream.workers.offline import load_events
+    from gnnstream.workers.offline.jobs import load_events
     summary = load_events(args.state, _events_path(args.events), seed=args.seed, model_dir=args.model, batch=args.batch,
                           report=args.report, dead_letters=args.dead_letters)
     _print(summary)
@@ -128,13 +128,13 @@ def _model_init(args: argparse.Namespace) -> int:
 
 
 def _backfill(args: argparse.Namespace) -> int:
-    from gnnstream.workers.offline import backfill
+    from gnnstream.workers.offline.jobs import backfill
     _print(backfill(args.state, args.model, publish=args.publish, device=args.device))
     return 0
 
 
 def _embeddings(args: argparse.Namespace) -> int:
-    from gnnstream.workers.offline import export_embeddings
+    from gnnstream.workers.offline.jobs import export_embeddings
     if args.out == "-":
         count = export_embeddings(args.state, sys.stdout)
     else:
@@ -145,7 +145,7 @@ def _embeddings(args: argparse.Namespace) -> int:
 
 
 def _apply(args: argparse.Namespace) -> int:
-    from gnnstream.workers.offline import apply_events
+    from gnnstream.workers.offline.jobs import apply_events
     summary = apply_events(args.state, args.model, _events_path(args.events), batch=args.batch, seed=args.seed,
                            hub_bound=args.hub_bound, report=args.report, dead_letters=args.dead_letters)
     _print(summary)
@@ -154,7 +154,7 @@ def _apply(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from gnnstream.workers.offline import VERIFY_EXIT, verify
+    from gnnstream.workers.offline.jobs import VERIFY_EXIT, verify
     summary = verify(args.state, args.model, atol=args.atol)
     _print(summary)
     return VERIFY_EXIT[summary["status"]]
@@ -206,14 +206,14 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _produce(args: argparse.Namespace) -> int:
-    from gnnstream.workers.replay import produce_file
+    from gnnstream.workers.offline.replay import produce_file
     _print(produce_file(args.bootstrap, args.file, topic=args.events_topic, fmt=args.format, rate=args.rate,
                         partitions=args.partitions, limit=args.limit, kafka_client=args.kafka_client))
     return 0
 
 
 def _tail(args: argparse.Namespace) -> int:
-    from gnnstream.workers.replay import tail_embeddings, wait_for_topic
+    from gnnstream.workers.offline.replay import tail_embeddings, wait_for_topic
     topic = args.output_topic
     if not topic:
         from gnnstream.stream.rollout import version_topic

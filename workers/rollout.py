@@ -217,7 +217,7 @@ def start(live_state: str, state: str, model_dir: str, *, bootstrap: str | None 
     """
     from gnnstream.graph_state.snapshot import read_meta, snapshot
     from gnnstream.model.directory import load_model_dir
-    from gnnstream.workers.offline import progress_bar
+    from gnnstream.workers.offline.jobs import progress_bar
     from gnnstream.workers.state import open_engine, open_store
     if bootstrap is not None:
         _named(control_topic)

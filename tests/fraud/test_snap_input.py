@@ -18,7 +18,7 @@ from gnnstream.fraud.datasets import BITCOIN_ALPHA, BITCOIN_OTC
 from gnnstream.stream.snap import SnapRating, read_snap, snap_events
 from tests.workers.reference import run_gnnstream
 from gnnstream.workers.cli import main
-from gnnstream.workers.replay import iter_file_messages
+from gnnstream.workers.offline.replay import iter_file_messages
 
 EXPECTED = "expected SOURCE,TARGET,RATING,TIME per line"
 NOT_SNAP = "expected a SNAP signed-network CSV (source,target,rating,time)"

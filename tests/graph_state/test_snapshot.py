@@ -44,7 +44,7 @@ from gnnstream.model import init_model_dir, load_model_dir
 from tests.graph_state._events import DIM, random_batches
 from tests.graph_state._model import GraphModel, assert_store_matches, raw_contents
 from gnnstream.workers.engine import Engine
-from gnnstream.workers.offline import verify
+from gnnstream.workers.offline.jobs import verify
 from gnnstream.graph_state.embeddings import MetaTable
 
 REPO = Path(__file__).resolve().parents[2]

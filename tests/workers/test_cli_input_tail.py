@@ -16,13 +16,13 @@ import numpy as np
 import pytest
 from kafka.admin import KafkaAdminClient
 
-import gnnstream.workers.replay as replay
+import gnnstream.workers.offline.replay as replay
 from gnnstream.stream.clients import Record
 from gnnstream.stream.exceptions import NoPartitionsError, StreamError
 from gnnstream.stream.kafka import Producer, ensure_topics
 from gnnstream.stream.updates import EmbeddingUpdate, encode_update
 from gnnstream.workers.cli import main
-from gnnstream.workers.replay import tail_embeddings
+from gnnstream.workers.offline.replay import tail_embeddings
 
 ROOT = Path(__file__).resolve().parents[2]
 

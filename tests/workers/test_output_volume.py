@@ -333,7 +333,7 @@ def otc_events() -> list:
 def exact_state(state: str) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
     """The stored final embeddings (``gnnstream embeddings``) and ``gnnstream verify``'s summary."""
     import io
-    from gnnstream.workers.offline import export_embeddings, verify
+    from gnnstream.workers.offline.jobs import export_embeddings, verify
     buf = io.StringIO()
     export_embeddings(state, buf)
     stored = {obj["id"]: obj for obj in map(json.loads, buf.getvalue().splitlines())}

@@ -229,7 +229,7 @@ def _hostile(rng: random.Random, nodes: list[str]) -> tuple[str, str, bytes | No
 
 
 def test_hostile_requests_get_4xx_and_change_nothing(events: list, model_dir: str, tmp_path: Path) -> None:
-    from gnnstream.workers.offline import apply_events
+    from gnnstream.workers.offline.jobs import apply_events
     jsonl = tmp_path / "events.jsonl"
     jsonl.write_bytes(b"\n".join(encode_event(ev) for ev in events[:1500]) + b"\n")
     state = str(tmp_path / "state")
@@ -334,7 +334,7 @@ def test_query_process_beside_a_model_folder_and_after_its_worker_is_killed(even
     SIGKILL it exits and removes its files."""
     import shutil
     import sys
-    from gnnstream.workers.offline import apply_events
+    from gnnstream.workers.offline.jobs import apply_events
     jsonl = tmp_path / "events.jsonl"
     jsonl.write_bytes(b"\n".join(encode_event(ev) for ev in events[:300]) + b"\n")
     state = str(tmp_path / "state")

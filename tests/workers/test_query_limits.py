@@ -48,7 +48,7 @@ LOG_LINE = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (DEBUG|INFO|WARNING
 @pytest.fixture(scope="module")
 def state(events: list, model_dir: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, list[str]]:
     """A stopped state of the first 300 events and its nodes."""
-    from gnnstream.workers.offline import apply_events
+    from gnnstream.workers.offline.jobs import apply_events
     tmp = tmp_path_factory.mktemp("limits")
     jsonl = tmp / "events.jsonl"
     jsonl.write_bytes(b"\n".join(encode_event(ev) for ev in events[:300]) + b"\n")

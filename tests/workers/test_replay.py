@@ -7,11 +7,11 @@ from typing import Any
 
 import numpy as np
 
-import gnnstream.workers.replay as replay
+import gnnstream.workers.offline.replay as replay
 from gnnstream.stream.clients import Record
 from gnnstream.stream.kafka import Producer, ensure_topics
 from gnnstream.stream.updates import EmbeddingUpdate, encode_update, tombstone
-from gnnstream.workers.replay import tail_embeddings
+from gnnstream.workers.offline.replay import tail_embeddings
 
 
 def _update(i: int) -> EmbeddingUpdate:

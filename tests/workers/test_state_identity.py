@@ -347,7 +347,7 @@ def test_bad_lines_after_a_crash_are_reported_once(tmp: Path, models: dict[str, 
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """A run that dies after writing a batch's report records but before committing the batch: the rerun
     finds those lines again, and the report holds each bad line once."""
-    from gnnstream.workers import offline
+    from gnnstream.workers.offline import jobs as offline
     lines = event_lines()
     bad = [json.dumps({"op": "node_upsert", "id": str(i), "ts": 1, "features": [0.5] * (DIM + 1)}).encode() + b"\n"
            for i in range(3)]
@@ -460,7 +460,7 @@ ERRORS = {
 @pytest.mark.parametrize("case", list(ERRORS))
 def test_errors_are_one_line_and_v_shows_the_traceback(case: str, tmp: Path, capsys: pytest.CaptureFixture,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    from gnnstream.workers import offline
+    from gnnstream.workers.offline import jobs as offline
     make, words = ERRORS[case]
 
     def failing(*args: Any, **kwargs: Any) -> Any:

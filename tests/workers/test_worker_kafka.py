@@ -279,7 +279,7 @@ def assert_exact(bootstrap: str, n: Names, evs: list, hw: dict[tuple[str, int], 
         res = cli("embeddings", "--state", n.state, "--out", str(out))
         assert res.returncode == 0, res.stderr
     else:  # the same functions in-process (saves two torch imports)
-        from gnnstream.workers.offline import export_embeddings, verify
+        from gnnstream.workers.offline.jobs import export_embeddings, verify
         summary = verify(n.state)
         assert summary["ok"] is True, summary
         with open(out, "w") as fh:

@@ -146,7 +146,7 @@ def latest_published(bootstrap: str, topic: str) -> dict[str, Any]:
 # ---------------------------------------------------------------------- exactness
 def stored_embeddings(state: str) -> dict[str, dict[str, Any]]:
     import io
-    from gnnstream.workers.offline import export_embeddings
+    from gnnstream.workers.offline.jobs import export_embeddings
     buf = io.StringIO()
     export_embeddings(state, buf)
     return {obj["id"]: obj for obj in map(json.loads, buf.getvalue().splitlines())}
@@ -448,7 +448,7 @@ def test_sigterm_drains_deferred_hubs(broker: EmbeddedBroker, tmp_path: Path, pr
 def test_stop_without_time_to_drain_keeps_marks(broker: EmbeddedBroker, tmp_path: Path,
                                                 caplog: pytest.LogCaptureFixture) -> None:
     from gnnstream.graph_state.store import GraphStore
-    from gnnstream.workers.offline import verify
+    from gnnstream.workers.offline.jobs import verify
     from gnnstream.workers.worker import Worker
     model = make_model(tmp_path / "model")
     n = Names(tmp_path)

@@ -21,7 +21,7 @@ from gnnstream.stream.clients import ConsumerClient
 from gnnstream.stream.kafka import ensure_topics, topic_names
 from gnnstream.stream.exceptions import InvalidUpdate, StreamError
 from gnnstream.stream.updates import decode_update
-from gnnstream.workers.offline import progress_bar
+from gnnstream.workers.offline.jobs import progress_bar
 
 __all__ = ["produce_file", "tail_embeddings", "iter_file_messages", "wait_for_topic"]
 
