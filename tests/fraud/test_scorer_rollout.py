@@ -23,7 +23,7 @@ from gnnstream.fraud.scorer import FraudScorer, canary_mask, compare_scores, ks_
 from gnnstream.fraud.train import train_fraud_model
 from gnnstream.model.head import ScoreHead, load_head
 
-from tests.fraud.test_fraud import _small_csv
+from tests.support import small_otc_csv as _small_csv
 
 
 # ---------------------------------------------------------------------- reference computations (numpy, by hand)
