@@ -33,12 +33,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from types import TracebackType
 
 from gnnstream.stream.exceptions import BrokerBinaryNotFound, BrokerError, BrokerPortInUse
 
-__all__ = ["EmbeddedBroker", "run_broker_foreground", "free_port", "broker_binary"]
+__all__ = ["EmbeddedBroker", "run_broker_foreground", "free_port", "listening_on", "broker_binary"]
 
 logger = logging.getLogger(__name__)
 
@@ -63,10 +64,51 @@ def broker_binary() -> str:
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free right now."""
+    """A TCP port on 127.0.0.1 that is free right now.
+
+    Another process can take it before the caller binds it: whoever starts a
+    server on it must check that the server got it (:func:`listening_on`) and
+    pick another one when not, as :meth:`EmbeddedBroker.start` does.
+    """
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((_HOST, 0))
         return int(sock.getsockname()[1])
+
+
+def listening_on(pids: Iterable[int], port: int) -> bool:
+    """Whether one of ``pids`` holds a listening TCP socket on ``port`` (any local address).
+
+    Tells a server that got its port from one that failed to bind it while
+    another process answers there. Reads ``/proc``; where there is none (not
+    Linux) it cannot tell and answers True.
+    """
+    inodes: set[str] = set()
+    tables = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        tables += 1
+        for row in rows:
+            fields = row.split()
+            # local address "HEXIP:HEXPORT", state 0A = LISTEN, inode in the tenth column
+            if len(fields) > 9 and fields[3] == "0A" and int(fields[1].rpartition(":")[2], 16) == port:
+                inodes.add(f"socket:[{fields[9]}]")
+    if not tables:
+        return True
+    for pid in pids:
+        try:
+            fds = list(Path(f"/proc/{pid}/fd").iterdir())
+        except OSError:  # gone, or not ours to read
+            continue
+        for fd in fds:
+            try:
+                if os.readlink(fd) in inodes:
+                    return True
+            except OSError:  # closed meanwhile
+                continue
+    return False
 
 
 def _port_is_free(port: int) -> bool:
@@ -113,6 +155,10 @@ def _all_threads_stopped(pid: int) -> bool:
         if stat.rpartition(")")[2].split()[0] not in ("T", "t"):
             return False
     return True
+
+
+class _AddressInUse(Exception):
+    """Tansu could not bind its port (taken after it was picked)."""
 
 
 def _load_prctl() -> object | None:
@@ -198,25 +244,29 @@ class EmbeddedBroker:
         if self.log_path is None:
             self._own_log_dir = Path(tempfile.mkdtemp(prefix="gnnstream-broker-"))
             self.log_path = self._own_log_dir / "tansu.log"
-        # A picked port can be taken by someone else (another test process) before Tansu binds it: retry.
-        attempts = 1 if self._requested_port else 3
+        # A picked port can be taken by someone else (another test process, a client's outgoing connection)
+        # before Tansu binds it: Tansu then exits, maybe after the other one answered our probe. Pick another.
+        attempts = 1 if self._requested_port else 5
         for attempt in range(1, attempts + 1):
             port = self._requested_port or free_port()
-            if not _port_is_free(port):
-                if attempt < attempts:
-                    logger.warning("port %d was taken right after it was picked; picking another", port)
-                    continue
+            if self._requested_port and not _port_is_free(port):
                 self._drop_own_log()  # nothing was logged
-                raise BrokerPortInUse(
-                    f"port {port} on {_HOST} is already in use; choose another port "
-                    "(or none, to pick a free one) or stop the process that holds it")
+                raise self._port_in_use(port)
             try:
                 return self._launch(binary, port)
-            except BrokerError:
+            except _AddressInUse:
+                if self._requested_port:
+                    raise self._port_in_use(port) from None
                 if attempt == attempts:
-                    raise
-                logger.warning("embedded broker failed on port %d; retrying on another port", port)
+                    raise BrokerError(f"Tansu broker found each of {attempts} picked ports taken before it could "
+                                      f"bind it; see {self.log_path}") from None
+                logger.warning("port %d was taken before the broker could bind it; picking another", port)
         raise AssertionError("unreachable")
+
+    @staticmethod
+    def _port_in_use(port: int) -> BrokerPortInUse:
+        return BrokerPortInUse(f"port {port} on {_HOST} is already in use; choose another port "
+                               "(or none, to pick a free one) or stop the process that holds it")
 
     def _launch(self, binary: str, port: int) -> EmbeddedBroker:
         assert self.log_path is not None
@@ -231,15 +281,19 @@ class EmbeddedBroker:
         _LIVE.add(self)
         self.port = port
         self._paused = False
+        log_start = self.log_path.stat().st_size if self.log_path.exists() else 0
         deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
                 code = self._proc.returncode
                 self._proc = None
                 _LIVE.discard(self)
+                if "AddrInUse" in self._log_tail(log_start):
+                    raise _AddressInUse(port)
                 raise BrokerError(f"Tansu broker exited with code {code} while starting on port {port}; "
                                   f"see {self.log_path}:\n{self._log_tail()}")
-            if _metadata_ok(port):
+            # the answer must come from this broker: a process that took the port first answers too
+            if _metadata_ok(port) and listening_on([self._proc.pid], port):
                 logger.info("embedded broker pid %d listening on %s:%d (log %s)",
                             self._proc.pid, _HOST, port, self.log_path)
                 return self
@@ -340,12 +394,13 @@ class EmbeddedBroker:
         assert self._proc is not None
         self._proc.send_signal(sig)
 
-    def _log_tail(self, n_bytes: int = 2000) -> str:
+    def _log_tail(self, since: int | None = None, n_bytes: int = 2000) -> str:
+        """The log's last ``n_bytes``, or (``since``) everything after that offset."""
         try:
             data = Path(self.log_path).read_bytes() if self.log_path else b""
         except OSError:
             return ""
-        return data[-n_bytes:].decode("utf-8", "replace")
+        return (data[since:] if since is not None else data[-n_bytes:]).decode("utf-8", "replace")
 
     def __enter__(self) -> EmbeddedBroker:
         return self.start()

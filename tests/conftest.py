@@ -18,10 +18,16 @@ after another in one process:
   the few cores of CI they would crowd out the rest.
 * ``promtool``: the tests that need promtool, which a fresh machine installs
   with apt-get (one install, not one per process).
+
+Every test that starts a broker carries the ``broker`` mark (``-m "not broker"``
+runs the rest): one that takes a broker fixture (``broker``,
+``private_broker``) or names ``EmbeddedBroker(`` in its own body without the
+mark fails at collection.
 """
 
 from __future__ import annotations
 
+import inspect
 import uuid
 from collections.abc import Callable, Iterator
 
@@ -35,6 +41,26 @@ def pytest_configure(config: pytest.Config) -> None:
     # kafka-python 3.0 loads its protocol schemas with deprecated importlib.resources calls
     for message in ("read_text is deprecated", "open_text is deprecated"):
         config.addinivalue_line("filterwarnings", f"ignore:{message}:DeprecationWarning")
+
+
+def _starts_a_broker(item: pytest.Item) -> bool:
+    """Whether a test takes a broker fixture or starts an :class:`EmbeddedBroker` in its own body."""
+    if any(name == "broker" or name.endswith("_broker") for name in getattr(item, "fixturenames", ())):
+        return True
+    function = getattr(item, "function", None)
+    try:
+        source = inspect.getsource(function) if function is not None else ""
+    except (OSError, TypeError):
+        return False
+    return "EmbeddedBroker(" in source
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    unmarked = [item.nodeid for item in items if item.get_closest_marker("broker") is None and _starts_a_broker(item)]
+    if unmarked:
+        raise pytest.UsageError(
+            f"{len(unmarked)} test(s) start the embedded broker without @pytest.mark.broker; mark them: "
+            + ", ".join(unmarked))
 
 
 @pytest.fixture(scope="session")

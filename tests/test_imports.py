@@ -71,3 +71,24 @@ def test_the_repository_holds_no_compiled_sources() -> None:
     tracked = [p for p in ROOT.rglob("*") if ".venv" not in p.parts and ".git" not in p.parts]
     compiled = [p.relative_to(ROOT).as_posix() for p in tracked if p.suffix in (".c", ".h", ".cpp", ".pyx")]
     assert not compiled, compiled
+
+
+def test_no_test_module_imports_another() -> None:
+    """Tests share helpers through ``tests/support.py`` (and fixtures through conftest.py), never by importing a
+    test module or a conftest: that would run the other module's fixtures and marks where they do not belong."""
+    def is_test_module(dotted: str) -> bool:
+        last = dotted.rsplit(".", 1)[-1]
+        return dotted.startswith("tests.") and (last.startswith("test_") or last == "conftest")
+
+    wrong = []
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+            else:
+                continue
+            wrong += [f"{path.relative_to(ROOT).as_posix()}:{node.lineno} imports {name}"
+                      for name in names if is_test_module(name)]
+    assert not wrong, "; ".join(wrong)

@@ -18,6 +18,7 @@ from gnnstream.stream.clients import Record
 from gnnstream.stream.kafka import EventConsumer, Producer, ensure_topics
 from gnnstream.stream.exceptions import InvalidUpdate
 from gnnstream.stream.updates import EmbeddingUpdate, encode_update, tombstone
+from tests.support import small_otc_csv as _small_csv
 from tests.workers.reference import run_gnnstream
 from gnnstream.fraud.datasets import BITCOIN_OTC
 from gnnstream.stream.snap import read_snap, snap_events
@@ -77,6 +78,7 @@ def test_trained_model_is_servable_and_head_scores(tmp_path: Path) -> None:
     assert scores.shape == (len(targets),) and np.all((scores > 0) & (scores < 1))
 
 
+@pytest.mark.broker
 @pytest.mark.parametrize("kafka_client", KAFKA_CLIENTS)
 def test_scorer_scores_every_published_embedding(kafka_client: str, broker, unique_name) -> None:
     emb_topic, score_topic = unique_name("emb"), unique_name("scores")
@@ -189,6 +191,7 @@ def test_scorer_decode_skips_bad_and_other_model_updates(caplog) -> None:
     assert cols.models == ["m:1", "m:2"] and untagged.other_model == 0
 
 
+@pytest.mark.broker
 @pytest.mark.parametrize("kafka_client", KAFKA_CLIENTS)
 def test_scorer_skips_poison_message_and_commits(kafka_client: str, broker, unique_name) -> None:
     emb_topic, score_topic = unique_name("emb"), unique_name("scores")
@@ -243,13 +246,6 @@ def test_scorer_skips_poison_message_and_commits(kafka_client: str, broker, uniq
     for u in good:
         assert scored[u.id]["score"] == pytest.approx(float(head.score(np.asarray(u.embedding)[None, :])[0]),
                                                       abs=1e-6)
-
-
-def _small_csv(tmp_path: Path, lines: int = 1500) -> Path:
-    csv = tmp_path / "otc-small.csv"
-    with gzip.open(_otc(), "rt") as fh:
-        csv.write_text("".join(line for _, line in zip(range(lines), fh)))
-    return csv
 
 
 def test_train_validates_arguments_at_parse_time(tmp_path: Path) -> None:

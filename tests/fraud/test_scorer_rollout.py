@@ -23,7 +23,7 @@ from gnnstream.fraud.scorer import SUMMARY_KEYS, FraudScorer, canary_mask, compa
 from gnnstream.fraud.train import train_fraud_model
 from gnnstream.model.head import ScoreHead, load_head
 
-from tests.fraud.test_fraud import _small_csv
+from tests.support import small_otc_csv as _small_csv
 
 
 # ---------------------------------------------------------------------- reference computations (numpy, by hand)

@@ -157,6 +157,7 @@ def test_produce_format_snap_reader_refuses_bad_input(tmp_path: Path, name: str,
     assert str(info.value).startswith(_message(path, line, says))
 
 
+@pytest.mark.broker
 def test_produce_format_snap_cli(capsys: pytest.CaptureFixture, tmp_path: Path, broker: Any,
                                  unique_name: Any) -> None:
     path = _write(tmp_path, "short.csv", "6,2,4,1289241911\n6,5\n")

@@ -16,7 +16,7 @@ from gnnstream.stream.backends import KAFKA_CLIENTS
 from gnnstream.stream.delivery import _CHUNK, DeliveryProcess, UpdateColumns, encode_columns
 from gnnstream.stream.exceptions import DeliveryError
 from gnnstream.stream.kafka import ensure_topics
-from tests.workers.test_worker_kafka import read_topic
+from tests.support import read_topic
 
 pytestmark = [pytest.mark.broker, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 

@@ -39,6 +39,7 @@ def _poll_until(consumer: EventConsumer, records: list, done: Callable[[], bool]
         records += consumer.poll_batch(100, 0.5)
 
 
+@pytest.mark.broker
 @pytest.mark.parametrize("start", ["stored", "past_end"])
 def test_high_watermarks_of_assigned_partitions(broker: EmbeddedBroker, unique_name: Callable[[str], str],
                                                 start: str) -> None:

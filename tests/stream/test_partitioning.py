@@ -38,6 +38,7 @@ def test_partition_for() -> None:
         partition_for(b"x", 0)
 
 
+@pytest.mark.broker
 @pytest.mark.parametrize("client", KAFKA_CLIENTS)
 def test_both_clients_place_keyed_messages_where_partition_for_says(client: str, broker, unique_name) -> None:
     """The worker finds a node's owner by partition_for: each client must send the node's messages there."""

@@ -15,6 +15,7 @@ REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.xdist_group("scale-out")  # several workers at once: one such test at a time
 
 
+@pytest.mark.broker
 def test_rollout_bench_quick_run(tmp_path: Path) -> None:
     out = subprocess.run(
         [sys.executable, "-m", "bench.rollout", "--nodes", "1000", "--edges", "6000", "--rate", "100",

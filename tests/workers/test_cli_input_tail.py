@@ -58,6 +58,7 @@ def test_produce_checks_its_file_before_kafka(capsys: pytest.CaptureFixture, mon
 
 
 # ---------------------------------------------------------------------- 6. tail, on the broker
+@pytest.mark.broker
 @pytest.mark.parametrize("client", ["confluent", "kafka-python"])
 def test_tail_of_a_missing_topic_stops_after_idle_with_one_line(broker: Any, unique_name: Any, client: str) -> None:
     topic = unique_name("typo")
@@ -71,6 +72,7 @@ def test_tail_of_a_missing_topic_stops_after_idle_with_one_line(broker: Any, uni
     assert topic not in _topics(broker.bootstrap)  # the tail did not create it
 
 
+@pytest.mark.broker
 def test_tail_of_an_existing_topic_prints_its_updates(broker: Any, unique_name: Any) -> None:
     topic = unique_name("emb")
     ensure_topics(broker.bootstrap, {topic: 1})

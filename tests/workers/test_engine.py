@@ -18,13 +18,15 @@ from typing import Any, NamedTuple
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import event, given
 from hypothesis import strategies as st
 
 from gnnstream.graph_state.store import GraphStore
 from gnnstream.model import init_model_dir, load_model_dir
-from gnnstream.stream.events import EdgeDelete, EdgeUpsert, NodeDelete, NodeUpsert
+from gnnstream.stream.events import EdgeUpsert, NodeDelete, NodeUpsert
 from tests.graph_state._events import random_batches
+from tests.support import DIM, FANOUTS, HUB, LEAVES, MODELS, SEED, SETTINGS
+from tests.support import event_group as _event_group, nonzero_features as _nonzero, to_event as _to_event
 from tests.workers.reference import (
     ATOL,
     GraphFold,
@@ -38,28 +40,6 @@ from tests.workers.reference import (
 )
 from gnnstream.workers.engine import Engine
 from gnnstream.graph_state.embeddings import EmbeddingMeta, MetaTable, decode_outbox
-
-SEED = 11
-DIM = 4
-FANOUTS = (3, 2)
-POOL = ["a", "b", "c", "d", "e", "f", "7", "42"]
-LEAVES = [f"l{i}" for i in range(48)]
-HUB = "hub"
-
-SETTINGS = settings(max_examples=25, deadline=None, derandomize=False,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-
-# name -> init_model_dir arguments
-MODELS: dict[str, dict[str, Any]] = {
-    "sage": dict(arch="sage"),
-    "gcn": dict(arch="gcn"),
-    "gat": dict(arch="gat", heads=2),
-    "sage_feature_only": dict(arch="sage", cold_start={"policy": "feature_only", "min_neighbours": 2}),
-    "gcn_feature_only": dict(arch="gcn", cold_start={"policy": "feature_only", "min_neighbours": 2}),
-    "gat_feature_only": dict(arch="gat", heads=2, cold_start={"policy": "feature_only", "min_neighbours": 3}),
-    # three layers, two of them sharing a fanout (and so the store's sample marks)
-    "gcn_3_layers": dict(arch="gcn", layers=3, fanouts=(2, 3, 2)),
-}
 
 
 @pytest.fixture
@@ -79,78 +59,7 @@ def _frozen_gc() -> Any:
     gc.unfreeze()
 
 
-@pytest.fixture(scope="module")
-def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("models")
-    out = {}
-    for name, extra in MODELS.items():
-        path = root / name
-        init_model_dir(path, **{**dict(in_dim=DIM, hidden=8, out_dim=6, layers=2, fanouts=FANOUTS, seed=SEED), **extra})
-        out[name] = path
-    return out
-
-
 # ---------------------------------------------------------------------- streams
-_floats = st.floats(-2.0, 2.0, allow_nan=False, allow_infinity=False, width=32)
-# An all-zero feature vector makes a node's h^0 equal to the cold-start zero vector; that case
-# has its own test (test_mode_changes_when_features_equal_the_zero_default), so it is kept
-# out of the streams here so that a failure points at one bug.
-_features = st.tuples(*[_floats] * DIM).filter(lambda f: any(x != 0 for x in f))
-_any_node = st.sampled_from(POOL + LEAVES[:8] + [HUB])
-_KINDS = ["edge", "edge", "edge", "reciprocal", "self_loop", "edge_delete", "edge_delete", "features",
-          "features", "node_delete", "hub_edge", "hub_edge", "hub_edge_delete", "leaf_delete", "hub_delete",
-          "hub_features"]
-
-
-@st.composite
-def _event_group(draw: Any) -> list[tuple]:
-    """One logical step as ``(op, ...)`` tuples (timestamps are added later)."""
-    kind = draw(st.sampled_from(_KINDS))
-    if kind == "edge":
-        return [("edge_upsert", draw(_any_node), draw(_any_node))]
-    if kind == "reciprocal":
-        a, b = draw(_any_node), draw(_any_node)
-        return [("edge_upsert", a, b), ("edge_upsert", b, a)]
-    if kind == "self_loop":
-        a = draw(_any_node)
-        return [("edge_upsert", a, a)]
-    if kind == "edge_delete":
-        return [("edge_delete", draw(_any_node), draw(_any_node))]
-    if kind == "features":
-        return [("node_upsert", draw(_any_node), draw(_features))]
-    if kind == "node_delete":
-        return [("node_delete", draw(_any_node))]
-    leaf = draw(st.sampled_from(LEAVES))
-    if kind == "hub_edge":
-        return [("edge_upsert", HUB, leaf) if draw(st.booleans()) else ("edge_upsert", leaf, HUB)]
-    if kind == "hub_edge_delete":
-        return [("edge_delete", HUB, leaf) if draw(st.booleans()) else ("edge_delete", leaf, HUB)]
-    if kind == "leaf_delete":
-        return [("node_delete", leaf)]
-    if kind == "hub_features":
-        return [("node_upsert", draw(st.sampled_from([HUB, leaf])), draw(_features))]
-    assert kind == "hub_delete"
-    return [("node_delete", HUB)]
-
-
-def _to_event(step: tuple, ts: int):
-    op = step[0]
-    if op == "edge_upsert":
-        return EdgeUpsert(step[1], step[2], ts, float(ts % 7) - 3.0)
-    if op == "edge_delete":
-        return EdgeDelete(step[1], step[2], ts)
-    if op == "node_upsert":
-        return NodeUpsert(step[1], ts, tuple(step[2]))
-    return NodeDelete(step[1], ts)
-
-
-def _nonzero(rnd: random.Random) -> tuple[float, ...]:
-    vec = [round(rnd.uniform(-2, 2), 3) for _ in range(DIM)]
-    if not any(vec):
-        vec[0] = 1.0
-    return tuple(vec)
-
-
 @st.composite
 def streams(draw: Any) -> dict[str, Any]:
     """A random stream, its batching, and how the engine is driven."""

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from gnnstream.model import init_model_dir
 from tests.workers.reference import DATA_DIR, run_gnnstream
 from gnnstream.workers.cli import main
@@ -12,6 +14,7 @@ from gnnstream.workers.cli import main
 DATA = DATA_DIR / "soc-sign-bitcoinotc.csv.gz"
 
 
+@pytest.mark.slow  # the whole Bitcoin OTC stream
 def test_full_otc_replay_in_three_runs_verifies(tmp_path: Path) -> None:
     events = tmp_path / "otc.jsonl"
     assert main(["events", "from-snap", str(DATA), "--out", str(events)]) == 0

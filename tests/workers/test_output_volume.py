@@ -419,7 +419,7 @@ def test_worker_with_min_change_end_to_end(broker: Any, otc_events: list, model_
     from gnnstream.stream.events import encode_event, event_key
     from gnnstream.stream.kafka import ensure_topics
     from gnnstream.workers.engine import Engine
-    from tests.workers.test_worker_kafka import produce, read_topic
+    from tests.support import produce, read_topic
 
     min_change = 0.05
     resolved = [0]

@@ -27,14 +27,12 @@ from gnnstream.model import load_model_dir
 from gnnstream.stream.events import EdgeUpsert, NodeUpsert, decode_event_json
 from tests.workers.reference import GraphFold, assert_embeddings_close, expected_modes, fast_tempdir, \
     reference_embeddings
-from tests.workers.test_engine import FANOUTS, HUB, LEAVES, MODELS, SEED, SETTINGS, _event_group, _nonzero, \
-    _to_event, model_dirs
+from tests.support import FANOUTS, HUB, LEAVES, MODELS, SEED, SETTINGS, event_group as _event_group, \
+    nonzero_features as _nonzero, to_event as _to_event
 from gnnstream.workers.engine import Engine
 from gnnstream.workers.query.state import MAX_EVENTS, QueryError, QueryState, load_infer_body
 from gnnstream.graph_state.embeddings import MetaTable
 from gnnstream.model.head import ScoreHead
-
-__all__ = ["model_dirs"]  # the model directories of the engine tests, one per architecture and policy
 
 
 @st.composite

@@ -33,8 +33,8 @@ from gnnstream.stream.broker import EmbeddedBroker, free_port
 from gnnstream.stream.events import EdgeUpsert, encode_event
 from gnnstream.stream.kafka import ensure_topics
 from tests.workers.reference import GraphFold, assert_embeddings_close, fold_jsonl, reference_embeddings
-from tests.workers.test_worker_kafka import (JOIN_TIMEOUT_S, PARTITIONS, GNNSTREAM, Names, event_messages, events,
-                                             health, produce, running_worker, stop_worker, wait_for, worker_cmd)
+from tests.support import (JOIN_TIMEOUT_S, PARTITIONS, GNNSTREAM, Names, event_messages, health, produce,
+                           running_worker, stop_worker, wait_for, worker_cmd)
 from gnnstream.graph_state.embeddings import MetaTable
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")

@@ -6,6 +6,7 @@ import io
 from typing import Any
 
 import numpy as np
+import pytest
 
 import gnnstream.workers.offline.replay as replay
 from gnnstream.stream.clients import Record
@@ -66,6 +67,7 @@ def test_tail_idle_counts_only_after_assignment_and_survives_bad_messages(monkey
     assert consumer.polls == 21 + 7
 
 
+@pytest.mark.broker
 def test_tail_prints_invalid_line_for_poison_message_on_broker(broker, unique_name) -> None:
     topic = unique_name("emb")
     ensure_topics(broker.bootstrap, {topic: 1})

@@ -25,18 +25,18 @@ from typing import Any
 import numpy as np
 import pytest
 
+from gnnstream.stream.broker import EmbeddedBroker
 from gnnstream.stream.kafka import ensure_topics
 from gnnstream.stream.rollout import SERVING_HEADER, Marker, encode_marker, is_serving, version_topic
 from gnnstream.stream.updates import decode_update
-from tests.conftest import EmbeddedBroker
+from tests.support import Proc, expected, healthz, otc_stream, wait_for_workers
 from tests.workers.reference import ATOL, gnnstream_command
-from tests.workers.test_scaleout import PARTS, expected, otc_stream, wait_for
-from tests.workers.test_worker_start import Proc, healthz, procs  # noqa: F401 (fixture)
 
 pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"),
               pytest.mark.xdist_group("scale-out")]  # several workers at once: one such test at a time
 
 DEADLINE_S = 300.0
+PARTS = 6  # of the events and output topics
 RATE = 40  # events per feeder step (a step every 0.05 s: a continuous stream, paced by the feeder only)
 
 
@@ -149,13 +149,12 @@ class Rollout:
         return ["--bootstrap", self.bootstrap, "--control-topic", self.n["control"]]
 
     def run(self, name: str, state: str, model: str) -> None:
-        from tests.workers.test_worker_kafka import free_port
-        port = free_port()
-        cmd = gnnstream_command("run", *self.kafka(), "--state", state, "--model", model, "--events-topic",
-                                self.n["events"], "--dlq-topic", self.n["dlq"], "--group", self.n["group"],
-                                "--worker-id", name, "--partitions", PARTS, "--metrics-port", port,
-                                "--batch-size", "200")
-        proc = Proc(cmd, self.tmp_path / f"{name}.log")
+        proc, (port,) = Proc.on_ports(
+            lambda port: gnnstream_command("run", *self.kafka(), "--state", state, "--model", model, "--events-topic",
+                                           self.n["events"], "--dlq-topic", self.n["dlq"], "--group", self.n["group"],
+                                           "--worker-id", name, "--partitions", PARTS, "--metrics-port", port,
+                                           "--batch-size", "200"),
+            self.tmp_path / f"{name}.log")
         self.procs.append(proc)
         self.workers[name] = (proc, port)
 
@@ -182,7 +181,7 @@ class Rollout:
         return json.loads(done.stdout)
 
     def wait(self, cond: Any, what: str) -> Any:
-        return wait_for(cond, what, {name: proc for name, (proc, _) in self.workers.items()}, DEADLINE_S)
+        return wait_for_workers(cond, what, {name: proc for name, (proc, _) in self.workers.items()}, DEADLINE_S)
 
     def caught_up(self, *names: str) -> None:
         """Every named worker has read the events topic to its current end (markers included)."""
@@ -229,6 +228,8 @@ def serving_of(r: Any) -> str:
 
 
 # ---------------------------------------------------------------------- the test
+@pytest.mark.broker
+@pytest.mark.slow  # 14,000 Bitcoin OTC events through Kafka
 def test_rollout_promote_rollback_retire_under_stream(broker: EmbeddedBroker, tmp_path: Path,
                                                       procs: list[Proc]) -> None:
     tag = uuid.uuid4().hex[:8]
@@ -359,8 +360,8 @@ def status(ro: Rollout) -> dict[str, Any]:
 def test_rollout_start_refuses_a_model_that_does_not_fit(tmp_path: Path) -> None:
     """Another input dimension or sampling seed is refused in one line before anything is written."""
     from gnnstream.model import init_model_dir
-    from tests.workers.test_worker_start import random_graph
     from gnnstream.workers.cli import main
+    from tests.support import random_graph
     live = tmp_path / "live"
     v1 = tmp_path / "v1"
     init_model_dir(str(v1), arch="sage", in_dim=4, hidden=8, out_dim=4, layers=2, fanouts=[3, 2], seed=5,
@@ -398,6 +399,7 @@ def test_rollout_start_refuses_a_model_that_does_not_fit(tmp_path: Path) -> None
 
 
 # ---------------------------------------------------------------------- a partition held at its marker
+@pytest.mark.broker
 def test_a_partition_held_at_its_marker_applies_nothing_past_it(broker: EmbeddedBroker, tmp_path: Path,
                                                                 procs: list[Proc]) -> None:
     """Partition 0 reaches the marker long before partition 1: the events after it in partition 0 wait, over
@@ -406,17 +408,18 @@ def test_a_partition_held_at_its_marker_applies_nothing_past_it(broker: Embedded
 
     from gnnstream.stream.events import EdgeUpsert, event_key
     from gnnstream.stream.partitioning import partition_for
-    from tests.workers.test_worker_kafka import free_port
-    from tests.workers.test_worker_start import make_model, produce, random_graph
+    from tests.support import make_model, random_graph
+    from tests.support import produce_events as produce
     tag = uuid.uuid4().hex[:8]
     events, output, control = f"ev-{tag}", f"emb-{tag}", f"ctl-{tag}"
     ensure_topics(broker.bootstrap, {events: 2, output: 2, control: 1})
     model = make_model(tmp_path / "model")  # model:1
-    port = free_port()
-    proc = Proc(gnnstream_command("run", "--bootstrap", broker.bootstrap, "--state", tmp_path / "state", "--model",
-                                  model, "--events-topic", events, "--output-topic", output, "--dlq-topic",
-                                  f"dlq-{tag}", "--control-topic", control, "--group", f"g-{tag}", "--partitions",
-                                  2, "--metrics-port", port, "--batch-size", "20"), tmp_path / "worker.log")
+    proc, (port,) = Proc.on_ports(
+        lambda port: gnnstream_command("run", "--bootstrap", broker.bootstrap, "--state", tmp_path / "state",
+                                       "--model", model, "--events-topic", events, "--output-topic", output,
+                                       "--dlq-topic", f"dlq-{tag}", "--control-topic", control, "--group", f"g-{tag}",
+                                       "--partitions", 2, "--metrics-port", port, "--batch-size", "20"),
+        tmp_path / "worker.log")
     procs.append(proc)
 
     def health() -> dict[str, Any]:

@@ -13,7 +13,6 @@ the output reaching the reference), never on a clock.
 from __future__ import annotations
 
 import json
-import random
 import signal
 import subprocess
 import time
@@ -24,48 +23,25 @@ import numpy as np
 import pytest
 
 from gnnstream.stream.backends import KAFKA_CLIENTS
+from gnnstream.stream.broker import EmbeddedBroker
 from gnnstream.stream.delivery import WORKER_HEADER
-from gnnstream.stream.events import EdgeDelete, EdgeUpsert, NodeDelete, decode_event_json
 from gnnstream.stream.kafka import ensure_topics
 from gnnstream.stream.partitioning import partition_for
 from gnnstream.stream.updates import VERSION_HEADER, decode_update
-from tests.conftest import EmbeddedBroker
-from tests.workers.reference import ATOL, DATA_DIR, gnnstream_command, reference_embeddings
-from tests.workers.test_worker_start import Names, Proc, fold, healthz, produce, procs  # noqa: F401 (fixture)
 from gnnstream.workers.settings import WorkerSettings
+from tests.support import Names, Proc, expected, healthz, otc_stream, wait_for_workers
+from tests.support import produce_events as produce
+from tests.workers.reference import ATOL, gnnstream_command
 
-pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+# the whole Bitcoin OTC stream through Kafka: slow
+pytestmark = [pytest.mark.broker, pytest.mark.slow, pytest.mark.filterwarnings("ignore::DeprecationWarning"),
               pytest.mark.xdist_group("scale-out")]  # several workers at once: one such test at a time
 
 PARTS = 6  # of the output topic (and the events topic)
 DEADLINE_S = 240.0
 
 
-# ---------------------------------------------------------------------- the stream
-def otc_stream(tmp_path: Path) -> tuple[list, list]:
-    """``(events, node deletes)``: the whole Bitcoin OTC stream (ratings and their feature updates) with an
-    edge delete after every 40th rating (of the rating 300 events earlier: same key, so ordered after it in
-    every worker), and 25 node deletes to produce once everything before them was applied (a node delete
-    races with edges keyed by other nodes, docs/design.md)."""
-    from gnnstream.workers.cli import main
-    path = tmp_path / "otc.jsonl"
-    assert main(["events", "from-snap", str(DATA_DIR / "soc-sign-bitcoinotc.csv.gz"), "--out", str(path)]) == 0
-    base = [decode_event_json(line) for line in path.read_bytes().splitlines()]
-    events: list = []
-    upserts: list[EdgeUpsert] = []
-    for ev in base:
-        events.append(ev)
-        if isinstance(ev, EdgeUpsert):
-            upserts.append(ev)
-            if len(upserts) % 40 == 0 and len(upserts) > 300:
-                old = upserts[-300]
-                events.append(EdgeDelete(old.src, old.dst, ev.ts))
-    nodes = sorted(fold(events).nodes)
-    gone = random.Random(7).sample(nodes, 25)
-    last = max(ev.ts for ev in events)
-    return events, [NodeDelete(v, last + 1) for v in gone]
-
-
+# ---------------------------------------------------------------------- the model
 def make_model(path: Path) -> str:
     from gnnstream.model import init_model_dir
     init_model_dir(str(path), arch="sage", in_dim=8, hidden=16, out_dim=8, layers=2, fanouts=[10, 5], seed=0)
@@ -73,19 +49,6 @@ def make_model(path: Path) -> str:
 
 
 # ---------------------------------------------------------------------- the group
-def wait_for(cond: Any, what: str, workers: dict[str, Proc], deadline_s: float) -> Any:
-    """``cond()`` once it is true (polled every 0.2 s); a failure with the workers' log tails after
-    ``deadline_s``."""
-    deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline:
-        value = cond()
-        if value:
-            return value
-        time.sleep(0.2)
-    tails = "\n".join(f"--- {name}\n{proc.tail()[-1500:]}" for name, proc in workers.items())
-    pytest.fail(f"timed out waiting for {what}:\n{tails}")
-
-
 class Group:
     """Workers of one group: ``gnnstream run`` processes with their own states and health ports."""
 
@@ -95,18 +58,21 @@ class Group:
         self.client = client
         self.workers: dict[str, tuple[Proc, int, str]] = {}  # name -> (process, health port, state)
 
-    def start(self, name: str, state: str | None = None, *extra: Any) -> None:
-        from tests.workers.test_worker_kafka import free_port
-        port = free_port()
+    def start(self, name: str, state: str | None = None, query: bool = False) -> int | None:
+        """Start worker ``name``; with ``query``, with a query API too, on the port returned."""
         state = state or str(self.tmp_path / f"state-{name}")
-        cmd = gnnstream_command("run", "--bootstrap", self.bootstrap, "--state", state, "--model", self.model,
-                                "--events-topic", self.n.events, "--output-topic", self.n.output,
-                                "--dlq-topic", self.n.dlq, "--group", self.n.group, "--worker-id", name,
-                                "--partitions", PARTS, "--metrics-port", port, "--batch-size", "200",
-                                "--kafka-client", self.client, *extra)
-        proc = Proc(cmd, self.tmp_path / f"{name}.log")
+
+        def cmd(port: int, query_port: int | None = None) -> list[Any]:
+            return gnnstream_command("run", "--bootstrap", self.bootstrap, "--state", state, "--model", self.model,
+                                     "--events-topic", self.n.events, "--output-topic", self.n.output,
+                                     "--dlq-topic", self.n.dlq, "--group", self.n.group, "--worker-id", name,
+                                     "--partitions", PARTS, "--metrics-port", port, "--batch-size", "200",
+                                     "--kafka-client", self.client,
+                                     *(("--query-port", query_port) if query_port else ()))
+        proc, ports = Proc.on_ports(cmd, self.tmp_path / f"{name}.log", 2 if query else 1)
         self.procs.append(proc)
-        self.workers[name] = (proc, port, state)
+        self.workers[name] = (proc, ports[0], state)
+        return ports[1] if query else None
 
     def health(self, name: str) -> dict[str, Any]:
         proc, port, _ = self.workers[name]
@@ -126,7 +92,7 @@ class Group:
         return owned if len(owned) == PARTS else None
 
     def wait(self, cond: Any, what: str) -> Any:
-        return wait_for(cond, what, {name: proc for name, (proc, _, _) in self.workers.items()}, DEADLINE_S)
+        return wait_for_workers(cond, what, {name: proc for name, (proc, _, _) in self.workers.items()}, DEADLINE_S)
 
     def stable(self, size: int) -> dict[int, str]:
         """Wait until ``size`` workers share the partitions, each owning some."""
@@ -196,12 +162,6 @@ def _worker(r: Any) -> str:
     return dict(r.headers)[WORKER_HEADER].decode()
 
 
-def expected(events: list, deletes: list, model: str) -> tuple[dict[str, np.ndarray], set[str]]:
-    g = fold(events + deletes)
-    want = reference_embeddings(g.nodes, g.edges, g.features, model)
-    return {v: np.asarray(e, dtype=np.float64) for v, e in want.items()}, {d.id for d in deletes}
-
-
 def setup(broker: EmbeddedBroker, tmp_path: Path, procs: list[Proc],
           client: str = WorkerSettings.kafka_client) -> tuple[Group, Output, list, list]:
     n = Names(tmp_path)
@@ -226,9 +186,7 @@ def test_three_workers_publish_disjoint_shares_exactly(client: str, broker: Embe
                                                        procs: list[Proc]) -> None:
     group, out, events, deletes = setup(broker, tmp_path, procs, client)
     try:
-        from tests.workers.test_worker_kafka import free_port
-        query_port = free_port()
-        group.start("w1", None, "--query-port", query_port)
+        query_port = group.start("w1", query=True)
         for name in ("w2", "w3"):
             group.start(name)
         owners = group.stable(3)

@@ -5,9 +5,11 @@ workload is the first ~3,000 Bitcoin OTC ratings turned into events
 (``fraud.datasets.snap_events``). "Exact" means, after the worker stopped:
 
 * ``gnnstream verify --state S`` exits 0 (stored == from-scratch, 1e-4);
-* the latest published embedding (highest ``version``) of every node equals
-  the stored final one from ``gnnstream embeddings`` to 1e-5, and every node
-  of the graph was published;
+* the stored embedding of every node, and the latest published one (highest
+  ``version``), equal the independent PyTorch Geometric computation on the
+  final graph (``tests/workers/reference.py``) to 1e-4; the published one
+  equals the stored one to 1e-5 and carries its version, and every node of
+  the graph was published;
 * the store's edges and features equal the final state of the produced events,
   and its offsets equal the high watermark of each partition.
 
@@ -21,43 +23,35 @@ independent of the client under test.
 
 from __future__ import annotations
 
-import contextlib
-import itertools
 import json
 import os
 import random
 import re
 import signal
 import subprocess
-import sys
 import threading
 import time
-import urllib.error
 import urllib.request
 import uuid
 from collections import Counter
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import pytest
 
 from gnnstream.stream.backends import KAFKA_CLIENTS
-from gnnstream.stream.broker import EmbeddedBroker, free_port
-from gnnstream.stream.clients import Record
+from gnnstream.stream.broker import EmbeddedBroker, free_port, listening_on
 from gnnstream.stream.deadletter import DeadLetter
-from gnnstream.stream.events import EdgeUpsert, NodeUpsert, encode_event, event_key
+from gnnstream.stream.events import EdgeUpsert, NodeUpsert
 from gnnstream.stream.kafka import ensure_topics
-from gnnstream.fraud.datasets import BITCOIN_OTC
-from gnnstream.stream.snap import read_snap, snap_events
+from tests.support import (GNNSTREAM, JOIN_TIMEOUT_S, PARTITIONS, Names, event_messages, fold, health,
+                           high_watermarks, produce, read_topic, running_worker, scrape, stop_worker, wait_for,
+                           worker_cmd)
+from tests.workers.reference import assert_embeddings_close, reference_embeddings
 
-pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+pytestmark = [pytest.mark.broker, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
-DATA = BITCOIN_OTC
-N_EVENTS = 3_000  # the first 3,000 events (edges plus derived node_upsert events)
-PARTITIONS = 4
-GNNSTREAM = Path(sys.executable).with_name("gnnstream")
-JOIN_TIMEOUT_S = 90.0
 KILLED_RUN_EVENTS = 600  # input produced before each run of the SIGKILL test
 
 
@@ -66,13 +60,6 @@ KILLED_RUN_EVENTS = 600  # input produced before each run of the SIGKILL test
 def kafka_client(request: pytest.FixtureRequest) -> str:
     """The worker's ``--kafka-client``: each test that takes it runs once per backend."""
     return request.param
-
-
-@pytest.fixture(scope="module")
-def events() -> list:
-    evs = list(itertools.islice(snap_events(read_snap(DATA)[:N_EVENTS]), N_EVENTS))
-    assert len(evs) == N_EVENTS
-    return evs
 
 
 def expected_graph(evs: list) -> tuple[dict[tuple[str, str], tuple[float, float]], dict[str, tuple[float, ...]]]:
@@ -87,62 +74,6 @@ def expected_graph(evs: list) -> tuple[dict[tuple[str, str], tuple[float, float]
         else:  # pragma: no cover - snap_events makes upserts only
             raise AssertionError(ev)
     return edges, feats
-
-
-# ---------------------------------------------------------------------- kafka helpers
-def _kafka_producer(bootstrap: str):
-    from kafka import KafkaProducer
-    return KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5, max_request_size=4 << 20,
-                         client_id="test-producer")
-
-
-def produce(bootstrap: str, topic: str, messages: list[tuple[bytes | None, bytes | None]]) -> list[tuple[int, int]]:
-    """Send ``(key, value)`` messages in order; returns the ``(partition, offset)`` of each."""
-    producer = _kafka_producer(bootstrap)
-    try:
-        futures = [producer.send(topic, key=k, value=v) for k, v in messages]
-        producer.flush(60)
-        metas = [f.get(timeout=30) for f in futures]
-    finally:
-        producer.close(5)
-    return [(m.partition, m.offset) for m in metas]
-
-
-def event_messages(evs: list) -> list[tuple[bytes, bytes]]:
-    return [(event_key(ev), encode_event(ev)) for ev in evs]
-
-
-def high_watermarks(placed: list[tuple[int, int]], topic: str) -> dict[tuple[str, int], int]:
-    hw: dict[tuple[str, int], int] = {}
-    for p, o in placed:
-        hw[(topic, p)] = max(hw.get((topic, p), 0), o + 1)
-    return hw
-
-
-def read_topic(bootstrap: str, topic: str, partitions: int, idle_s: float = 2.0,
-               timeout_s: float = 60.0) -> list[Record]:
-    """Every message of ``topic`` (manual assignment, no group), until ``idle_s`` without news."""
-    from kafka import KafkaConsumer, TopicPartition
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None,
-                             auto_offset_reset="earliest", client_id="test-reader")
-    tps = [TopicPartition(topic, p) for p in range(partitions)]
-    consumer.assign(tps)
-    consumer.seek_to_beginning(*tps)
-    out: list[Record] = []
-    deadline = time.monotonic() + timeout_s
-    last = time.monotonic()
-    try:
-        while time.monotonic() - last < idle_s and time.monotonic() < deadline:
-            batch = consumer.poll(timeout_ms=300, max_records=5000)
-            for tp, msgs in batch.items():
-                for m in msgs:
-                    out.append(Record(m.topic, m.partition, m.offset, m.key, m.value, m.timestamp,
-                                      tuple((k, v) for k, v in (m.headers or ()))))
-                if msgs:
-                    last = time.monotonic()
-    finally:
-        consumer.close()
-    return out
 
 
 def latest_published(bootstrap: str, topic: str, in_order: bool = True) -> dict[str, Any]:
@@ -163,60 +94,6 @@ def latest_published(bootstrap: str, topic: str, in_order: bool = True) -> dict[
     return latest
 
 
-# ---------------------------------------------------------------------- worker helpers
-class Names:
-    def __init__(self, tmp_path: Path):
-        tag = uuid.uuid4().hex[:10]
-        self.events = f"ev-{tag}"
-        self.output = f"emb-{tag}"
-        self.dlq = f"dlq-{tag}"
-        self.group = f"g-{tag}"
-        self.state = str(tmp_path / f"state-{tag}")
-
-
-def worker_cmd(bootstrap: str, n: Names, model: str, port: int, *extra: str, client: str = "kafka-python") -> list[str]:
-    return [str(GNNSTREAM), "run", "--bootstrap", bootstrap, "--kafka-client", client, "--state", n.state,
-            "--model", model,
-            "--events-topic", n.events, "--output-topic", n.output, "--dlq-topic", n.dlq, "--group", n.group,
-            "--metrics-port", str(port), "--batch-size", "200", "--partitions", str(PARTITIONS), *extra]
-
-
-def start_worker(cmd: list[str], log: Path) -> subprocess.Popen:
-    env = dict(os.environ, GNNSTREAM_NO_PROGRESS="1")
-    fh = open(log, "ab")
-    try:
-        return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=fh, env=env)
-    finally:
-        fh.close()
-
-
-@contextlib.contextmanager
-def running_worker(cmd: list[str], log: Path) -> Iterator[subprocess.Popen]:
-    """A worker process that is killed on leaving the block if it is still running."""
-    proc = start_worker(cmd, log)
-    try:
-        yield proc
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-
-
-def health(port: int) -> dict[str, Any] | None:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as resp:
-            return json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        return json.loads(exc.read())
-    except (OSError, ValueError):
-        return None
-
-
-def scrape(port: int) -> str:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
-        return resp.read().decode()
-
-
 def metric_values(text: str, name: str) -> dict[str, float]:
     """``{labels: value}`` of the samples called exactly ``name``."""
     out = {}
@@ -227,39 +104,13 @@ def metric_values(text: str, name: str) -> dict[str, float]:
     return out
 
 
-def wait_for(cond, timeout_s: float, what: str, proc: subprocess.Popen | None = None, log: Path | None = None):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = cond()
-        if value:
-            return value
-        if proc is not None and proc.poll() is not None:
-            tail = log.read_text()[-3000:] if log else ""
-            pytest.fail(f"worker exited with {proc.returncode} while waiting for {what}:\n{tail}")
-        time.sleep(0.1)
-    tail = log.read_text()[-3000:] if log else ""
-    pytest.fail(f"timed out after {timeout_s}s waiting for {what}:\n{tail}")
-
-
-def stop_worker(proc: subprocess.Popen, log: Path, timeout_s: float = 60.0) -> dict[str, Any]:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        out, _ = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.communicate()
-        pytest.fail(f"worker ignored SIGTERM for {timeout_s}s:\n{log.read_text()[-3000:]}")
-    assert proc.returncode == 0, f"worker exit code {proc.returncode}:\n{log.read_text()[-3000:]}"
-    return json.loads(out)
-
-
 def cli(*args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, GNNSTREAM_NO_PROGRESS="1")
     return subprocess.run([str(GNNSTREAM), *args], capture_output=True, text=True, env=env, timeout=120)
 
 
 def assert_exact(bootstrap: str, n: Names, evs: list, hw: dict[tuple[str, int], int], tmp_path: Path,
-                 use_cli: bool = False, in_order: bool = True) -> None:
+                 model_dir: str, use_cli: bool = False, in_order: bool = True) -> None:
     """The full "exact output" check (worker must be stopped)."""
     from gnnstream.graph_state.store import GraphStore
     want_edges, want_feats = expected_graph(evs)
@@ -297,14 +148,19 @@ def assert_exact(bootstrap: str, n: Names, evs: list, hw: dict[tuple[str, int], 
         assert u.version == obj["version"], (node, u.version, obj["version"])
         np.testing.assert_allclose(np.asarray(u.embedding), np.asarray(obj["embedding"]), rtol=0, atol=1e-5,
                                    err_msg=f"node {node}")
+    g = fold(evs)
+    want = reference_embeddings(g.nodes, g.edges, g.features, model_dir)
+    assert_embeddings_close({v: obj["embedding"] for v, obj in stored.items()}, want,
+                            what="stored embeddings vs the PyG reference")
+    assert_embeddings_close({v: u.embedding for v, u in published.items()}, want,
+                            what="published embeddings vs the PyG reference")
 
 
 def run_until_applied(bootstrap: str, n: Names, model: str, tmp_path: Path, applied: int,
                       invalid: int = 0, *extra: str, client: str = "kafka-python",
                       published: int = 0) -> tuple[dict[str, Any], str, int]:
-    port = free_port()
     log = tmp_path / "worker.log"
-    with running_worker(worker_cmd(bootstrap, n, model, port, *extra, client=client), log) as proc:
+    with running_worker(lambda port: worker_cmd(bootstrap, n, model, port, *extra, client=client), log) as (proc, port):
         wait_for(lambda: (h := health(port)) and h["applied"] >= applied and h["invalid"] >= invalid
                  and h["published"] >= published, JOIN_TIMEOUT_S, f"{applied} applied events", proc, log)
         metrics = scrape(port)
@@ -322,7 +178,7 @@ def test_end_to_end_exact(kafka_client: str, broker: EmbeddedBroker, events: lis
     summary, _, _ = run_until_applied(broker.bootstrap, n, model_dir, tmp_path, len(events), client=kafka_client)
     assert summary["applied"] == len(events)
     assert summary["invalid"] == 0
-    assert_exact(broker.bootstrap, n, events, hw, tmp_path, use_cli=True)
+    assert_exact(broker.bootstrap, n, events, hw, tmp_path, model_dir, use_cli=True)
 
 
 def _kill_mid_stream(proc: subprocess.Popen, port: int, target: int, log: Path) -> None:
@@ -367,10 +223,10 @@ def test_crash_restarts_exact(kafka_client: str, broker: EmbeddedBroker, events:
     for attempt in range(4):
         placed += produce(broker.bootstrap, n.events, messages[len(placed):len(placed) + KILLED_RUN_EVENTS])
         left = len(placed) - consumed_before
-        port = free_port()
         # small batches so that a kill lands mid-batch
-        with running_worker(worker_cmd(broker.bootstrap, n, model_dir, port, "--batch-size", "40",
-                                       "--max-batch-size", "40", client=kafka_client), log) as proc:
+        with running_worker(lambda port: worker_cmd(broker.bootstrap, n, model_dir, port, "--batch-size", "40",
+                                                    "--max-batch-size", "40", client=kafka_client),
+                            log) as (proc, port):
             _kill_mid_stream(proc, port, rng.randint(1, left // 2), log)
             kills += 1
         with GraphStore(n.state) as store:
@@ -390,7 +246,7 @@ def test_crash_restarts_exact(kafka_client: str, broker: EmbeddedBroker, events:
     # the final run applied exactly what the store had not: none lost, none twice
     assert summary["applied"] == remaining
     assert sum(metric_values(metrics, "gnnstream_events_total").values()) == remaining
-    assert_exact(broker.bootstrap, n, events, hw, tmp_path)
+    assert_exact(broker.bootstrap, n, events, hw, tmp_path, model_dir)
 
 
 def _bad_messages(rng: random.Random) -> list[tuple[str, bytes | None, bytes | None]]:
@@ -448,10 +304,9 @@ def test_bad_input_goes_to_dlq(kafka_client: str, broker: EmbeddedBroker, events
     expected_bad = {(n.events, p, o): (reason, k, v) for (reason, k, v), (p, o) in zip(stream, placed)
                     if reason is not None}
 
-    port = free_port()
     log = tmp_path / "worker.log"
-    with running_worker(worker_cmd(broker.bootstrap, n, model_dir, port, "--max-event-bytes", "2000",
-                                   client=kafka_client), log) as proc:
+    with running_worker(lambda port: worker_cmd(broker.bootstrap, n, model_dir, port, "--max-event-bytes", "2000",
+                                                client=kafka_client), log) as (proc, port):
         pid = proc.pid
         wait_for(lambda: (h := health(port)) and h["applied"] >= len(events) and h["invalid"] >= len(bad),
                  JOIN_TIMEOUT_S, "all events applied and rejected", proc, log)
@@ -481,7 +336,7 @@ def test_bad_input_goes_to_dlq(kafka_client: str, broker: EmbeddedBroker, events
         assert letter.detail
         reasons[reason] += 1
     assert len(reasons) >= 10
-    assert_exact(broker.bootstrap, n, events, hw, tmp_path)
+    assert_exact(broker.bootstrap, n, events, hw, tmp_path, model_dir)
 
 
 def test_broker_stall_recovers(kafka_client: str, events: list, model_dir: str, tmp_path: Path) -> None:
@@ -493,10 +348,10 @@ def test_broker_stall_recovers(kafka_client: str, events: list, model_dir: str, 
         half = len(events) // 2
         msgs = event_messages(events)
         placed = produce(bootstrap, n.events, msgs[:half])
-        port = free_port()
         log = tmp_path / "worker.log"
-        with running_worker(worker_cmd(bootstrap, n, model_dir, port, "--batch-size", "50", "--max-batch-size", "50",
-                                       client=kafka_client), log) as proc:
+        with running_worker(lambda port: worker_cmd(bootstrap, n, model_dir, port, "--batch-size", "50",
+                                                    "--max-batch-size", "50", client=kafka_client),
+                            log) as (proc, port):
             wait_for(lambda: (h := health(port)) and h["applied"] > 0, JOIN_TIMEOUT_S, "first batch", proc, log)
             private.pause()
             try:
@@ -511,7 +366,7 @@ def test_broker_stall_recovers(kafka_client: str, events: list, model_dir: str, 
         assert summary["applied"] == len(events)
         # not in_order: a request the frozen broker held on a connection the client gave up may be appended
         # after the batch sent again on a new one (consumers keep the highest version per node)
-        assert_exact(bootstrap, n, events, high_watermarks(placed, n.events), tmp_path, in_order=False)
+        assert_exact(bootstrap, n, events, high_watermarks(placed, n.events), tmp_path, model_dir, in_order=False)
 
 
 def test_metrics_and_health(kafka_client: str, broker: EmbeddedBroker, events: list, model_dir: str,
@@ -521,21 +376,26 @@ def test_metrics_and_health(kafka_client: str, broker: EmbeddedBroker, events: l
     n = Names(tmp_path)
     ensure_topics(broker.bootstrap, {n.events: PARTITIONS, n.output: PARTITIONS, n.dlq: 1})
     produce(broker.bootstrap, n.events, event_messages(events))
-    port = free_port()
-    worker = Worker(WorkerSettings(bootstrap=broker.bootstrap, state=n.state, model=model_dir,
-                                   events_topic=n.events, output_topic=n.output, dlq_topic=n.dlq, group=n.group,
-                                   partitions=PARTITIONS, batch_size=200, metrics_port=port,
-                                   kafka_client=kafka_client))
-    result: dict[str, Any] = {}
+    for attempt in range(5):  # a picked port can be taken before the worker binds it: pick another
+        port = free_port()
+        worker = Worker(WorkerSettings(bootstrap=broker.bootstrap, state=n.state, model=model_dir,
+                                       events_topic=n.events, output_topic=n.output, dlq_topic=n.dlq, group=n.group,
+                                       partitions=PARTITIONS, batch_size=200, metrics_port=port,
+                                       kafka_client=kafka_client))
+        result: dict[str, Any] = {}
 
-    def target() -> None:
-        try:
-            result["summary"] = worker.run(max_idle_s=120)
-        except BaseException as exc:  # reported below
-            result["error"] = exc
+        def target() -> None:
+            try:
+                result["summary"] = worker.run(max_idle_s=120)
+            except BaseException as exc:  # reported below
+                result["error"] = exc
 
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
+        thread = threading.Thread(target=target, daemon=True)
+        thread.start()
+        wait_for(lambda: "error" in result or listening_on([os.getpid()], port), JOIN_TIMEOUT_S, "the metrics port")
+        if not (isinstance(result.get("error"), OSError) and "in use" in str(result["error"])):
+            break
+        thread.join(60)
     try:
         wait_for(lambda: "error" in result or ((h := health(port)) and h["applied"] >= len(events)
                                                and h["published"] > 0), JOIN_TIMEOUT_S, "all events applied")
@@ -582,7 +442,7 @@ def test_first_batch_without_features(broker: EmbeddedBroker, model_dir: str, tm
                                    partitions=PARTITIONS, batch_size=200, metrics_port=0))
     summary = worker.run(max_idle_s=8.0)
     assert summary["applied"] == len(evs)
-    assert_exact(broker.bootstrap, n, evs, hw, tmp_path)
+    assert_exact(broker.bootstrap, n, evs, hw, tmp_path, model_dir)
 
 
 def test_sigterm_with_broker_down_exits_and_restart_publishes_pending(kafka_client: str, events: list,
@@ -595,22 +455,18 @@ def test_sigterm_with_broker_down_exits_and_restart_publishes_pending(kafka_clie
         n = Names(tmp_path)
         ensure_topics(bootstrap, {n.events: PARTITIONS, n.output: PARTITIONS, n.dlq: 1})
         placed = produce(bootstrap, n.events, event_messages(events))
-        port = free_port()
         log = tmp_path / "worker.log"
-        cmd = worker_cmd(bootstrap, n, model_dir, port, "--batch-size", "20", "--max-batch-size", "20",
-                         client=kafka_client)
-        with running_worker(cmd, log) as proc:
+        with running_worker(lambda port: worker_cmd(bootstrap, n, model_dir, port, "--batch-size", "20",
+                                                    "--max-batch-size", "20", client=kafka_client),
+                            log) as (proc, port):
             wait_for(lambda: (h := health(port)) and h["published"] > 0, JOIN_TIMEOUT_S, "a first publish", proc, log)
             private.pause()
             try:
                 wait_for(lambda: "publish failed" in log.read_text(), JOIN_TIMEOUT_S, "a failed publish", proc, log)
                 before = len(log.read_text())
-                t0 = time.monotonic()
                 first = stop_worker(proc, log, timeout_s=120)
-                exit_s = time.monotonic() - t0
             finally:
                 private.resume()
-        print(f"[{kafka_client}] exit {exit_s:.1f} s after SIGTERM with the broker frozen")  # reported, not asserted
         after = log.read_text()[before:]
         assert after.count("publish failed") <= 2, after[-3000:]
         assert first["pending_outbox"] > 0, "nothing was left undelivered: the test did not test the stop"
@@ -621,4 +477,4 @@ def test_sigterm_with_broker_down_exits_and_restart_publishes_pending(kafka_clie
                                          client=kafka_client, published=1)
         assert second["applied"] == len(events) - first["applied"]
         assert second["pending_outbox"] == 0
-        assert_exact(bootstrap, n, events, high_watermarks(placed, n.events), tmp_path)
+        assert_exact(bootstrap, n, events, high_watermarks(placed, n.events), tmp_path, model_dir)

@@ -18,47 +18,30 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import re
-import signal
 import subprocess
 import threading
 import time
-import urllib.error
-import urllib.request
-import uuid
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
 
-from gnnstream.stream.broker import EmbeddedBroker, free_port
-from gnnstream.stream.events import EdgeUpsert, NodeUpsert, encode_event, event_key
+from gnnstream.stream.broker import EmbeddedBroker
+from gnnstream.stream.events import EdgeUpsert, NodeUpsert
 from gnnstream.stream.kafka import ensure_topics
-from tests.workers.reference import GraphFold, assert_embeddings_close, gnnstream_command, reference_embeddings
+from tests.support import Names, Proc, closed_port, fold, healthz, make_model, random_graph, scrape
+from tests.support import produce_events as produce
+from tests.workers.reference import assert_embeddings_close, gnnstream_command, reference_embeddings
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 PARTITIONS = 3
-IN_DIM = 4
+IN_DIM = 4  # of make_model and random_graph
 DEADLINE_S = 120.0  # safety net for anything a test waits for
 
 
 # ---------------------------------------------------------------------- workload
-def random_graph(prefix: str, nodes: int, edges: int, seed: int, ts: float = 1.0) -> list:
-    """Upserts only: features for most nodes (some stay cold-start), then random edges."""
-    rng = random.Random(seed)
-    names = [f"{prefix}{i}" for i in range(nodes)]
-    events: list = []
-    for i, v in enumerate(names):
-        if i % 7:  # every seventh node has no features
-            events.append(NodeUpsert(v, ts, tuple(rng.randrange(-64, 64) / 32 for _ in range(IN_DIM))))
-    for j in range(edges):
-        a, b = rng.sample(names, 2)
-        events.append(EdgeUpsert(a, b, ts + j, rng.randrange(1, 9) / 2))
-    return events
-
-
 def star(hub: str, leaves: int, ts: float = 1.0) -> list:
     """A hub every leaf samples (each leaf's only neighbour), plus features."""
     events: list = [NodeUpsert(hub, ts, (1.0,) * IN_DIM)]
@@ -69,46 +52,7 @@ def star(hub: str, leaves: int, ts: float = 1.0) -> list:
     return events
 
 
-def fold(events: list) -> GraphFold:
-    g = GraphFold()
-    for ev in events:
-        g.apply_event(ev)
-    return g
-
-
-def make_model(path: Path, seed: int = 0) -> str:
-    from gnnstream.model import init_model_dir
-    init_model_dir(str(path), arch="sage", in_dim=IN_DIM, hidden=8, out_dim=6, layers=2, fanouts=[4, 3], seed=seed)
-    return str(path)
-
-
 # ---------------------------------------------------------------------- kafka helpers
-class Names:
-    def __init__(self, tmp_path: Path):
-        tag = uuid.uuid4().hex[:10]
-        self.events, self.output, self.dlq, self.group = f"ev-{tag}", f"emb-{tag}", f"dlq-{tag}", f"g-{tag}"
-        self.state = str(tmp_path / f"state-{tag}")
-
-    def topics(self) -> dict[str, int]:
-        return {self.events: PARTITIONS, self.output: PARTITIONS, self.dlq: 1}
-
-
-def produce(bootstrap: str, topic: str, events: list) -> dict[tuple[str, int], int]:
-    """Send events in order; returns the end offset of every partition that got one."""
-    from kafka import KafkaProducer
-    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5, client_id="test-producer")
-    try:
-        futures = [producer.send(topic, key=event_key(ev), value=encode_event(ev)) for ev in events]
-        producer.flush(60)
-        metas = [f.get(timeout=30) for f in futures]
-    finally:
-        producer.close(5)
-    ends: dict[tuple[str, int], int] = {}
-    for m in metas:
-        ends[(topic, m.partition)] = max(ends.get((topic, m.partition), 0), m.offset + 1)
-    return ends
-
-
 def read_all(bootstrap: str, topic: str, partitions: int) -> list:
     """Every record of ``topic``: read until each partition's position reaches its high watermark."""
     from kafka import KafkaConsumer, TopicPartition
@@ -193,68 +137,6 @@ def _env() -> dict[str, str]:
     return env
 
 
-class Proc:
-    """A ``gnnstream run`` process with its stderr in a file; killed if a test leaves it running."""
-
-    def __init__(self, cmd: list[str], log: Path):
-        self.log = log
-        with open(log, "ab") as fh:
-            self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=fh, env=_env())
-
-    def tail(self) -> str:
-        return self.log.read_text()[-4000:]
-
-    def wait_for(self, cond: Callable[[], Any], what: str) -> Any:
-        deadline = time.monotonic() + DEADLINE_S
-        while time.monotonic() < deadline:
-            value = cond()
-            if value:
-                return value
-            if self.proc.poll() is not None:
-                pytest.fail(f"worker exited with {self.proc.returncode} while waiting for {what}:\n{self.tail()}")
-            time.sleep(0.1)
-        pytest.fail(f"timed out waiting for {what}:\n{self.tail()}")
-
-    def sigterm(self) -> dict[str, Any]:
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            out, _ = self.proc.communicate(timeout=DEADLINE_S)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.communicate()
-            pytest.fail(f"worker ignored SIGTERM:\n{self.tail()}")
-        assert self.proc.returncode == 0, f"exit code {self.proc.returncode}:\n{self.tail()}"
-        return json.loads(out)
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.communicate()
-
-
-@pytest.fixture
-def procs() -> Iterator[list[Proc]]:
-    started: list[Proc] = []
-    yield started
-    for p in started:
-        p.kill()
-
-
-def healthz(port: int) -> tuple[int, dict[str, Any]] | None:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
-    except (OSError, ValueError):
-        return None
-
-
-def scrape(port: int) -> str:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
-        return resp.read().decode()
-
-
 def metric(text: str, name: str, labels: str = "") -> float:
     m = re.search(rf"^{re.escape(name)}{re.escape(labels)} (\S+)$", text, flags=re.M)
     assert m, f"{name}{labels} not in /metrics"
@@ -291,29 +173,30 @@ def run_until_idle(bootstrap: str, n: Names, model: str, idle_s: float = 3.0, **
 
 
 # ---------------------------------------------------------------------- (a) broker down at start
+@pytest.mark.broker
 def test_worker_started_before_its_broker(tmp_path: Path, procs: list[Proc]) -> None:
     model = make_model(tmp_path / "model")
     n = Names(tmp_path)
-    port, metrics_port = free_port(), free_port()
-    bootstrap = f"127.0.0.1:{port}"
-    worker = Proc(worker_cmd(bootstrap, n, model, metrics_port), tmp_path / "worker.log")
-    procs.append(worker)
-    status, h = worker.wait_for(lambda: (r := healthz(metrics_port)) and r[1]["status"] == "waiting_for_kafka" and r,
-                                "/healthz to say it waits for Kafka")
-    assert status == 503 and h["ok"] is False
-    assert h["reason"] == f"waiting for Kafka at {bootstrap}"
-    # at least 10 s and a few attempts without a broker (the issue's worker gave up at 30 s and never
-    # picked up a broker started 12 s in)
-    status, h = worker.wait_for(lambda: (r := healthz(metrics_port)) and r[1]["kafka_attempts"] >= 3
-                                and r[1]["uptime_s"] >= 10 and r, "10 s of attempts to reach Kafka")
-    assert status == 503 and h["reason"] == f"waiting for Kafka at {bootstrap}"
-    assert bootstrap in h["last_error"]
-    assert metric(scrape(metrics_port), "gnnstream_errors_total", '{kind="kafka_setup"}') >= 3
-    assert worker.proc.poll() is None
-
     events = random_graph("n", nodes=60, edges=150, seed=1)
+    with closed_port() as port:  # refuses the worker's connections, and is nobody else's, until the broker starts
+        bootstrap = f"127.0.0.1:{port}"
+        worker, (metrics_port,) = Proc.on_ports(lambda mp: worker_cmd(bootstrap, n, model, mp), tmp_path / "worker.log")
+        procs.append(worker)
+        status, h = worker.wait_for(lambda: (r := healthz(metrics_port)) and r[1]["status"] == "waiting_for_kafka"
+                                    and r, "/healthz to say it waits for Kafka")
+        assert status == 503 and h["ok"] is False
+        assert h["reason"] == f"waiting for Kafka at {bootstrap}"
+        # at least 10 s and a few attempts without a broker (the issue's worker gave up at 30 s and never
+        # picked up a broker started 12 s in)
+        status, h = worker.wait_for(lambda: (r := healthz(metrics_port)) and r[1]["kafka_attempts"] >= 3
+                                    and r[1]["uptime_s"] >= 10 and r, "10 s of attempts to reach Kafka")
+        assert status == 503 and h["reason"] == f"waiting for Kafka at {bootstrap}"
+        assert bootstrap in h["last_error"]
+        assert metric(scrape(metrics_port), "gnnstream_errors_total", '{kind="kafka_setup"}') >= 3
+        assert worker.proc.poll() is None
+
     with EmbeddedBroker(port) as broker:
-        ensure_topics(broker.bootstrap, n.topics())  # the worker may create them first: both are fine
+        ensure_topics(broker.bootstrap, n.topics(PARTITIONS))  # the worker may create them first: both are fine
         ends = produce(broker.bootstrap, n.events, events)
         status, h = worker.wait_for(lambda: (r := healthz(metrics_port)) and r[1]["applied"] >= len(events) and r,
                                     "every event applied")
@@ -327,9 +210,9 @@ def test_worker_started_before_its_broker(tmp_path: Path, procs: list[Proc]) -> 
 def test_broker_wait_bound_is_one_line(tmp_path: Path) -> None:
     model = make_model(tmp_path / "model")
     n = Names(tmp_path)
-    port = free_port()
-    result = subprocess.run(worker_cmd(f"127.0.0.1:{port}", n, model, 0, "--broker-wait-s", "1"),
-                            capture_output=True, text=True, env=_env(), timeout=DEADLINE_S)
+    with closed_port() as port:
+        result = subprocess.run(worker_cmd(f"127.0.0.1:{port}", n, model, 0, "--broker-wait-s", "1"),
+                                capture_output=True, text=True, env=_env(), timeout=DEADLINE_S)
     assert result.returncode != 0
     errors = [line for line in result.stderr.splitlines() if line.startswith("gnnstream: error:")]
     assert len(errors) == 1 and f"127.0.0.1:{port}" in errors[0] and "--broker-wait-s" in errors[0], result.stderr
@@ -337,6 +220,7 @@ def test_broker_wait_bound_is_one_line(tmp_path: Path) -> None:
 
 
 # ---------------------------------------------------------------------- (b) topic reset
+@pytest.mark.broker
 def test_offset_reset(tmp_path: Path) -> None:
     from gnnstream.graph_state.store import GraphStore
     from gnnstream.workers.worker import OffsetResetError, Worker
@@ -344,7 +228,7 @@ def test_offset_reset(tmp_path: Path) -> None:
     n = Names(tmp_path)
     first = random_graph("a", nodes=80, edges=240, seed=2)
     with EmbeddedBroker() as a:
-        ensure_topics(a.bootstrap, n.topics())
+        ensure_topics(a.bootstrap, n.topics(PARTITIONS))
         ends_a = produce(a.bootstrap, n.events, first)
         assert run_until_idle(a.bootstrap, n, model)["applied"] == len(first)
         # its last progress record says it stopped: `rollout status` does not count it as consuming
@@ -357,7 +241,7 @@ def test_offset_reset(tmp_path: Path) -> None:
     # the broker is replaced by an empty one, which gets a few new events
     second = random_graph("b", nodes=12, edges=30, seed=3, ts=1000.0)
     with EmbeddedBroker() as b:
-        ensure_topics(b.bootstrap, n.topics())
+        ensure_topics(b.bootstrap, n.topics(PARTITIONS))
         ends_b = produce(b.bootstrap, n.events, second)
         assert len(ends_b) == PARTITIONS and all(ends_b[tp] < ends_a[tp] for tp in ends_a), (ends_a, ends_b)
 
@@ -395,7 +279,7 @@ def test_offset_reset(tmp_path: Path) -> None:
     # --on-offset-reset latest: skip what the next replacement holds, read what comes after
     third, fourth = random_graph("c", 3, 2, seed=4, ts=2000.0), random_graph("d", 8, 10, seed=5, ts=3000.0)
     with EmbeddedBroker() as c:
-        ensure_topics(c.bootstrap, n.topics())
+        ensure_topics(c.bootstrap, n.topics(PARTITIONS))
         ends_c = produce(c.bootstrap, n.events, third)
         ends_c = {(n.events, p): ends_c.get((n.events, p), 0) for p in range(PARTITIONS)}
         assert all(ends_c[tp] < ends_b[tp] for tp in ends_b), (ends_b, ends_c)
@@ -409,13 +293,14 @@ def test_offset_reset(tmp_path: Path) -> None:
 
 
 # ---------------------------------------------------------------------- (c), (d) SIGTERM with deferred hub work
+@pytest.mark.broker
 def test_sigterm_drains_deferred_hubs(broker: EmbeddedBroker, tmp_path: Path, procs: list[Proc]) -> None:
     model = make_model(tmp_path / "model")
     n = Names(tmp_path)
-    ensure_topics(broker.bootstrap, n.topics())
-    metrics_port = free_port()
-    worker = Proc(worker_cmd(broker.bootstrap, n, model, metrics_port, "--hub-bound", "3",
-                             "--max-staleness-s", "3600", "--drain-timeout-s", "60"), tmp_path / "worker.log")
+    ensure_topics(broker.bootstrap, n.topics(PARTITIONS))
+    worker, (metrics_port,) = Proc.on_ports(lambda mp: worker_cmd(broker.bootstrap, n, model, mp, "--hub-bound", "3",
+                                                                  "--max-staleness-s", "3600", "--drain-timeout-s",
+                                                                  "60"), tmp_path / "worker.log")
     procs.append(worker)
     events = star("h", leaves=20) + random_graph("r", nodes=30, edges=60, seed=6)
     ends = produce(broker.bootstrap, n.events, events)
@@ -445,6 +330,7 @@ def test_sigterm_drains_deferred_hubs(broker: EmbeddedBroker, tmp_path: Path, pr
     assert_exact(n.state, model, events, ends, latest_published(broker.bootstrap, n.output))
 
 
+@pytest.mark.broker
 def test_stop_without_time_to_drain_keeps_marks(broker: EmbeddedBroker, tmp_path: Path,
                                                 caplog: pytest.LogCaptureFixture) -> None:
     from gnnstream.graph_state.store import GraphStore
@@ -452,7 +338,7 @@ def test_stop_without_time_to_drain_keeps_marks(broker: EmbeddedBroker, tmp_path
     from gnnstream.workers.worker import Worker
     model = make_model(tmp_path / "model")
     n = Names(tmp_path)
-    ensure_topics(broker.bootstrap, n.topics())
+    ensure_topics(broker.bootstrap, n.topics(PARTITIONS))
     events = star("h", leaves=12)
     produce(broker.bootstrap, n.events, events)
     worker = Worker(settings(broker.bootstrap, n, model, hub_bound=3, max_staleness_s=3600, drain_timeout_s=0))
@@ -480,6 +366,7 @@ def test_stop_without_time_to_drain_keeps_marks(broker: EmbeddedBroker, tmp_path
 
 
 # ---------------------------------------------------------------------- (e) a model with seed 7
+@pytest.mark.broker
 def test_seed7_model_on_fresh_state(broker: EmbeddedBroker, tmp_path: Path) -> None:
     from gnnstream.graph_state.store import GraphStore
     model = str(tmp_path / "m7")
@@ -488,7 +375,7 @@ def test_seed7_model_on_fresh_state(broker: EmbeddedBroker, tmp_path: Path) -> N
                           env=_env(), timeout=DEADLINE_S)
     assert init.returncode == 0, init.stderr
     n = Names(tmp_path)
-    ensure_topics(broker.bootstrap, n.topics())
+    ensure_topics(broker.bootstrap, n.topics(PARTITIONS))
     events = random_graph("s", nodes=40, edges=120, seed=7)
     ends = produce(broker.bootstrap, n.events, events)
     result = subprocess.run(worker_cmd(broker.bootstrap, n, model, 0, "--exit-when-idle", "3"),
