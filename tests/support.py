@@ -15,6 +15,7 @@ helper measures time.
 from __future__ import annotations
 
 import contextlib
+import http.client
 import gzip
 import json
 import os
@@ -40,6 +41,8 @@ from gnnstream.stream.clients import Record
 from gnnstream.stream.events import EdgeDelete, EdgeUpsert, NodeDelete, NodeUpsert, encode_event, event_key
 
 __all__ = [
+    "Client",
+    "answers",
     "GNNSTREAM", "JOIN_TIMEOUT_S", "PARTITIONS", "DEADLINE_S", "free_port", "closed_port", "descendants",
     "start_on_ports", "Names", "produce", "produce_events", "event_messages", "high_watermarks", "read_topic",
     "health", "healthz", "scrape", "wait_for", "wait_for_workers", "worker_cmd", "running_worker", "stop_worker",
@@ -491,3 +494,41 @@ def nonzero_features(rnd: random.Random) -> tuple[float, ...]:
     if not any(vec):
         vec[0] = 1.0
     return tuple(vec)
+
+
+class Client:
+    """A keep-alive HTTP/1.1 client of the query API (reconnects when the server closed the connection)."""
+
+    def __init__(self, port: int):
+        self.port = port
+        self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+
+    def request(self, method: str, path: str, body: Any = None, raw: bytes | None = None) -> tuple[int, Any]:
+        data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+        for attempt in range(2):
+            try:
+                self.conn.request(method, path, body=data, headers={"content-type": "application/json"})
+                resp = self.conn.getresponse()
+                payload = resp.read()
+                if resp.getheader("connection", "").lower() == "close":
+                    self.conn.close()
+                try:
+                    return resp.status, json.loads(payload)
+                except ValueError:
+                    return resp.status, payload.decode(errors="replace")
+            except (ConnectionError, http.client.RemoteDisconnected, http.client.CannotSendRequest, BrokenPipeError):
+                self.conn.close()
+                if attempt:
+                    raise
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def answers(client: Client) -> bool:
+    """Whether the query API behind ``client`` answers ``/v1/health`` with 200."""
+    try:
+        return client.request("GET", "/v1/health")[0] == 200
+    except OSError:
+        return False

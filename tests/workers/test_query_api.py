@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import hashlib
-import http.client
 import json
 import os
 import random
@@ -23,7 +22,6 @@ import signal
 import socket
 import subprocess
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -33,45 +31,13 @@ from gnnstream.stream.broker import EmbeddedBroker, free_port
 from gnnstream.stream.events import EdgeUpsert, encode_event
 from gnnstream.stream.kafka import ensure_topics
 from tests.workers.reference import GraphFold, assert_embeddings_close, fold_jsonl, reference_embeddings
-from tests.support import (JOIN_TIMEOUT_S, PARTITIONS, GNNSTREAM, Names, event_messages, health, produce,
+from tests.support import (Client, answers, JOIN_TIMEOUT_S, PARTITIONS, GNNSTREAM, Names, event_messages, health, produce,
                            running_worker, stop_worker, wait_for, worker_cmd)
 from gnnstream.graph_state.embeddings import MetaTable
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
-__all__ = ["events"]  # the workload fixture, shared with the worker tests
-
 HELD_OUT = 2_500  # events streamed before the what-if; the rest stream after it
-
-
-class Client:
-    """A keep-alive HTTP/1.1 client of the query API (reconnects when the server closed the connection)."""
-
-    def __init__(self, port: int):
-        self.port = port
-        self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-
-    def request(self, method: str, path: str, body: Any = None, raw: bytes | None = None) -> tuple[int, Any]:
-        data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
-        for attempt in range(2):
-            try:
-                self.conn.request(method, path, body=data, headers={"content-type": "application/json"})
-                resp = self.conn.getresponse()
-                payload = resp.read()
-                if resp.getheader("connection", "").lower() == "close":
-                    self.conn.close()
-                try:
-                    return resp.status, json.loads(payload)
-                except ValueError:
-                    return resp.status, payload.decode(errors="replace")
-            except (ConnectionError, http.client.RemoteDisconnected, http.client.CannotSendRequest, BrokenPipeError):
-                self.conn.close()
-                if attempt:
-                    raise
-        raise AssertionError("unreachable")
-
-    def close(self) -> None:
-        self.conn.close()
 
 
 def _fold(evs: list) -> GraphFold:
@@ -245,7 +211,7 @@ def test_hostile_requests_get_4xx_and_change_nothing(events: list, model_dir: st
     slow: list[socket.socket] = []
     try:
         client = Client(port)
-        wait_for(lambda: _answers(client), 120, "the query API to answer", proc, log)
+        wait_for(lambda: answers(client), 120, "the query API to answer", proc, log)
         good = {v: client.request("GET", f"/v1/embeddings/{v}")[1]["embedding"] for v in nodes[:50]}
         # slow clients: a request started and never finished, one byte at a time
         for i in range(20):
@@ -282,13 +248,6 @@ def test_hostile_requests_get_4xx_and_change_nothing(events: list, model_dir: st
         proc.wait(30)
     assert proc.returncode == 0, log.read_text()[-3000:]
     assert _page_log_hash(state) == before
-
-
-def _answers(client: Client) -> bool:
-    try:
-        return client.request("GET", "/v1/health")[0] == 200
-    except OSError:
-        return False
 
 
 def test_serve_refuses_with_one_line(tmp_path: Path) -> None:
@@ -356,7 +315,7 @@ def test_query_process_beside_a_model_folder_and_after_its_worker_is_killed(even
         def answered() -> bool:
             if not _running(int(child)):
                 pytest.fail(f"the query process exited:\n{log.read_text()[-3000:]}")
-            return _answers(client)
+            return answers(client)
 
         wait_for(answered, 120, "the query API to answer", parent, log)
         node = sorted(fold_jsonl(jsonl).nodes)[0]

@@ -33,12 +33,10 @@ import pytest
 from gnnstream.stream.broker import free_port
 from gnnstream.stream.events import decode_event_json, encode_event
 from tests.workers.reference import fold_jsonl
-from tests.workers.test_query_api import Client, _answers
-from tests.workers.test_worker_kafka import GNNSTREAM, events, wait_for
+from tests.support import GNNSTREAM, Client, answers, wait_for
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
-__all__ = ["events"]  # the workload fixture, shared with the worker tests
 
 CLOSE_DEADLINE_S = 120.0  # how long a close is waited for; the servers' timeouts are 1 s
 # the worker's log format (workers/cli.py): "2025-01-01 12:00:00,123 INFO gnnstream.workers.query.server: ..."
@@ -65,7 +63,7 @@ def serving(state: str, log: Path, *flags: str) -> Iterator[tuple[int, Client]]:
                                  *flags], stderr=fh)
     client = Client(port)
     try:
-        wait_for(lambda: _answers(client), 120, "the query API to answer", proc, log)
+        wait_for(lambda: answers(client), 120, "the query API to answer", proc, log)
         yield port, client
         assert proc.poll() is None, log.read_text()[-3000:]
     finally:
