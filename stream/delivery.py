@@ -355,7 +355,11 @@ def _serve(conn: _Pipe, delivery: Delivery) -> None:
             failed, pending = (exc.failed, exc.pending) if isinstance(exc, DeliveryError) else (0, 0)
             text = str(exc) if isinstance(exc, DeliveryError) else f"{type(exc).__name__}: {exc}"
             reply = ("failed", text, failed, pending, classify(exc).kind)
-        conn.send(reply)
+        try:
+            conn.send(reply)
+        except OSError:  # the parent died while this batch was sent: nobody waits for the answer
+            delivery.close(1.0)
+            return
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -516,6 +516,7 @@ class Worker:
         self._letters: dict[tuple[str, int, int], DeadLetter] = {}  # held for another owner, by source
         self._letters_changed = False  # _letters differs from the stored copy
         self._written: dict[PartitionKey, int] = {}  # highest source offset in the dead-letter topic, per source
+        self._catch_up = False  # took over output partitions: read the dead-letter topic to its end first
         self._expected: dict[PartitionKey, int] = {}  # the stored next offset of each partition read
         self._deferred_keys = np.zeros(0, dtype=np.int64)  # deferred hub marks after the last recompute
         self._oldest_record_s: float | None = None
@@ -800,7 +801,7 @@ class Worker:
         last_topic_check = time.monotonic()
         while not self._stop.is_set():
             self._sync_ownership(engine, publisher)
-            if self._letters and not self._rebalancing:
+            if (self._letters or self._catch_up) and not self._rebalancing:
                 self._held_letters(dlq)
             if self._rebalancing:  # no events until the group has assigned the partitions again
                 self._publish(publisher)
@@ -1060,6 +1061,7 @@ class Worker:
         self.metrics.owned.set(len(self._owned))
         if not parts:
             return
+        self._catch_up = True  # their dead letters: what the previous owner wrote, then what it did not
         if publisher is not None:  # every node of them goes out, whatever --min-change remembers of it
             publisher.forget_sent()
         t0 = time.perf_counter()
@@ -1176,26 +1178,32 @@ class Worker:
         """Whether this worker writes ``letter``: it owns the output partition of its source partition."""
         return letter_partition(letter.topic, letter.partition, self._output_partitions) in self._owned
 
-    def _read_written(self) -> None:
-        """Note the source offsets of what the dead-letter topic has received since the last call."""
+    def _read_written(self, to_end_s: float = 0.0) -> None:
+        """Note the source offsets of what the dead-letter topic has received since the last call (with
+        ``to_end_s``, reading on until its end, for at most that long)."""
         reader = self._dlq_reader
         if reader is None:
             return
-        try:
-            records = reader.poll_batch(10_000, 0.0)
-        except Exception as exc:  # the next call tries again; until then letters may be written twice
-            self._limited.warning("dead_letter_read", "reading the dead-letter topic failed (%s): %r",
-                                  classify(exc).kind, exc)
-            return
-        written = self._written
-        for r in records:
+        deadline = time.monotonic() + to_end_s
+        while True:
             try:
-                letter = DeadLetter.from_record(r)
-            except ValueError:  # not one of ours
-                continue
-            key = (letter.topic, letter.partition)
-            if letter.offset > written.get(key, -1):
-                written[key] = letter.offset
+                records = reader.poll_batch(10_000, 0.0 if not to_end_s else 0.1)
+                lag = reader.lag() if to_end_s else {}
+            except Exception as exc:  # the next call tries again; until then letters may be written twice
+                self._limited.warning("dead_letter_read", "reading the dead-letter topic failed (%s): %r",
+                                      classify(exc).kind, exc)
+                return
+            written = self._written
+            for r in records:
+                try:
+                    letter = DeadLetter.from_record(r)
+                except ValueError:  # not one of ours
+                    continue
+                key = (letter.topic, letter.partition)
+                if letter.offset > written.get(key, -1):
+                    written[key] = letter.offset
+            if time.monotonic() >= deadline or (lag.keys() >= reader.assignment() and not any(lag.values())):
+                return
 
     def _unwritten(self, letter: DeadLetter) -> bool:
         return letter.offset > self._written.get((letter.topic, letter.partition), -1)
@@ -1216,7 +1224,8 @@ class Worker:
 
     def _held_letters(self, dlq: DeadLetterWriter) -> None:
         """Forget held letters the dead-letter topic shows; write those whose partition this worker owns now."""
-        self._read_written()
+        self._read_written(5.0 if self._catch_up else 0.0)
+        self._catch_up = False
         gone = [source for source, letter in self._letters.items() if not self._unwritten(letter)]
         due = sorted((letter for letter in self._letters.values()
                       if self._unwritten(letter) and self._letter_owned(letter)), key=lambda l: l.source)
