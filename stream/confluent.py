@@ -426,7 +426,7 @@ class ConfluentConsumer(ConsumerClient):
             error = failed[0].error
         if error is not None and error.code() != KafkaError._NO_OFFSET:
             self._commit_error = error
-            logger.warning("offset commit for lag tools failed (ignored): %s", error)
+            _limited.warning("commit", "offset commit for lag tools failed (ignored): %s", error)
 
     # ------------------------------------------------------------ ConsumerClient
     def seek_to(self, offsets: Mapping[PartitionKey, int]) -> None:

@@ -1101,7 +1101,8 @@ class Worker:
                 if (r.topic, r.partition) not in resets and r.offset >= expected.get((r.topic, r.partition), 0)]
         stale = sum(1 for r in records if (r.topic, r.partition) not in resets) - len(kept)
         if stale:
-            logger.warning("dropped %d records before their partition's stored offset (applied already)", stale)
+            self._limited.warning("stale", "dropped %d records before their partition's stored offset (applied "
+                                  "already)", stale)
         return kept
 
     def _offset_reset(self, consumer: ConsumerClient, resets: dict[PartitionKey, tuple[int, int]]) -> None:
