@@ -42,11 +42,12 @@ from __future__ import annotations
 import base64
 import hashlib
 import logging
+import time
 from collections import Counter
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterable
 
-from gnnstream.stream.clients import MAX_MESSAGE_BYTES, ProducerClient, Record
+from gnnstream.stream.clients import MAX_MESSAGE_BYTES, ConsumerClient, ProducerClient, Record
 from gnnstream.stream.errors import Limited, classify
 from gnnstream.stream.events import InvalidEvent
 from gnnstream.stream.partitioning import partition_for
@@ -65,6 +66,7 @@ __all__ = [
     "ORIGINAL_SIZE_HEADER",
     "ORIGINAL_SHA256_HEADER",
     "letter_partition",
+    "GroupLetters",
 ]
 
 logger = logging.getLogger(__name__)
@@ -335,3 +337,89 @@ class DeadLetterWriter:
             self.counts[letter.reason] += 1
         del letters[:count]
         self.truncated += cut
+
+
+class GroupLetters:
+    """The dead letters of one worker of a group: those it writes, and those it holds for another owner
+    (docs/scaling.md, "Dead letters in a group").
+
+    The caller says which letters it owns now (``owns``); the others are
+    held until the dead-letter topic shows them (:attr:`reader`, read as the
+    worker goes) or the worker owns them. The held letters are stored with
+    the offsets past them (:meth:`stored`) and given back at start (``held``).
+
+    Args:
+        held: the letters held when the worker stopped.
+    """
+
+    def __init__(self, held: Iterable[DeadLetter] = ()):
+        self.reader: ConsumerClient | None = None  # the dead-letter topic, every partition
+        self.held: dict[tuple[str, int, int], DeadLetter] = {letter.source: letter for letter in held}
+        self._changed = False  # held differs from the stored copy
+        self._written: dict[tuple[str, int], int] = {}  # highest source offset the topic shows, per source
+        self._limited = Limited(logger)
+
+    def read(self, to_end_s: float = 0.0) -> None:
+        """Note the source offsets of what the dead-letter topic received since the last call (with
+        ``to_end_s``, reading on to its end, for at most that long)."""
+        reader = self.reader
+        if reader is None:
+            return
+        deadline = time.monotonic() + to_end_s
+        while True:
+            try:
+                records = reader.poll_batch(10_000, 0.1 if to_end_s else 0.0)
+                lag = reader.lag() if to_end_s else {}
+            except Exception as exc:  # the next call tries again; until then a letter may be written twice
+                self._limited.warning("read", "reading the dead-letter topic failed (%s): %r",
+                                      classify(exc).kind, exc)
+                return
+            for r in records:
+                try:
+                    letter = DeadLetter.from_record(r)
+                except ValueError:  # not one of ours
+                    continue
+                if letter.offset > self._written.get((letter.topic, letter.partition), -1):
+                    self._written[(letter.topic, letter.partition)] = letter.offset
+            if time.monotonic() >= deadline or (lag.keys() >= reader.assignment() and not any(lag.values())):
+                return
+
+    def _unwritten(self, letter: DeadLetter) -> bool:
+        return letter.offset > self._written.get((letter.topic, letter.partition), -1)
+
+    def sort(self, letters: Iterable[DeadLetter], owns: Callable[[DeadLetter], bool]) -> list[DeadLetter]:
+        """The letters of a batch this worker writes now; the others it does not see in the topic yet are
+        held."""
+        self.read()
+        mine = []
+        for letter in filter(self._unwritten, letters):
+            if owns(letter):
+                mine.append(letter)
+            else:
+                self.held[letter.source] = letter
+                self._changed = True
+        return mine
+
+    def due(self, owns: Callable[[DeadLetter], bool], to_end_s: float = 0.0) -> list[DeadLetter]:
+        """Forget the held letters the topic shows; the held ones this worker owns now, in source order
+        (still held until :meth:`written`)."""
+        self.read(to_end_s)
+        gone = [source for source, letter in self.held.items() if not self._unwritten(letter)]
+        for source in gone:
+            del self.held[source]
+        self._changed |= bool(gone)
+        return sorted((letter for letter in self.held.values() if owns(letter)), key=lambda letter: letter.source)
+
+    def written(self, letters: Iterable[DeadLetter]) -> None:
+        """Held letters that were written (or skipped)."""
+        for letter in letters:
+            if self.held.pop(letter.source, None) is not None:
+                self._changed = True
+
+    def stored(self) -> list[dict] | None:
+        """The held letters in JSON form when they changed since the last call (to store with the offsets),
+        else None."""
+        if not self._changed:
+            return None
+        self._changed = False
+        return [letter.to_json() for letter in self.held.values()]

@@ -74,7 +74,7 @@ from gnnstream.graph_state.transaction import Transaction
 from gnnstream.graph_state.store import GraphStore
 from gnnstream.stream.backends import open_consumer, open_producer
 from gnnstream.stream.clients import ConsumerClient, PartitionKey, ProducerClient, Record
-from gnnstream.stream.deadletter import RECORD_OVERHEAD, DeadLetter, DeadLetterWriter, letter_partition
+from gnnstream.stream.deadletter import RECORD_OVERHEAD, DeadLetter, DeadLetterWriter, GroupLetters, letter_partition
 from gnnstream.stream.delivery import WORKER_HEADER, Delivery, DeliveryProcess, UpdateColumns
 from gnnstream.stream.errors import Limited, backoff_s, classify
 from gnnstream.stream.events import InvalidEvent, check_features, decode_event_json
@@ -511,11 +511,7 @@ class Worker:
         self._errors: dict[str, str] = {}  # unresolved errors by kind, the newest last
         self._failing: dict[str, tuple[float, int]] = {}  # kind -> (when it began failing, attempts so far)
         self._limited = Limited(logger)
-        self._dlq: DeadLetterWriter | None = None
-        self._dlq_reader: ConsumerClient | None = None  # reads the dead-letter topic: what the group wrote
-        self._letters: dict[tuple[str, int, int], DeadLetter] = {}  # held for another owner, by source
-        self._letters_changed = False  # _letters differs from the stored copy
-        self._written: dict[PartitionKey, int] = {}  # highest source offset in the dead-letter topic, per source
+        self._letters = GroupLetters()  # the dead letters this worker writes, and those it holds for others
         self._catch_up = False  # took over output partitions: read the dead-letter topic to its end first
         self._expected: dict[PartitionKey, int] = {}  # the stored next offset of each partition read
         self._deferred_keys = np.zeros(0, dtype=np.int64)  # deferred hub marks after the last recompute
@@ -663,8 +659,8 @@ class Worker:
         dlq_producer = open_producer(s.kafka_client, s.bootstrap, max_message_bytes=s.max_message_bytes)
         publisher = OutboxPublisher(store, delivery, engine.outbox_columns, min_change=s.min_change)
         publisher.stamp(self.serving, self.rollout)
-        dlq = self._dlq = DeadLetterWriter(dlq_producer, s.dlq_topic, s.max_message_bytes, on_skip=self._skipped_letter)
-        self._letters = {letter.source: letter for letter in map(DeadLetter.from_json, store.meta(_LETTERS_META) or ())}
+        dlq = DeadLetterWriter(dlq_producer, s.dlq_topic, s.max_message_bytes, on_skip=self._skipped_letter)
+        self._letters = GroupLetters(map(DeadLetter.from_json, store.meta(_LETTERS_META) or ()))
         sender: _Sender | None = None
         try:
             if not self._setup_kafka():  # stopped while waiting: nothing can be published
@@ -694,8 +690,8 @@ class Worker:
             finally:
                 # leaving the group may block on an unreachable broker: it goes on while the rest stops
                 closing = _in_background(consumer.close, "consumer-close")
-                if self._dlq_reader is not None:
-                    reader, self._dlq_reader = self._dlq_reader, None
+                if self._letters.reader is not None:
+                    reader, self._letters.reader = self._letters.reader, None
                     _in_background(reader.close, "dead-letter-reader-close")
                 if clean:
                     self._drain_on_stop(engine, publisher)
@@ -775,7 +771,7 @@ class Worker:
                 self._recoverable("consumer", exc)
                 continue
             try:  # what the group wrote to the dead-letter topic (docs/scaling.md)
-                self._dlq_reader = open_consumer(s.kafka_client, s.bootstrap, s.dlq_topic,
+                self._letters.reader = open_consumer(s.kafka_client, s.bootstrap, s.dlq_topic,
                                                  f"{s.group}.{self.worker_id}.dead-letters", assign_all=True)
             except Exception as exc:
                 consumer.close()
@@ -801,7 +797,7 @@ class Worker:
         last_topic_check = time.monotonic()
         while not self._stop.is_set():
             self._sync_ownership(engine, publisher)
-            if (self._letters or self._catch_up) and not self._rebalancing:
+            if (self._letters.held or self._catch_up) and not self._rebalancing:
                 self._held_letters(dlq)
             if self._rebalancing:  # no events until the group has assigned the partitions again
                 self._publish(publisher)
@@ -1154,14 +1150,12 @@ class Worker:
             for letter in letters:
                 self.metrics.invalid.labels(letter.reason).inc()
             self.health.invalid += len(letters)
-            self._dead_letters(letters, dlq)
+            # written before the offsets past them are stored; held ones stored with those offsets
+            self._deliver_letters(self._letters.sort(letters, self._owns_letter), dlq)
         t0 = time.perf_counter()
         assert self.store is not None
-        meta = None
-        if self._letters_changed:  # the letters held for other owners, with the offsets past them
-            meta = {_LETTERS_META: [letter.to_json() for letter in self._letters.values()]}
-        result = self.store.apply(good, offsets, meta)
-        self._letters_changed = False
+        held = self._letters.stored()
+        result = self.store.apply(good, offsets, None if held is None else {_LETTERS_META: held})
         self._expected.update(offsets)
         self._spent("apply", time.perf_counter() - t0)
         self.metrics.apply_seconds.observe(time.perf_counter() - t0)
@@ -1175,69 +1169,19 @@ class Worker:
         self._recompute(engine, result.max_ts if good else None, oldest_ms / 1000.0)
 
     # ------------------------------------------------------------------ dead letters
-    def _letter_owned(self, letter: DeadLetter) -> bool:
+    def _owns_letter(self, letter: DeadLetter) -> bool:
         """Whether this worker writes ``letter``: it owns the output partition of its source partition."""
         return letter_partition(letter.topic, letter.partition, self._output_partitions) in self._owned
 
-    def _read_written(self, to_end_s: float = 0.0) -> None:
-        """Note the source offsets of what the dead-letter topic has received since the last call (with
-        ``to_end_s``, reading on until its end, for at most that long)."""
-        reader = self._dlq_reader
-        if reader is None:
-            return
-        deadline = time.monotonic() + to_end_s
-        while True:
-            try:
-                records = reader.poll_batch(10_000, 0.0 if not to_end_s else 0.1)
-                lag = reader.lag() if to_end_s else {}
-            except Exception as exc:  # the next call tries again; until then letters may be written twice
-                self._limited.warning("dead_letter_read", "reading the dead-letter topic failed (%s): %r",
-                                      classify(exc).kind, exc)
-                return
-            written = self._written
-            for r in records:
-                try:
-                    letter = DeadLetter.from_record(r)
-                except ValueError:  # not one of ours
-                    continue
-                key = (letter.topic, letter.partition)
-                if letter.offset > written.get(key, -1):
-                    written[key] = letter.offset
-            if time.monotonic() >= deadline or (lag.keys() >= reader.assignment() and not any(lag.values())):
-                return
-
-    def _unwritten(self, letter: DeadLetter) -> bool:
-        return letter.offset > self._written.get((letter.topic, letter.partition), -1)
-
-    def _dead_letters(self, letters: list[DeadLetter], dlq: DeadLetterWriter) -> None:
-        """Write the letters this worker owns (docs/scaling.md) before the offsets past them are stored; hold
-        the others, stored with those offsets, until the dead-letter topic shows them or their partition is
-        handed to this worker."""
-        self._read_written()
-        mine = []
-        for letter in filter(self._unwritten, letters):
-            if self._letter_owned(letter):
-                mine.append(letter)
-            else:
-                self._letters[letter.source] = letter
-                self._letters_changed = True
-        self._deliver_letters(mine, dlq)
-
     def _held_letters(self, dlq: DeadLetterWriter) -> None:
-        """Forget held letters the dead-letter topic shows; write those whose partition this worker owns now."""
-        self._read_written(5.0 if self._catch_up else 0.0)
+        """Write the held dead letters whose partition this worker owns now (after a takeover, once it read
+        what the previous owner wrote)."""
+        due = self._letters.due(self._owns_letter, 5.0 if self._catch_up else 0.0)
         self._catch_up = False
-        gone = [source for source, letter in self._letters.items() if not self._unwritten(letter)]
-        due = sorted((letter for letter in self._letters.values()
-                      if self._unwritten(letter) and self._letter_owned(letter)), key=lambda l: l.source)
-        for source in gone:
-            del self._letters[source]
         if due:
             logger.info("writing %d dead letters held for output partitions this worker owns now", len(due))
             self._deliver_letters(list(due), dlq)
-            for letter in due:
-                del self._letters[letter.source]
-        self._letters_changed |= bool(gone or due)
+            self._letters.written(due)
 
     def _deliver_letters(self, letters: list[DeadLetter], dlq: DeadLetterWriter) -> None:
         """Write ``letters`` (transient errors retried with backoff, for ever; permanent ones: each letter

@@ -10,7 +10,7 @@ from collections.abc import Callable
 import pytest
 
 from gnnstream.stream.broker import EmbeddedBroker
-from gnnstream.stream.deadletter import DeadLetter, DeadLetterWriter, dead_letter_headers
+from gnnstream.stream.deadletter import DeadLetter, DeadLetterWriter, GroupLetters, dead_letter_headers
 from gnnstream.stream.events import InvalidEvent, decode_event_json
 from gnnstream.stream.exceptions import DeliveryError
 from gnnstream.stream.kafka import EventConsumer, Producer, Record, ensure_topics
@@ -247,3 +247,54 @@ class _Unlimited:
 
     def __init__(self, producer) -> None:
         self.send, self.flush = producer.send, producer.flush
+
+
+class ListReader:
+    """A stand-in for the dead-letter topic's consumer: returns what was appended since the last poll."""
+
+    def __init__(self) -> None:
+        self.records: list[Record] = []
+
+    def append(self, letter: DeadLetter) -> None:
+        self.records.append(Record("dlq", 0, len(self.records), letter.key, letter.message_value(), 0,
+                                   tuple(letter.message_headers())))
+
+    def poll_batch(self, max_records: int = 500, timeout_s: float = 1.0) -> list[Record]:
+        out, self.records = self.records, []
+        return out
+
+    def lag(self) -> dict:
+        return {("dlq", 0): 0}
+
+    def assignment(self) -> set:
+        return {("dlq", 0)}
+
+
+def test_a_group_member_writes_its_own_letters_and_holds_the_others() -> None:
+    mine_partition = 1
+    owned = {mine_partition}
+    owns = (lambda letter: letter.partition in owned)
+    group = GroupLetters()
+    group.reader = ListReader()  # type: ignore[assignment]
+    letters = [DeadLetter.for_record(Record("graph-events", p, o, b"k", b"v", 0), "not_json", "bad")
+               for p, o in [(1, 10), (2, 11), (2, 12), (3, 13)]]
+    assert [(d.partition, d.offset) for d in group.sort(letters, owns)] == [(1, 10)]
+    assert sorted(group.held) == [("graph-events", 2, 11), ("graph-events", 2, 12), ("graph-events", 3, 13)]
+    stored = group.stored()
+    assert [DeadLetter.from_json(o).source for o in stored] == sorted(group.held) and group.stored() is None
+    # the owner of partition 2's letters wrote the one at offset 11: forgotten here; 12 is still held
+    group.reader.append(letters[1])  # type: ignore[attr-defined]
+    assert group.due(owns) == [] and sorted(group.held) == [("graph-events", 2, 12), ("graph-events", 3, 13)]
+    assert group.stored() is not None
+    # partition 3 handed to this worker: its held letter is due, and gone once written
+    owned.add(3)
+    due = group.due(owns, to_end_s=1.0)
+    assert [d.source for d in due] == [("graph-events", 3, 13)]
+    group.written(due)
+    assert sorted(group.held) == [("graph-events", 2, 12)]
+    # a letter the topic already shows is not written again, by its owner either
+    owned.add(2)
+    group.reader.append(letters[2])  # type: ignore[attr-defined]
+    assert group.sort([letters[2]], owns) == [] and group.due(owns) == [] and not group.held
+    restarted = GroupLetters(DeadLetter.from_json(o) for o in stored)
+    assert sorted(restarted.held) == [("graph-events", 2, 11), ("graph-events", 2, 12), ("graph-events", 3, 13)]

@@ -32,7 +32,7 @@ from typing import Any, Iterator
 import numpy as np
 import pytest
 
-from gnnstream.stream.backends import KAFKA_CLIENTS, open_producer, read_to_end
+from gnnstream.stream.backends import KAFKA_CLIENTS, read_to_end
 from gnnstream.stream.broker import EmbeddedBroker, free_port
 from gnnstream.stream.deadletter import DeadLetter
 from gnnstream.stream.events import INVALID_EVENT_REASONS, EdgeUpsert, NodeUpsert, encode_event, event_key

@@ -3,8 +3,6 @@ reported by /healthz after a bound, output that could not be sent refused at sta
 
 from __future__ import annotations
 
-import json
-import threading
 import time
 from pathlib import Path
 
