@@ -6,21 +6,20 @@ Every producer and consumer error the project meets goes through
 :class:`~stream.exceptions.DeliveryError` wrapping either, or a Python error
 from encoding a record):
 
-====================  =========  ==============================================
-kind                  permanent  examples
-====================  =========  ==============================================
-``record_too_large``  yes        over the client's ``message.max.bytes`` /
-                                 ``max_request_size``, or the broker's limit
-``unknown_topic``     yes        unknown topic or partition, invalid topic name
-``not_authorised``    yes        topic or cluster authorisation failed
-``invalid_record``    yes        corrupt or invalid record, invalid argument
-``serialisation``     yes        key/value that cannot be serialised
-``broker_unavailable`` no        connection refused, all brokers down
-``timeout``           no         request or delivery timed out
-``leader_change``     no         not leader, leader not available
-``queue_full``        no         the client's local queue is full
-``kafka``             no         anything else (retried, like a transient error)
-====================  =========  ==============================================
+======================  =========  =====================================================================================
+kind                    permanent  examples
+======================  =========  =====================================================================================
+``record_too_large``    yes        over the client's ``message.max.bytes`` / ``max_request_size``, or the broker's limit
+``unknown_topic``       yes        unknown topic or partition, invalid topic name
+``not_authorised``      yes        topic or cluster authorisation failed
+``invalid_record``      yes        corrupt or invalid record, invalid argument
+``serialisation``       yes        key or value that cannot be serialised
+``broker_unavailable``  no         connection refused, all brokers down
+``timeout``             no         request or delivery timed out, records with no answer
+``leader_change``       no         not leader, leader not available
+``queue_full``          no         the client's local queue is full
+``kafka``               no         anything else (retried, like a transient error)
+======================  =========  =====================================================================================
 
 A transient error is retried with backoff; a permanent one is never retried
 with the same record (the caller changes it, skips it, or stops).
