@@ -14,8 +14,8 @@ Keyword arguments are passed to the backend's class
 :class:`stream.confluent.ConfluentConsumer` /
 :class:`stream.confluent.ConfluentProducer`). The named ones (``on_assign``,
 ``on_revoke``, ``session_timeout_ms``, ``heartbeat_interval_ms``,
-``auto_offset_reset``, ``linger_ms``, ``batch_size``, ``max_block_ms``) mean
-the same in both; other settings are the backend's own.
+``auto_offset_reset``, ``linger_ms``, ``batch_size``, ``max_block_ms``,
+``max_message_bytes``) mean the same in both; other settings are the backend's own.
 """
 
 from __future__ import annotations

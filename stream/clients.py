@@ -22,7 +22,7 @@ from abc import ABC, abstractmethod
 from types import TracebackType
 from typing import Callable, Iterable, Mapping, NamedTuple, Optional, Sequence, Union
 
-__all__ = ["FETCH_WAIT_MS", "Record", "PartitionKey", "Headers", "AssignHook", "ConsumerClient", "ProducerClient",
+__all__ = ["FETCH_WAIT_MS", "MAX_MESSAGE_BYTES", "Record", "PartitionKey", "Headers", "AssignHook", "ConsumerClient", "ProducerClient",
            "header_list", "joined_headers", "wait_for_partitions"]
 
 FETCH_WAIT_MS = 100
@@ -30,6 +30,11 @@ FETCH_WAIT_MS = 100
 both clients). A broker answers a waiting fetch as soon as records arrive, unless it only answers when the
 wait is over, as the embedded broker does: then this bound is added to the latency of every event that
 arrives at a caught-up worker."""
+
+MAX_MESSAGE_BYTES = 1_000_000
+"""The largest record a producer sends unless told otherwise (both backends: librdkafka's
+``message.max.bytes`` default; kafka-python's ``max_request_size`` is set to it). A larger one is refused
+before it is sent, a permanent error (:mod:`stream.errors`)."""
 
 PartitionKey = tuple[str, int]
 """``(topic, partition)``."""
@@ -151,6 +156,9 @@ class ConsumerClient(ABC):
 
 class ProducerClient(ABC):
     """Sends records; :meth:`flush` is the delivery guarantee."""
+
+    max_message_bytes: int = MAX_MESSAGE_BYTES
+    """The largest record this producer sends (key, value, headers and framing); larger ones are refused."""
 
     @abstractmethod
     def send(self, topic: str, key: bytes | None, value: bytes | None, headers: Headers = None,

@@ -50,6 +50,7 @@ from confluent_kafka import Producer as _RdProducer
 
 from gnnstream.stream.clients import (
     FETCH_WAIT_MS,
+    MAX_MESSAGE_BYTES,
     AssignHook,
     ConsumerClient,
     Headers,
@@ -60,6 +61,7 @@ from gnnstream.stream.clients import (
     joined_headers,
     wait_for_partitions,
 )
+from gnnstream.stream.errors import Limited
 from gnnstream.stream.exceptions import DeliveryError, StreamError
 
 __all__ = ["ConfluentConsumer", "ConfluentProducer", "librdkafka_settings"]
@@ -68,6 +70,7 @@ logger = logging.getLogger(__name__)
 
 _ALIASES = {  # kafka-python names whose librdkafka name is not the dotted one
     "max_request_size": "message.max.bytes",
+    "max_message_bytes": "message.max.bytes",
     "fetch_max_wait_ms": "fetch.wait.max.ms",
 }
 _SERVE_EVERY = 4096  # send() serves delivery reports and logs every this many records
@@ -187,6 +190,7 @@ class _Repeats:
 
 
 _repeats = _Repeats(logger)
+_limited = Limited(logger)  # this module's own repeated warnings (consumer errors, failed commits)
 
 
 class _LibrdkafkaLog:
@@ -422,7 +426,7 @@ class ConfluentConsumer(ConsumerClient):
             error = failed[0].error
         if error is not None and error.code() != KafkaError._NO_OFFSET:
             self._commit_error = error
-            logger.warning("offset commit for lag tools failed (ignored): %s", error)
+            _limited.warning("commit", "offset commit for lag tools failed (ignored): %s", error)
 
     # ------------------------------------------------------------ ConsumerClient
     def seek_to(self, offsets: Mapping[PartitionKey, int]) -> None:
@@ -483,7 +487,8 @@ class ConfluentConsumer(ConsumerClient):
                 continue
             if error.fatal():
                 raise StreamError(f"consumer of {self.topics} failed: {error}")
-            logger.warning("consumer of %s: %s (%s[%s])", self.topics, error, m.topic(), m.partition())
+            _limited.warning(f"consume:{error.code()}:{m.topic()}", "consumer of %s: %s (%s[%s])", self.topics, error,
+                             m.topic(), m.partition())
 
     def _skip_to_end(self, records: list[Record]) -> list[Record]:
         """Move "start at end" partitions whose high watermark is now known to it.
@@ -504,7 +509,7 @@ class ConfluentConsumer(ConsumerClient):
             try:
                 client.seek(tp)
             except KafkaException as exc:
-                logger.warning("cannot move %s to its end %d yet: %r", key, high, exc)
+                _limited.warning(f"to_end:{key}", "cannot move %s to its end %d yet: %r", key, high, exc)
                 continue
             self._next[key] = ends[key] = high
             self._to_end.discard(key)
@@ -529,13 +534,13 @@ class ConfluentConsumer(ConsumerClient):
             done = self._client.commit(offsets=[TopicPartition(t, p, o) for (t, p), o in offsets.items()],
                                        asynchronous=not wait)
         except KafkaException as exc:  # lag reporting must never stop the worker
-            logger.warning("offset commit failed: %r", exc)
+            _limited.warning("commit", "offset commit failed: %r", exc)
             return False
         if wait:  # a synchronous commit reports each partition's own error in its result
             failed = [tp for tp in done or () if tp.error is not None]
             if failed:
-                logger.warning("offset commit failed for %s: %s", [(tp.topic, tp.partition) for tp in failed],
-                               failed[0].error)
+                _limited.warning("commit", "offset commit failed for %s: %s",
+                                 [(tp.topic, tp.partition) for tp in failed], failed[0].error)
             return not failed
         return previous is None
 
@@ -652,8 +657,10 @@ class ConfluentProducer(ProducerClient):
             "enable.idempotence": True, "acks": "all", "linger.ms": linger_ms, "batch.size": batch_size,
             "partitioner": "murmur2_random",  # Kafka's default (Java, kafka-python), which places a node with its owner
             "delivery.report.only.error": True, "logger": _librdkafka_log, "error_cb": _log_error,
+            "message.max.bytes": MAX_MESSAGE_BYTES,
         }
         self._settings.update(librdkafka_settings(config))
+        self.max_message_bytes = int(self._settings["message.max.bytes"])
         self._max_block_s = max_block_ms / 1000
         self._producer: _RdProducer | None = None
         self._window = _Window()

@@ -12,8 +12,11 @@ interpreter holds one lock for all its threads, and encoding JSON takes
 longer than computing the embeddings.
 
 Both raise :class:`~stream.exceptions.DeliveryError` when a batch was not
-acknowledged (send it again: the outbox keeps it) and :class:`ValueError`
-when it cannot be encoded at all (no retry cures that). A child that died is
+acknowledged and :class:`ValueError` when it cannot be encoded at all (no
+retry cures that). The error's kind (:func:`stream.errors.classify`, carried
+across the process boundary in ``DeliveryError.kind``) says whether sending
+it again can help: a transient one is retried (the outbox keeps the batch), a
+permanent one (an update too large, an unknown or forbidden topic) is not. A child that died is
 replaced at the next :meth:`DeliveryProcess.deliver`, which raises
 :class:`~stream.exceptions.DeliveryError` for the batch it lost. The child
 runs in a session of its own and ignores SIGINT and SIGTERM (a Ctrl-C or a
@@ -41,7 +44,8 @@ from typing import Any, Literal, Sequence
 
 import numpy as np
 
-from gnnstream.stream.clients import ProducerClient
+from gnnstream.stream.clients import MAX_MESSAGE_BYTES, ProducerClient
+from gnnstream.stream.errors import classify
 from gnnstream.stream.exceptions import DeliveryError
 from gnnstream.stream.updates import encode_updates, tombstone
 
@@ -231,12 +235,15 @@ class DeliveryProcess:
         client: Kafka client of the child's producer (see :mod:`stream.backends`).
         bootstrap: ``host:port[,host:port...]``.
         topic, model, fmt, worker: as for :class:`Delivery`.
+        max_message_bytes: the child's producer's record size limit.
     """
 
     def __init__(self, client: str, bootstrap: str, topic: str, model: str,
-                 fmt: Literal["json", "binary"] = "json", worker: str | None = None):
+                 fmt: Literal["json", "binary"] = "json", worker: str | None = None,
+                 max_message_bytes: int = MAX_MESSAGE_BYTES):
         self._args = ["--client", client, "--bootstrap", bootstrap, "--topic", topic, "--model", model,
-                      "--format", fmt, *(["--worker", worker] if worker else [])]
+                      "--format", fmt, "--max-message-bytes", str(max_message_bytes),
+                      *(["--worker", worker] if worker else [])]
         self._proc: subprocess.Popen[bytes] | None = None
         self._conn: _Pipe | None = None
         self._busy = False  # a call waits for the child's answer
@@ -297,7 +304,7 @@ class DeliveryProcess:
             return reply[1]
         if reply[0] == "refused":
             raise ValueError(reply[1])
-        raise DeliveryError(reply[1], failed=reply[2], pending=reply[3])
+        raise DeliveryError(reply[1], failed=reply[2], pending=reply[3], kind=reply[4])
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Stop the child, letting its producer close within ``timeout_s``; kill it after that.
@@ -344,11 +351,15 @@ def _serve(conn: _Pipe, delivery: Delivery) -> None:
             reply: tuple = ("ok", delivery.deliver(columns, timeout_s, headers))
         except ValueError as exc:
             reply = ("refused", str(exc))
-        except DeliveryError as exc:
-            reply = ("failed", str(exc), exc.failed, exc.pending)
-        except Exception as exc:  # a client error of another kind: the parent retries the batch
-            reply = ("failed", f"{type(exc).__name__}: {exc}", 0, 0)
-        conn.send(reply)
+        except Exception as exc:  # DeliveryError, or a client error of another kind: classified for the parent
+            failed, pending = (exc.failed, exc.pending) if isinstance(exc, DeliveryError) else (0, 0)
+            text = str(exc) if isinstance(exc, DeliveryError) else f"{type(exc).__name__}: {exc}"
+            reply = ("failed", text, failed, pending, classify(exc).kind)
+        try:
+            conn.send(reply)
+        except OSError:  # the parent died while this batch was sent: nobody waits for the answer
+            delivery.close(1.0)
+            return
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -360,14 +371,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", required=True)
     parser.add_argument("--format", choices=("json", "binary"), default="json")
     parser.add_argument("--worker", default=None)
+    parser.add_argument("--max-message-bytes", type=int, default=MAX_MESSAGE_BYTES)
     args = parser.parse_args(argv)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the worker stops it: a Ctrl-C reaches it through the worker
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s delivery: %(message)s")
     from gnnstream.stream.backends import open_producer
     conn = _Pipe(socket.socket(fileno=args.fd))
-    _serve(conn, Delivery(open_producer(args.client, args.bootstrap), args.topic, args.model, args.format,
-                                  args.worker))
+    producer = open_producer(args.client, args.bootstrap, max_message_bytes=args.max_message_bytes)
+    _serve(conn, Delivery(producer, args.topic, args.model, args.format, args.worker))
     return 0
 
 

@@ -15,6 +15,7 @@ __all__ = [
     "BrokerPortInUse",
     "TopicSetupError",
     "DeliveryError",
+    "NoPartitionsError",
     "InvalidUpdate",
 ]
 
@@ -54,14 +55,17 @@ class DeliveryError(StreamError):
         failed: number of records that completed with an error.
         pending: number of records with no answer when the timeout expired.
         cause: the first underlying exception, if any.
+        kind: what the failure is (:func:`stream.errors.classify`), when known
+            without ``cause`` (an error reported by another process).
     """
 
     def __init__(self, message: str, *, failed: int = 0, pending: int = 0,
-                 cause: BaseException | None = None):
+                 cause: BaseException | None = None, kind: str | None = None):
         super().__init__(message)
         self.failed = failed
         self.pending = pending
         self.cause = cause
+        self.kind = kind
 
 
 class InvalidUpdate(StreamError, ValueError):

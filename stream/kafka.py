@@ -29,6 +29,7 @@ from kafka.errors import KafkaError, KafkaTimeoutError
 
 from gnnstream.stream.clients import (
     FETCH_WAIT_MS,
+    MAX_MESSAGE_BYTES,
     AssignHook,
     ConsumerClient,
     Headers,
@@ -38,6 +39,7 @@ from gnnstream.stream.clients import (
     header_list,
     wait_for_partitions,
 )
+from gnnstream.stream.errors import Limited
 from gnnstream.stream.exceptions import DeliveryError, StreamError, TopicSetupError
 
 __all__ = [
@@ -50,6 +52,7 @@ __all__ = [
     "Producer",
     "ensure_topics",
     "topic_names",
+    "topic_max_message_bytes",
 ]
 
 logger = logging.getLogger(__name__)
@@ -107,6 +110,7 @@ class _Repeats(logging.Filter):
 
 
 _repeats = _Repeats()
+_limited = Limited(logger)  # this module's own repeated warnings (failed commits)
 
 
 def _limit_repeats() -> None:
@@ -145,6 +149,44 @@ def topic_names(bootstrap: str, timeout_s: float = 30.0) -> set[str]:
         raise TopicSetupError(f"listing the topics on {bootstrap} failed: {exc}") from exc
     finally:
         admin.close()
+
+
+class _Quiet(logging.Filter):
+    """Drops every line: kafka-python logs a broker that closes the connection on a request it does not
+    know (the embedded one on DescribeConfigs) as errors, and the caller reports the outcome itself."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return False
+
+
+def topic_max_message_bytes(bootstrap: str, topic: str, timeout_s: float = 10.0) -> int | None:
+    """The largest record ``topic`` accepts (its ``max.message.bytes``), None when the broker does not say."""
+    from kafka.admin import ConfigResource, ConfigResourceType
+    quiet = _Quiet()
+    loggers = [logging.getLogger(n) for n in list(logging.root.manager.loggerDict)
+               if n == "kafka" or n.startswith("kafka.")]
+    for log in loggers:
+        log.addFilter(quiet)
+    try:
+        admin = _admin(bootstrap, timeout_s)
+    except TopicSetupError:
+        for log in loggers:
+            log.removeFilter(quiet)
+        return None
+    try:
+        found = admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic, ["max.message.bytes"])])
+        for response in found:
+            for resource in response.resources:
+                for entry in resource[4]:
+                    if entry[0] == "max.message.bytes" and entry[1]:
+                        return int(entry[1])
+    except Exception as exc:  # an old or embedded broker without DescribeConfigs: no limit known
+        logger.debug("max.message.bytes of %r unknown: %r", topic, exc)
+    finally:
+        admin.close()
+        for log in loggers:
+            log.removeFilter(quiet)
+    return None
 
 
 def ensure_topics(bootstrap: str, topics: Mapping[str, int], *, replication_factor: int = 1,
@@ -368,7 +410,7 @@ class EventConsumer(ConsumerClient):
                                 timeout_ms=5000)
             return True
         except Exception as exc:  # lag reporting must never stop the worker
-            logger.warning("offset commit for lag tools failed (ignored): %r", exc)
+            _limited.warning("commit", "offset commit for lag tools failed (ignored): %r", exc)
             return False
 
     def committed(self, partitions: Sequence[PartitionKey], timeout_s: float = 10.0) -> dict[PartitionKey, int | None]:
@@ -437,15 +479,18 @@ class Producer(ProducerClient):
         linger_ms: how long a batch waits for more records.
         batch_size: bytes per partition batch.
         max_block_ms: how long :meth:`send` may block (metadata, full buffer).
+        max_message_bytes: the largest record it sends (``max_request_size``).
         **config: other ``KafkaProducer`` settings.
     """
 
     def __init__(self, bootstrap: str, *, linger_ms: int = 5, batch_size: int = 256 * 1024,
-                 max_block_ms: int = 10_000, **config: Any):
+                 max_block_ms: int = 10_000, max_message_bytes: int = MAX_MESSAGE_BYTES, **config: Any):
         self._settings: dict[str, Any] = dict(bootstrap_servers=bootstrap, linger_ms=linger_ms,
                                               batch_size=batch_size, max_block_ms=max_block_ms,
-                                              acks="all", client_id="gnnstream-producer")
+                                              acks="all", client_id="gnnstream-producer",
+                                              max_request_size=max_message_bytes)
         self._settings.update(config)
+        self.max_message_bytes = int(self._settings["max_request_size"])
         self._producer: KafkaProducer | None = None
         self._pending: list[Any] = []  # futures not known to be delivered
         self._sent = 0  # records sent since the last flush

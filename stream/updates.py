@@ -65,6 +65,7 @@ __all__ = [
     "update_key",
     "tombstone",
     "is_tombstone",
+    "largest_update_bytes",
 ]
 
 logger = logging.getLogger(__name__)
@@ -336,3 +337,24 @@ def tombstone(node_id: str, version: int | None = None) -> tuple[bytes, None, li
 def is_tombstone(value: bytes | None) -> bool:
     """True for the value of a tombstone (the node was deleted)."""
     return value is None
+
+
+_MAX_MODE_BYTES = 32  # longer than any mode name the engine writes
+_MAX_FLOAT32_JSON = 15  # the longest shortest-repr of a float32 (``-1.23456789e-38``)
+
+
+def largest_update_bytes(dim: int, model: str, fmt: Literal["json", "binary"] = "json") -> int:
+    """An upper bound of the key and value bytes of one embedding update of ``dim`` values by ``model``.
+
+    Node ids are at most :data:`stream.events.MAX_ID_BYTES` of UTF-8 (in JSON
+    at most six bytes per byte, escaped); the key is the id.
+    """
+    from gnnstream.stream.events import MAX_ID_BYTES
+    model_bytes = len(model.encode("utf-8"))
+    if fmt == "binary":
+        value = _HEADER.size + MAX_ID_BYTES + model_bytes + _MAX_MODE_BYTES + 4 * dim
+    else:
+        fields = sum(len(k) + 6 for k in _JSON_KEYS) + 2  # "key": and separators
+        value = fields + 6 * MAX_ID_BYTES + 6 * model_bytes + 20 + 2 * 24 + _MAX_MODE_BYTES \
+            + dim * (_MAX_FLOAT32_JSON + 1)
+    return MAX_ID_BYTES + value

@@ -127,9 +127,12 @@ class WorkerMetrics:
         self.staleness = Gauge("gnnstream_deferred_staleness_seconds", "Age of the oldest deferred propagation",
                                registry=r)
         self.batches = Counter("gnnstream_batches", "Micro-batches processed", registry=r)
-        self.errors = Counter("gnnstream_errors", "Errors by kind: recoverable ones (Kafka unavailable: poll, "
-                              "publish, dead_letter, kafka_setup) and offset_reset (a stored offset past the end "
-                              "of its partition)", ["kind"], registry=r)
+        self.errors = Counter("gnnstream_errors", "Errors by kind: transient ones, retried (poll, publish, "
+                              "dead_letter, consumer, kafka_setup), offset_reset (a stored offset past the end of "
+                              "its partition) and dead_letter_<error kind> (a dead letter the topic refused even "
+                              "cut to fit, skipped); see docs/operations.md", ["kind"], registry=r)
+        self.truncated = Counter("gnnstream_dead_letters_truncated", "Dead letters written cut to fit the record "
+                                 "size limit (headers gnnstream.truncated, gnnstream.original.*)", registry=r)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

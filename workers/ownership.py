@@ -36,10 +36,12 @@ from typing import Any
 
 from gnnstream.stream.backends import open_consumer
 from gnnstream.stream.clients import PartitionKey
+from gnnstream.stream.errors import Limited, classify
 
 __all__ = ["Ownership"]
 
 logger = logging.getLogger(__name__)
+_limited = Limited(logger)  # the same failure while Kafka is away: once, then once a minute
 
 _POLL_S = 0.2  # one member poll: rebalance callbacks run inside it
 _RETRY_S = 1.0  # after a failed poll or a failed join
@@ -91,7 +93,7 @@ class Ownership:
                 if self._claiming is not None:
                     self._claim(consumer)
             except Exception as exc:  # Kafka unavailable: the group moves our partitions; rejoin when it is back
-                logger.warning("ownership group %s: %r; retrying", self.group, exc)
+                _limited.warning("retry", "ownership group %s: %s %r; retrying", self.group, classify(exc).kind, exc)
                 self._closing.wait(_RETRY_S)
         if consumer is not None:
             try:

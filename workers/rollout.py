@@ -43,6 +43,7 @@ import orjson
 
 from gnnstream.graph_state.transaction import Transaction
 from gnnstream.stream.backends import DEFAULT_KAFKA_CLIENT, open_consumer, open_producer, read_to_end
+from gnnstream.stream.errors import retrying
 from gnnstream.stream.rollout import CONTROL_TOPIC, Marker, encode_marker, marker_rank, version_topic
 
 if TYPE_CHECKING:
@@ -132,9 +133,13 @@ def _record(bootstrap: str, kafka_client: str, topic: str, key: str, value: dict
     from gnnstream.stream.kafka import ensure_topics
     ensure_topics(bootstrap, {_named(topic): 1})
     producer = open_producer(kafka_client, bootstrap)
-    try:
+
+    def send() -> None:
         producer.send(topic, key.encode(), orjson.dumps(value))
         producer.flush(30.0)
+
+    try:
+        retrying(send, f"recording {key} in topic {topic!r}")
     finally:
         producer.close()
 
@@ -307,11 +312,15 @@ def _append_marker(bootstrap: str, kafka_client: str, events_topic: str, control
     finally:
         consumer.close()
     producer = open_producer(kafka_client, bootstrap)
-    try:
-        key, value, headers = encode_marker(marker)
+    key, value, headers = encode_marker(marker)
+
+    def send() -> None:  # sent again whole after a transient error: a repeated marker is passed once
         for p in partitions:
             producer.send(events_topic, key, value, headers, partition=p)
         producer.flush(30.0)
+
+    try:
+        retrying(send, f"appending rollout marker {marker.rollout} to topic {events_topic!r}")
     finally:
         producer.close()
     record = {"kind": "marker", **marker.to_json(), "previous": previous, "events_topic": events_topic,

@@ -13,6 +13,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Callable
 
 from gnnstream.stream.backends import DEFAULT_KAFKA_CLIENT, KAFKA_CLIENTS
+from gnnstream.stream.clients import MAX_MESSAGE_BYTES
 
 __all__ = ["WorkerSettings", "add_worker_arguments", "settings_from_args", "ENV_PREFIX", "whole_number",
            "fanout_list", "model_name", "model_version",
@@ -48,6 +49,7 @@ class WorkerSettings:
     max_staleness_s: float = 5.0
     session_timeout_ms: int = 6000
     max_event_bytes: int = 1 << 20
+    max_message_bytes: int = MAX_MESSAGE_BYTES
     broker_wait_s: float = 0.0
     on_offset_reset: str = "fail"
     drain_timeout_s: float = 20.0
@@ -99,6 +101,10 @@ _HELP = {
     "max_staleness_s": "longest a deferred hub propagation may wait, in seconds",
     "session_timeout_ms": "consumer-group session timeout in ms",
     "max_event_bytes": "events larger than this go to the dead-letter topic",
+    "max_message_bytes": "largest record the worker's producers send (librdkafka message.max.bytes, kafka-python "
+                         "max_request_size); keep it at most the broker's and the topics' max.message.bytes. "
+                         "An embedding update must fit (checked at start); a dead letter that does not is cut "
+                         "to fit",
     "broker_wait_s": "at start, give up after this many seconds without reaching Kafka (0 = keep retrying "
                      "for ever; /healthz answers 503 meanwhile)",
     "on_offset_reset": "what to do when a stored offset is past the end of its partition (the topic or "
@@ -132,6 +138,7 @@ _BOUNDS: dict[str, tuple[float, float | None, str]] = {
     "max_staleness_s": (0, None, ""),
     "session_timeout_ms": (1, 3_600_000, ""),  # librdkafka's range
     "max_event_bytes": (1, None, ""),
+    "max_message_bytes": (4096, 1_000_000_000, ""),  # librdkafka's range, less room for a dead letter's headers
     "broker_wait_s": (0, None, "0 = keep retrying"),
     "drain_timeout_s": (0, None, "0 = do not drain"),
     "min_change": (0, None, ""),

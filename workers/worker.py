@@ -74,11 +74,13 @@ from gnnstream.graph_state.transaction import Transaction
 from gnnstream.graph_state.store import GraphStore
 from gnnstream.stream.backends import open_consumer, open_producer
 from gnnstream.stream.clients import ConsumerClient, PartitionKey, ProducerClient, Record
-from gnnstream.stream.deadletter import DeadLetter, DeadLetterWriter
-from gnnstream.stream.delivery import Delivery, DeliveryProcess, UpdateColumns
+from gnnstream.stream.deadletter import RECORD_OVERHEAD, DeadLetter, DeadLetterWriter, GroupLetters, letter_partition
+from gnnstream.stream.delivery import WORKER_HEADER, Delivery, DeliveryProcess, UpdateColumns
+from gnnstream.stream.errors import Limited, backoff_s, classify
 from gnnstream.stream.events import InvalidEvent, check_features, decode_event_json
 from gnnstream.stream.exceptions import NoPartitionsError, StreamError, TopicSetupError
-from gnnstream.stream.kafka import ensure_topics
+from gnnstream.stream.kafka import ensure_topics, topic_max_message_bytes
+from gnnstream.stream.updates import largest_update_bytes
 from gnnstream.stream.rollout import CONTROL_KEY, Marker, marker_of, marker_rank, stamp_headers, version_topic
 from gnnstream.workers.heap import freeze_warm_heap
 from gnnstream.workers.metrics import MetricsServer, WorkerMetrics
@@ -103,10 +105,11 @@ _MAX_IN_FLIGHT = 1  # batches handed to the publisher thread and not delivered; 
 _FLUSH_TIMEOUT_S = 5.0  # one flush of the publisher thread; a failed one is retried
 _STOP_DELIVERY_S = 4.0  # on stop, the longest wait for the publisher to deliver what it holds
 _STOP_CLOSE_S = 1.0  # on stop, then the longest wait for each client to close (they close side by side)
-_RETRY_PAUSE_S = 1.0  # between failed deliveries of the publisher thread
 _TOPIC_CHECK_S = 30.0  # how often the loop looks for partitions added to the events topic
 _PUBLISH_LIMIT = 250_000  # distinct nodes per encoded batch (a batch holds whole outbox records)
 _REPORT_EVERY_S = 5.0  # how often the worker records its progress in the rollout topic
+_UNHEALTHY_AFTER_S = 30.0  # /healthz turns 503 when a transient error has gone on for this long
+_LETTERS_META = "dead_letters"  # the dead letters this worker holds for other owners (stored with the offsets)
 _MARKER_WAIT_LOG_S = 60.0  # a warning when partitions wait this long at a rollout marker for the others
 _op = operator.attrgetter("op")
 
@@ -409,9 +412,18 @@ class _Sender:
                     self.failure = exc
                     self._cond.notify_all()
                 return
-            except Exception as exc:  # broker down: send the same batch again after a pause
-                worker._recoverable("publish", exc, pause=False)
-                self._closed.wait(_RETRY_PAUSE_S)
+            except Exception as exc:
+                found = classify(exc)
+                if found.permanent:  # the topic refuses the updates: sending them again cannot help
+                    with self._cond:
+                        self.failure = StreamError(
+                            f"topic {worker.output_topic!r} refuses the embedding updates ({found.kind}): {exc}; "
+                            f"check that it exists, that the worker may write to it and that its max.message.bytes "
+                            f"is at least --max-message-bytes, then restart (the updates stay in the outbox)")
+                        self._cond.notify_all()
+                    return
+                # broker down: send the same batch again after a pause
+                self._closed.wait(worker._recoverable("publish", exc, pause=False))
                 continue
             worker._cleared("publish")
             worker._delivered(out, time.perf_counter() - t0)
@@ -497,6 +509,10 @@ class Worker:
         # (publish time, publish time - oldest Kafka record time of the batch), newest last
         self.latency_timeline: deque[tuple[float, float]] = deque(maxlen=100_000)
         self._errors: dict[str, str] = {}  # unresolved errors by kind, the newest last
+        self._failing: dict[str, tuple[float, int]] = {}  # kind -> (when it began failing, attempts so far)
+        self._limited = Limited(logger)
+        self._letters = GroupLetters()  # the dead letters this worker writes, and those it holds for others
+        self._catch_up = False  # took over output partitions: read the dead-letter topic to its end first
         self._expected: dict[PartitionKey, int] = {}  # the stored next offset of each partition read
         self._deferred_keys = np.zeros(0, dtype=np.int64)  # deferred hub marks after the last recompute
         self._oldest_record_s: float | None = None
@@ -545,6 +561,12 @@ class Worker:
                 reason = f"no poll for {now - h.last_poll:.0f} s (a long batch, or stuck)"
             else:
                 ok, reason = True, None
+                failing = [(since, kind) for kind, (since, _) in list(self._failing.items())
+                           if time.monotonic() - since >= _UNHEALTHY_AFTER_S]
+                if failing:
+                    since, kind = min(failing)
+                    ok, reason = False, (f"{kind} failing for {time.monotonic() - since:.0f} s, retrying: "
+                                         f"{self._errors.get(kind, kind)}")
         return {"ok": ok, "status": h.status, "reason": reason, "batches": h.batches, "applied": h.applied,
                 "invalid": h.invalid, "published": h.published, "polls": h.polls,
                 "kafka_attempts": h.kafka_attempts, "last_error": h.last_error,
@@ -630,18 +652,24 @@ class Worker:
     def _stream(self, store: GraphStore, engine: Engine, max_idle_s: float | None) -> None:
         s = self.settings
         freeze_warm_heap()
+        self._check_fits(engine, s.max_message_bytes, "--max-message-bytes (GNNSTREAM_MAX_MESSAGE_BYTES)")
         # the updates go out through a process of their own; the dead letters through this thread's producer
         delivery = DeliveryProcess(s.kafka_client, s.bootstrap, self.output_topic, engine.model_tag,
-                                   s.output_format, worker=self.worker_id)
-        dlq_producer = open_producer(s.kafka_client, s.bootstrap)
+                                   s.output_format, worker=self.worker_id, max_message_bytes=s.max_message_bytes)
+        dlq_producer = open_producer(s.kafka_client, s.bootstrap, max_message_bytes=s.max_message_bytes)
         publisher = OutboxPublisher(store, delivery, engine.outbox_columns, min_change=s.min_change)
         publisher.stamp(self.serving, self.rollout)
-        dlq = DeadLetterWriter(dlq_producer, s.dlq_topic)
+        dlq = DeadLetterWriter(dlq_producer, s.dlq_topic, s.max_message_bytes, on_skip=self._skipped_letter)
+        self._letters = GroupLetters(map(DeadLetter.from_json, store.meta(_LETTERS_META) or ()))
         sender: _Sender | None = None
         try:
             if not self._setup_kafka():  # stopped while waiting: nothing can be published
                 self._drain_on_stop(engine, None)
                 return
+            limit = topic_max_message_bytes(s.bootstrap, self.output_topic)
+            if limit is not None:
+                self._check_fits(engine, limit, f"max.message.bytes of topic {self.output_topic!r}")
+            dlq.max_bytes = min(s.max_message_bytes, topic_max_message_bytes(s.bootstrap, s.dlq_topic) or 2**62)
             sender = self._sender = _Sender(self, publisher)
             self._publish(publisher)
             consumer = self._open_consumer()
@@ -662,6 +690,9 @@ class Worker:
             finally:
                 # leaving the group may block on an unreachable broker: it goes on while the rest stops
                 closing = _in_background(consumer.close, "consumer-close")
+                if self._letters.reader is not None:
+                    reader, self._letters.reader = self._letters.reader, None
+                    _in_background(reader.close, "dead-letter-reader-close")
                 if clean:
                     self._drain_on_stop(engine, publisher)
                 self._finish_delivery(publisher)
@@ -739,6 +770,13 @@ class Worker:
             except Exception as exc:  # Kafka went away again: retry
                 self._recoverable("consumer", exc)
                 continue
+            try:  # what the group wrote to the dead-letter topic (docs/scaling.md)
+                self._letters.reader = open_consumer(s.kafka_client, s.bootstrap, s.dlq_topic,
+                                                 f"{s.group}.{self.worker_id}.dead-letters", assign_all=True)
+            except Exception as exc:
+                consumer.close()
+                self._recoverable("consumer", exc)
+                continue
             self._cleared("consumer")
             return consumer
         return None
@@ -759,6 +797,8 @@ class Worker:
         last_topic_check = time.monotonic()
         while not self._stop.is_set():
             self._sync_ownership(engine, publisher)
+            if (self._letters.held or self._catch_up) and not self._rebalancing:
+                self._held_letters(dlq)
             if self._rebalancing:  # no events until the group has assigned the partitions again
                 self._publish(publisher)
                 self._stop.wait(0.05)
@@ -941,10 +981,12 @@ class Worker:
         except Exception:
             lag = None
         key, value = worker_report(self, lag, final)
-        try:
+        try:  # flushed at once: a failure here must not surface in the next dead letters' flush
             producer.send(s.control_topic, key, value)
-        except Exception as exc:
-            logger.debug("could not record progress in %s: %r", s.control_topic, exc)
+            producer.flush(2.0)
+        except Exception as exc:  # best effort: the next report (every few seconds) says the same, newer
+            self._limited.warning("progress", "could not record progress in %s (%s): %r", s.control_topic,
+                                  classify(exc).kind, exc)
 
     # ------------------------------------------------------------------ ownership
     def _join(self, engine: Engine) -> bool:
@@ -1015,6 +1057,7 @@ class Worker:
         self.metrics.owned.set(len(self._owned))
         if not parts:
             return
+        self._catch_up = True  # their dead letters: what the previous owner wrote, then what it did not
         if publisher is not None:  # every node of them goes out, whatever --min-change remembers of it
             publisher.forget_sent()
         t0 = time.perf_counter()
@@ -1054,7 +1097,8 @@ class Worker:
                 if (r.topic, r.partition) not in resets and r.offset >= expected.get((r.topic, r.partition), 0)]
         stale = sum(1 for r in records if (r.topic, r.partition) not in resets) - len(kept)
         if stale:
-            logger.warning("dropped %d records before their partition's stored offset (applied already)", stale)
+            self._limited.warning("stale", "dropped %d records before their partition's stored offset (applied "
+                                  "already)", stale)
         return kept
 
     def _offset_reset(self, consumer: ConsumerClient, resets: dict[PartitionKey, tuple[int, int]]) -> None:
@@ -1102,23 +1146,16 @@ class Worker:
                 letters.append(DeadLetter.for_error(r, exc))
                 continue
             good.append(ev)
-        while letters:
-            try:
-                for letter in letters:
-                    dlq.write(letter)
-                producer.flush(30.0)
-                for letter in letters:
-                    self.metrics.invalid.labels(letter.reason).inc()
-                self.health.invalid += len(letters)
-                letters = []
-                self._cleared("dead_letter")
-            except Exception as exc:
-                self._recoverable("dead_letter", exc)
-                if self._stop.is_set():
-                    raise
+        if letters:
+            for letter in letters:
+                self.metrics.invalid.labels(letter.reason).inc()
+            self.health.invalid += len(letters)
+            # written before the offsets past them are stored; held ones stored with those offsets
+            self._deliver_letters(self._letters.sort(letters, self._owns_letter), dlq)
         t0 = time.perf_counter()
         assert self.store is not None
-        result = self.store.apply(good, offsets)
+        held = self._letters.stored()
+        result = self.store.apply(good, offsets, None if held is None else {_LETTERS_META: held})
         self._expected.update(offsets)
         self._spent("apply", time.perf_counter() - t0)
         self.metrics.apply_seconds.observe(time.perf_counter() - t0)
@@ -1130,6 +1167,53 @@ class Worker:
         self.health.batches += 1
         self.metrics.batches.inc()
         self._recompute(engine, result.max_ts if good else None, oldest_ms / 1000.0)
+
+    # ------------------------------------------------------------------ dead letters
+    def _owns_letter(self, letter: DeadLetter) -> bool:
+        """Whether this worker writes ``letter``: it owns the output partition of its source partition."""
+        return letter_partition(letter.topic, letter.partition, self._output_partitions) in self._owned
+
+    def _held_letters(self, dlq: DeadLetterWriter) -> None:
+        """Write the held dead letters whose partition this worker owns now (after a takeover, once it read
+        what the previous owner wrote)."""
+        due = self._letters.due(self._owns_letter, 5.0 if self._catch_up else 0.0)
+        self._catch_up = False
+        if due:
+            logger.info("writing %d dead letters held for output partitions this worker owns now", len(due))
+            self._deliver_letters(list(due), dlq)
+            self._letters.written(due)
+
+    def _deliver_letters(self, letters: list[DeadLetter], dlq: DeadLetterWriter) -> None:
+        """Write ``letters`` (transient errors retried with backoff, for ever; permanent ones: each letter
+        cut to fit, else skipped, :meth:`DeadLetterWriter.deliver`)."""
+        while letters:
+            truncated = dlq.truncated
+            try:
+                dlq.deliver(letters, 30.0)
+            except Exception as exc:
+                self._recoverable("dead_letter", exc)
+                if self._stop.is_set():
+                    raise
+                continue
+            finally:
+                self.metrics.truncated.inc(dlq.truncated - truncated)
+            self._cleared("dead_letter")
+
+    def _skipped_letter(self, kind: str) -> None:
+        """A dead letter the topic refused even cut to fit (:class:`DeadLetterWriter` logged it)."""
+        self.metrics.errors.labels(f"dead_letter_{kind}").inc()
+
+    def _check_fits(self, engine: Engine, limit: int, what: str) -> None:
+        """Refuse to start when an embedding update of this model could exceed ``limit`` bytes."""
+        s = self.settings
+        size = largest_update_bytes(engine.model.config.out_dim, engine.model_tag, s.output_format)
+        headers = len(WORKER_HEADER) + len(self.worker_id.encode()) + 256  # worker, serving version, marker
+        if size + headers + RECORD_OVERHEAD > limit:
+            raise StreamError(f"an embedding update of model {engine.model_tag} ({engine.model.config.out_dim} "
+                              f"values, --output-format {s.output_format}) may take {size + headers} bytes, more "
+                              f"than the {limit} that {what} allows: raise it to at least "
+                              f"{size + headers + RECORD_OVERHEAD}" + (" or use --output-format binary"
+                                                                      if s.output_format == "json" else ""))
 
     def _recompute(self, engine: Engine, event_ts: float | None, oldest_record_s: float | None,
                    drain: bool = False, publish: bool = True) -> None:
@@ -1306,14 +1390,25 @@ class Worker:
 
     def _cleared(self, kind: str) -> None:
         """An operation of ``kind`` succeeded: its error is over (``last_error`` shows any other left)."""
+        self._failing.pop(kind, None)
         if self._errors.pop(kind, None) is not None:
+            self._limited.forget(kind)
             logger.info("%s works again", kind)
             self.health.last_error = next(reversed(self._errors.values()), None)
 
-    def _recoverable(self, kind: str, exc: BaseException, pause: bool = True) -> None:
-        """Count and report an error of ``kind`` that a retry may cure; pause a second (unless stopping)."""
+    def _recoverable(self, kind: str, exc: BaseException, pause: bool = True) -> float:
+        """Count and report an error of ``kind`` that a retry may cure (:mod:`stream.errors`: transient);
+        pause with backoff (unless stopping, or not ``pause``); the pause, in seconds.
+
+        The first failure is logged, repeats once a minute (counted); ``/healthz`` turns 503 when the errors
+        of a kind have gone on for ``_UNHEALTHY_AFTER_S``.
+        """
         self.metrics.errors.labels(kind).inc()
         self._set_error(kind, f"{kind}: {exc!r}")
-        logger.warning("%s failed, retrying: %r", kind, exc)
+        since, attempts = self._failing.get(kind, (time.monotonic(), 0))
+        self._failing[kind] = (since, attempts + 1)
+        delay = backoff_s(attempts + 1)
+        self._limited.warning(kind, "%s failed (%s), retrying with backoff: %r", kind, classify(exc).kind, exc)
         if pause:
-            self._stop.wait(1.0)
+            self._stop.wait(delay)
+        return delay
