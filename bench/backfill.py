@@ -44,7 +44,6 @@ from bench.common import (
     add_graph_args, close_run, GcTimer, code_fingerprint, current_rss_mib, emit, log, machine_load,
     make_graph, model_dir, open_loaded_store,
 )
-from gnnstream.graph_state.store import GraphStore
 from gnnstream.workers.engine import Engine
 from gnnstream.workers.heap import tune_collector
 from gnnstream.graph_state.embeddings import read_final_rows

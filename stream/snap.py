@@ -19,7 +19,6 @@ import os
 import re
 import zlib
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Iterator
 
 from gnnstream.stream.events import EdgeUpsert, Event, NodeUpsert
