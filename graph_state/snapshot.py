@@ -25,7 +25,7 @@ copied after that point, while the writer may still be writing them: a frame
 can hold the rows of a later page, or be cut half-way. Each page record keeps
 a sum of its rows; an engine opening the copy checks every live frame against
 it and recomputes the nodes of the frames that fail
-(:meth:`graph_state.embeddings.MetaTable.damaged`), so once the copy's pending work is
+(:meth:`graph_state.page_log.PageLog.damaged`), so once the copy's pending work is
 done its embeddings are exact for the offsets it holds.
 
 The copy is built in a temporary directory beside ``out`` and renamed to
@@ -205,7 +205,7 @@ def _follow(state: str, own_dir: str) -> GraphStore:
                 raise
             shutil.rmtree(own_dir, ignore_errors=True)  # the writer removed a file meanwhile: read again
     try:
-        if store.column("meta").get(b"seed") is None:
+        if store.column("meta").get(keys.META_SEED.encode()) is None:
             raise _not_a_state(state, "no sampling seed recorded")
     except BaseException:
         store.close()
