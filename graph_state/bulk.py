@@ -1,21 +1,5 @@
-"""Bulk load: a large initial graph into an empty state as RocksDB table files, without a WriteBatch per batch.
-
-The events are taken in as columns (:meth:`BulkLoad.add` one event at a time,
-:meth:`BulkLoad.add_edges` and :meth:`BulkLoad.add_nodes` as arrays), the
-graph they leave is worked out with numpy, and every family is written as one
-sorted table file and ingested (:meth:`GraphStore.ingest`). The state ends
-exactly as :meth:`GraphStore.apply` of the same events, in the same order,
-would have left it: the same interned ids, node records, features, edges and
-neighbour index.
-
-What it takes: ``edge_upsert``, ``edge_delete`` and ``node_upsert``, into a
-state that holds no node yet and keeps no fanouts. Given the model's fanouts,
-it also writes the sampled-by index as one snapshot, so the engine that
-starts next reads it instead of building it node by node. It writes no dirty
-marks: a state without embeddings is backfilled before anything else. A
-``node_delete`` is not taken: the caller applies it, and what follows,
-through :meth:`GraphStore.apply` once the bulk part is in.
-"""
+"""Bulk load: a large initial graph into an empty state as RocksDB table files, without a WriteBatch per batch
+(``gnnstream graph load``; what it takes and leaves: ``docs/storage.md``)."""
 
 from __future__ import annotations
 

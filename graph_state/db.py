@@ -8,14 +8,15 @@ import logging
 import os
 import re
 import time
-from typing import Any, Iterator
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Iterator
 
-from rocksdict import AccessType, BlockBasedOptions, Cache, DBCompressionType, Options, Rdict
+from rocksdict import AccessType, BlockBasedOptions, Cache, DBCompressionType, Options, Rdict, SstFileWriter, WriteBatch
 
 from gnnstream.graph_state import keys
 from gnnstream.graph_state.exceptions import StateCorrupted, StateLayoutError, StoreLockedError
 
-__all__ = ["Family", "open_db", "open_follower", "family_options", "check_iterator", "state_corrupted",
+__all__ = ["Family", "Columns", "write_table", "open_db", "open_follower", "family_options", "check_iterator", "state_corrupted",
            "is_corruption", "check_manifest", "record_manifest", "layout_error",
            "other_families", "REMEDY", "MANIFEST_RECORD"]
 
@@ -149,6 +150,43 @@ class Family:
 
     def __iter__(self) -> Iterator[bytes]:
         return self.keys()
+
+
+@dataclass(frozen=True, slots=True)
+class Columns:
+    """An open state's column families as the parts of a :class:`GraphStore` read and write them.
+
+    Attributes:
+        path: the state directory (named in errors).
+        views: the rocksdict view of each family, for point reads and raw iterators.
+        families: the checked view of each family (:class:`Family`), for scans.
+        handles: the handle of each family, for WriteBatches.
+        write: writes a WriteBatch with the store's write options.
+    """
+
+    path: str
+    views: dict[str, Rdict]
+    families: dict[str, Family]
+    handles: dict[str, Any]
+    write: Callable[[WriteBatch], None]
+
+
+def write_table(family: str, path: str, items: Iterable[tuple[bytes, bytes]]) -> int:
+    """Write ``(key, value)`` items of ``family``, in strictly increasing key order, into a table file at
+    ``path`` for ingestion; returns how many (no file is left for none)."""
+    items = iter(items)
+    first = next(items, None)
+    if first is None:
+        return 0
+    writer = SstFileWriter(options=family_options(Cache(1 << 20), family))
+    writer.open(path)
+    writer[first[0]] = first[1]
+    count = 1
+    for key, value in items:
+        writer[key] = value
+        count += 1
+    writer.finish()
+    return count
 
 
 def check_manifest(path: str) -> None:

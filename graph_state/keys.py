@@ -7,7 +7,7 @@ entries sort by ``(rank, id)`` exactly as the sampling contract breaks ties.
 
 Column families and layouts::
 
-    meta      name (ascii)                         -> json / struct value
+    meta      name (ascii)                         -> json / struct value (the META_* names below)
     ids       node id (utf-8)                      -> iid            >Q
     names     iid >Q                               -> node id (utf-8)
     nodes     iid >Q                               -> degree >I, flags >B, last_ts >d
@@ -26,7 +26,7 @@ Column families and layouts::
     embpages  page seq >Q                          -> a page of final embeddings: up to 128 records of
                                                       iid, version, event_ts, mode, the frame of the
                                                       row file holding their float32[d] rows and a sum
-                                                      of those rows (graph_state.embeddings.encode_pages);
+                                                      of those rows (graph_state.codecs.encode_pages);
                                                       the newest page holding a node is its current state
     layerpages layer >B, page seq >Q               -> a page of h^layer rows (1 <= layer < L), laid out as
                                                       embpages (version, event_ts and mode unused)
@@ -49,7 +49,6 @@ __all__ = [
     "decode_edge_key",
     "nbr_prefix",
     "nbr_key",
-    "decode_nbr_key",
     "offset_key",
     "decode_offset_key",
     "dirty_block_key",
@@ -62,11 +61,42 @@ __all__ = [
     "SAMPLED_DELTA_PREFIX",
     "sampled_snapshot_key",
     "sampled_delta_key",
+    "META_LAYOUT",
+    "META_SEED",
+    "META_FEATURE_DIM",
+    "META_FANOUTS",
+    "META_NEXT_IID",
+    "META_BULK_LOAD",
+    "META_CALLER",
+    "META_MODEL",
+    "META_MODEL_DIR",
+    "META_OUTBOX_SEQ",
+    "META_KEPT_PARTITIONS",
+    "META_HIGHEST_EPOCH",
+    "META_SERVING",
+    "META_ROLLOUT",
 ]
 
 LAYOUT = 5
 """The layout of the state this version writes and reads (recorded in ``meta`` as ``layout``); a state of
 another layout is refused with :class:`~graph_state.exceptions.StateLayoutError`."""
+
+# Records of the ``meta`` family. The store's own hold JSON and are named as text (stored UTF-8).
+META_LAYOUT = "layout"  # LAYOUT, as the state was written
+META_SEED = "seed"  # the sampling seed
+META_FEATURE_DIM = "feature_dim"  # the node feature length, once known
+META_FANOUTS = "fanouts"  # the fanouts whose sampled-by relation and dirty marks are kept
+META_NEXT_IID = "next_iid"  # the next interned id to hand out
+META_BULK_LOAD = "bulk_load_in_progress"  # set while a bulk load's table files are being ingested
+META_CALLER = "caller:"  # prefix of the records callers keep with GraphStore.apply(meta=...)
+# The workers' records hold raw bytes and are named as stored.
+META_MODEL = b"model"  # what the stored embeddings were computed with (the engine's binding)
+META_MODEL_DIR = b"model_dir"  # the model directory the state uses (the default of --model)
+META_OUTBOX_SEQ = b"outbox_seq"  # the next outbox record number >Q
+META_KEPT_PARTITIONS = b"kept_partitions"  # JSON {"count", "kept"}: output partitions whose final rows are current
+META_HIGHEST_EPOCH = b"highest_epoch"  # the highest epoch the state has owned partitions at >Q
+META_SERVING = b"serving"  # the serving model version as of the last rollout marker passed
+META_ROLLOUT = b"rollout"  # the number of that marker
 
 COLUMN_FAMILIES = (
     "meta", "ids", "names", "nodes", "feats", "edges", "nbrs", "sampled",
@@ -114,11 +144,6 @@ def nbr_key(v: int, rank: bytes, u_name: str) -> bytes:
     return U64.pack(v) + rank + u_name.encode()
 
 
-def decode_nbr_key(key: bytes) -> tuple[int, int, str]:
-    v, rank = _QQ.unpack_from(key)
-    return v, rank, key[16:].decode()
-
-
 def sampled_snapshot_key(k: int, chunk: int) -> bytes:
     """Key of chunk ``chunk`` of the sampled-by snapshot of fanout ``k`` (8 bytes)."""
     return SAMPLED_SNAPSHOT_PREFIX + _HI.pack(k, chunk)
@@ -135,8 +160,6 @@ def offset_key(topic: str, partition: int) -> bytes:
 
 def decode_offset_key(key: bytes) -> tuple[str, int]:
     return key[:-5].decode(), _I32.unpack(key[-4:])[0]
-
-
 
 
 def dirty_block_key(seq: int) -> bytes:

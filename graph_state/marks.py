@@ -8,8 +8,9 @@ from typing import Sequence
 import numpy as np
 
 from gnnstream.graph_state import keys
+from gnnstream.graph_state.db import Columns
 
-__all__ = ["DirtyMarks", "DIRTY_INPUT", "DIRTY_SAMPLE", "DIRTY_COUNT", "DIRTY_DEGREE", "combine", "or_reduce",
+__all__ = ["DirtyMarks", "MarkLog", "DIRTY_INPUT", "DIRTY_SAMPLE", "DIRTY_COUNT", "DIRTY_DEGREE", "combine", "or_reduce",
            "split", "mark_records"]
 
 # Dirty-mark flags. Layer 0 marks say a node's input h^0 changed; layer l >= 1
@@ -57,6 +58,59 @@ class DirtyMarks:
             self.chunks = [(marks, flags)] if len(marks) else []
             self._reduced = marks, flags
         return self._reduced
+
+
+class MarkLog:
+    """The ``dirty`` family with its in-memory mirror (:class:`DirtyMarks`), read on first use and then kept in
+    step by every write of marks."""
+
+    def __init__(self, columns: Columns):
+        self._columns = columns
+        self._mirror: DirtyMarks | None = None
+
+    def mirror(self) -> DirtyMarks:
+        """The mirror, read from the family first if it is not held."""
+        if self._mirror is None:
+            state = DirtyMarks()
+            for key, value in self._columns.families["dirty"].items():
+                state.add_stored(key, value)
+            self._mirror = state
+        return self._mirror
+
+    def block(self, marks: np.ndarray, flags: np.ndarray) -> tuple[bytes, bytes]:
+        """``(key, value)`` of a new block holding ``marks`` with ``flags``."""
+        state = self.mirror()
+        key = keys.dirty_block_key(state.next_seq)
+        state.next_seq += 1
+        return key, mark_records(marks, flags)
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Every mark once, in (tag, iid) order: ``(tags, iids, flags)``, flags OR-combined."""
+        marks, flags = self.mirror().reduced()
+        tags, iids = split(marks)
+        return tags.astype(np.int64), iids.astype(np.int64), flags.copy()
+
+    def count(self) -> int:
+        """The number of distinct marks."""
+        return len(self.mirror().reduced()[0])
+
+    def added(self, marks: np.ndarray, flags: np.ndarray) -> None:
+        """Marks were written: add them to the mirror, if it is held."""
+        if self._mirror is not None:
+            self._mirror.add(marks, flags)
+
+    def written(self, blocks: Sequence[tuple[bytes, bytes]], cleared: bool) -> None:
+        """A commit wrote these blocks, after removing every stored mark when ``cleared``: follow it."""
+        state = self._mirror
+        if state is not None:
+            if cleared:
+                state.clear()
+            for key, value in blocks:
+                state.add_stored(key, value)
+
+    def drop(self) -> None:
+        """Forget the mirror (after a failed write); the next use reads the family again."""
+        self._mirror = None
 
 
 def combine(tags: np.ndarray, iids: np.ndarray) -> np.ndarray:

@@ -1,36 +1,5 @@
-"""A copy of a state directory that a new worker can start from, taken beside the worker that writes it.
-
-``gnnstream snapshot --state DIR --out DIR2`` (:func:`snapshot`) needs no lock
-and never writes to ``DIR``: it works while a worker holds the state open.
-
-The RocksDB part is read through a secondary instance of the state
-(:class:`~graph_state.store.GraphStore` with ``follow=``). A secondary sees the
-writer's batches as of its opening, whole batches only, and moves on only when
-told to catch up, which is never done here: every column family is read at that
-one point, so the copy holds the graph, dirty marks, embedding pages, outbox and
-offsets of one committed batch. The records go into SST files that a new
-database ingests (nothing passes through a write-ahead log or a memtable).
-
-A RocksDB checkpoint of the secondary is no substitute: it hard-links the table
-files named by the MANIFEST the secondary read and takes no write-ahead log, so
-the batches still in the writer's memtables are missing, and because each
-column family is flushed on its own the families of such a copy stand at
-different points (a counter written to two families in one batch was found at
-8,740 in one and absent from the other, while the secondary read 9,070 in
-both); while the writer compacts, the hard links also fail on table files it
-has deleted since.
-
-The row files (``*-rows-*.f32``) and the other plain files of the state are
-copied after that point, while the writer may still be writing them: a frame
-can hold the rows of a later page, or be cut half-way. Each page record keeps
-a sum of its rows; an engine opening the copy checks every live frame against
-it and recomputes the nodes of the frames that fail
-(:meth:`graph_state.embeddings.MetaTable.damaged`), so once the copy's pending work is
-done its embeddings are exact for the offsets it holds.
-
-The copy is built in a temporary directory beside ``out`` and renamed to
-``out`` at the end: a snapshot that fails leaves nothing behind.
-"""
+"""Snapshots: a copy of a state directory that a new worker can start from, taken beside the worker that writes
+it (``gnnstream snapshot``; how it stays consistent: ``docs/storage.md``)."""
 
 from __future__ import annotations
 
@@ -205,7 +174,7 @@ def _follow(state: str, own_dir: str) -> GraphStore:
                 raise
             shutil.rmtree(own_dir, ignore_errors=True)  # the writer removed a file meanwhile: read again
     try:
-        if store.column("meta").get(b"seed") is None:
+        if store.column("meta").get(keys.META_SEED.encode()) is None:
             raise _not_a_state(state, "no sampling seed recorded")
     except BaseException:
         store.close()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -10,8 +12,11 @@ import pytest
 from gnnstream.graph_state import keys
 from gnnstream.graph_state.store import GraphStore
 from gnnstream.graph_state.transaction import Transaction
-from gnnstream.graph_state.embeddings import (PAGE_ROWS, SUPERSEDED_SHARE, EmbeddingMeta, EmbeddingTables, MetaTable,
-                                    decode_outbox, decode_page, encode_outbox)
+from gnnstream.graph_state import row_file
+from gnnstream.graph_state.codecs import PAGE_ROWS, decode_outbox, decode_page, encode_outbox, encode_pages
+from gnnstream.graph_state.page_log import SUPERSEDED_SHARE, EmbeddingMeta, PageLog
+from gnnstream.graph_state.row_cache import EmbeddingTables
+from gnnstream.graph_state.row_file import RowFile, RowReaders
 
 
 def _commit(store: GraphStore, records: list) -> int:
@@ -21,14 +26,14 @@ def _commit(store: GraphStore, records: list) -> int:
     return store.commit(tx)
 
 
-def _set(table: MetaTable, iids, versions, times, modes) -> None:
+def _set(table: PageLog, iids, versions, times, modes) -> None:
     table.set(np.asarray(iids, dtype=np.int64), np.asarray(versions), np.asarray(times, dtype=np.float64),
               np.asarray([table.code(m) for m in modes], dtype=np.int16))
 
 
 def test_meta_table_pages_round_trip_through_a_fresh_table(tmp_path) -> None:
     with GraphStore(tmp_path / "s") as store:
-        table = MetaTable(store)
+        table = PageLog(store)
         iids = np.asarray([3, 0, 7, 12], dtype=np.int64)
         modes = ["full", "cold_start", "full", "feature_only"]
         _set(table, iids, [5, 1, 2, 9], [10.5, 0.0, 3.25, 7.0], modes)
@@ -47,7 +52,7 @@ def test_meta_table_pages_round_trip_through_a_fresh_table(tmp_path) -> None:
         puts = table.encode(iids[:1], None)
         assert [(cf, value is None) for cf, _, value in puts] == [("embpages", False)]
         _commit(store, puts)
-        again = MetaTable(store)
+        again = PageLog(store)
         version, event_ts, mode = again.get(np.asarray([3, 0, 99], dtype=np.int64))
         assert version.tolist() == [6, 1, 0]
         assert event_ts.tolist() == [11.0, 0.0, 0.0]
@@ -66,7 +71,7 @@ def test_meta_table_pages_round_trip_through_a_fresh_table(tmp_path) -> None:
 
 def test_a_page_whose_records_are_all_superseded_is_deleted_in_the_same_batch(tmp_path) -> None:
     with GraphStore(tmp_path / "s") as store:
-        table = MetaTable(store)
+        table = PageLog(store)
         _set(table, [1, 2], [1, 1], [0.0, 0.0], ["full", "full"])
         _commit(store, table.encode(np.asarray([1, 2]), np.ones((2, 4), dtype=np.float32)))
         first = keys.encode_iid(0)
@@ -77,7 +82,7 @@ def test_a_page_whose_records_are_all_superseded_is_deleted_in_the_same_batch(tm
         _commit(store, puts)
         assert store.column("embpages").get(first) is None
         assert (table.live(), table.stored_slots()) == (2, 2)
-        rows, present = MetaTable(store).rows(np.asarray([1, 2]), 4)
+        rows, present = PageLog(store).rows(np.asarray([1, 2]), 4)
         assert present.all() and (rows == 2.0).all()
 
 
@@ -86,14 +91,14 @@ def test_the_log_stays_near_its_live_records_and_reloads_to_the_same_state(tmp_p
     """Records moved out of sparse pages take their rows from the row cache where it holds them, else from the
     pages."""
 
-    def bound(table: MetaTable) -> int:  # superseded slots within a share of the live ones plus the slack,
+    def bound(table: PageLog) -> int:  # superseded slots within a share of the live ones plus the slack,
         live = table.live()  # and a batch's records (one batch may overshoot)
         return live + live // SUPERSEDED_SHARE + PAGE_ROWS + 400
 
     rng = np.random.default_rng(3)
     n, dim = 2_000, 8
     with GraphStore(tmp_path / "s") as store:
-        table = MetaTable(store, gc_slack=PAGE_ROWS)
+        table = PageLog(store, gc_slack=PAGE_ROWS)
         want_rows = np.zeros((n, dim), dtype=np.float32)
         want_version = np.zeros(n, dtype=np.int64)
         if cache == "even iids":
@@ -120,7 +125,7 @@ def test_the_log_stays_near_its_live_records_and_reloads_to_the_same_state(tmp_p
         frames = (tmp_path / "s" / f"final-rows-{dim}.f32").stat().st_size / (PAGE_ROWS * dim * 4)
         assert frames <= max(used + used // 4, 16)
         written = np.flatnonzero(want_version)
-        again = MetaTable(store)
+        again = PageLog(store)
         version, _, _ = again.get(np.arange(n))
         np.testing.assert_array_equal(version, want_version)
         rows, present = again.rows(np.arange(n), dim)
@@ -140,7 +145,7 @@ def test_outbox_record_round_trip() -> None:
 
 def test_compaction_moves_withdrawn_records_into_pages_without_rows(tmp_path) -> None:
     with GraphStore(tmp_path / "s") as store:
-        table = MetaTable(store, gc_slack=0)
+        table = PageLog(store, gc_slack=0)
         ids = np.arange(1000, dtype=np.int64)
         _set(table, ids, np.full(1000, 3), np.full(1000, 1.0), ["deleted"] * 1000)
         _commit(store, table.encode(ids, None))  # withdrawn: pages without rows
@@ -158,7 +163,7 @@ def test_compaction_moves_withdrawn_records_into_pages_without_rows(tmp_path) ->
         kinds = {decode_page(value)[2] for _, _, value in moves if value is not None}
         assert kinds == {False, True}  # withdrawn records and rows both moved to new pages
         assert table.stored_slots() <= table.live() + table.live() // SUPERSEDED_SHARE + PAGE_ROWS
-        again = MetaTable(store)
+        again = PageLog(store)
         items = {iid: (meta, row) for iid, meta, row in again.items()}
         withdrawn = set(ids[ids % 10 == 0].tolist())
         assert {iid for iid, (_, row) in items.items() if row is None} == withdrawn
@@ -180,7 +185,7 @@ def test_a_frame_is_reused_only_once_the_deletion_of_its_page_is_stored(tmp_path
     """Rows are written before the WriteBatch that points a page at them: a batch that never lands (a crash
     between the two) must leave every stored page with the rows it was written with."""
     with GraphStore(tmp_path / "s") as store:
-        table = MetaTable(store)
+        table = PageLog(store)
         ids = np.asarray([1, 2], dtype=np.int64)
         _set(table, ids, [1, 1], [0.0, 0.0], ["full", "full"])
         _commit(store, table.encode(ids, np.ones((2, 4), dtype=np.float32)))
@@ -192,7 +197,7 @@ def test_a_frame_is_reused_only_once_the_deletion_of_its_page_is_stored(tmp_path
         _set(table, ids, [3, 3], [2.0, 2.0], ["full", "full"])
         table.encode(ids, np.full((2, 4), 3.0, dtype=np.float32))  # nor this one
         # what a restart finds: the stored page and its frame untouched
-        again = MetaTable(store)
+        again = PageLog(store)
         rows, present = again.rows(ids, 4)
         assert present.all() and (rows == 1.0).all()
         assert again.get(ids)[0].tolist() == [1, 1]
@@ -205,13 +210,13 @@ def test_a_frame_is_reused_only_once_the_deletion_of_its_page_is_stored(tmp_path
         _set(again, ids, [3, 3], [2.0, 2.0], ["full", "full"])
         _commit(store, again.encode(ids, np.full((2, 4), 6.0, dtype=np.float32)))
         assert _frame(store, 2) == 0  # page 0's deletion is stored: its frame is reused
-        rows, _ = MetaTable(store).rows(ids, 4)
+        rows, _ = PageLog(store).rows(ids, 4)
         assert (rows == 6.0).all()
 
 
 def test_logs_of_several_layers_share_a_family_without_seeing_each_other(tmp_path) -> None:
-    def logs(store: GraphStore) -> list[MetaTable]:
-        return [MetaTable(store), *(MetaTable(store, family="layerpages", prefix=bytes((layer,)),
+    def logs(store: GraphStore) -> list[PageLog]:
+        return [PageLog(store), *(PageLog(store, family="layerpages", prefix=bytes((layer,)),
                                               rows_name=f"layer{layer}-rows") for layer in (1, 2))]
 
     with GraphStore(tmp_path / "s") as store:
@@ -237,13 +242,13 @@ def test_frames_that_lost_their_rows_are_reported_by_the_check(tmp_path) -> None
     record pointing at it: the record's sum of the rows tells."""
     dim = 4
     with GraphStore(tmp_path / "s") as store:
-        table = MetaTable(store)
+        table = PageLog(store)
         ids = np.arange(3 * PAGE_ROWS, dtype=np.int64)
         rows = np.random.default_rng(2).standard_normal((len(ids), dim)).astype(np.float32)
         _set(table, ids, np.ones(len(ids)), np.zeros(len(ids)), ["full"] * len(ids))
         _commit(store, table.encode(ids, rows))
         table.committed()
-        assert MetaTable(store).damaged().tolist() == []
+        assert PageLog(store).damaged().tolist() == []
         path = tmp_path / "s" / f"final-rows-{dim}.f32"
         frame_bytes = PAGE_ROWS * dim * 4
         data = bytearray(path.read_bytes())
@@ -251,14 +256,14 @@ def test_frames_that_lost_their_rows_are_reported_by_the_check(tmp_path) -> None
         data[first * frame_bytes:(first + 1) * frame_bytes] = bytes(frame_bytes)  # zeros
         data[second * frame_bytes:(second + 1) * frame_bytes] = rows[2 * PAGE_ROWS:].tobytes()  # another page's rows
         path.write_bytes(bytes(data))
-        assert MetaTable(store).damaged().tolist() == ids[:2 * PAGE_ROWS].tolist()
+        assert PageLog(store).damaged().tolist() == ids[:2 * PAGE_ROWS].tolist()
         path.unlink()
-        assert MetaTable(store).damaged().tolist() == ids.tolist()
+        assert PageLog(store).damaged().tolist() == ids.tolist()
 
 
 def test_projections_are_kept_beside_the_cache_and_redone_only_for_rows_that_changed(tmp_path) -> None:
     with GraphStore(tmp_path / "s") as store:
-        tables = EmbeddingTables(store, [3, 4], {1: MetaTable(store, family="layerpages", prefix=b"\x01")})
+        tables = EmbeddingTables(store, [3, 4], {1: PageLog(store, family="layerpages", prefix=b"\x01")})
         seen: list[list[float]] = []
 
         def project(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -293,7 +298,7 @@ def test_projections_are_kept_beside_the_cache_and_redone_only_for_rows_that_cha
 def test_cached_rows_set_from_rows_of_the_cache_itself_move_as_whole_rows(tmp_path) -> None:
     """Setting rows from a view of the cache (rows shifted by one) gives what numpy assignment gives."""
     with GraphStore(tmp_path / "s") as store:
-        tables = EmbeddingTables(store, [3, 2], {1: MetaTable(store, family="layerpages", prefix=b"\x01")})
+        tables = EmbeddingTables(store, [3, 2], {1: PageLog(store, family="layerpages", prefix=b"\x01")})
         tables.set(1, np.arange(4), np.repeat(np.arange(4, dtype=np.float32)[:, None], 2, axis=1))
         held = tables.cached(1, np.arange(4))[0]
         view = tables.index(1, np.arange(4))[0][1:3]  # rows 1 and 2 of the cache, not a copy
@@ -306,7 +311,7 @@ def test_cached_rows_set_from_rows_of_the_cache_itself_move_as_whole_rows(tmp_pa
 
 def test_projections_of_rows_beyond_the_bound_are_computed_each_time(tmp_path) -> None:
     with GraphStore(tmp_path / "s") as store:
-        tables = EmbeddingTables(store, [3, 2], {1: MetaTable(store, family="layerpages", prefix=b"\x01")}, max_rows=4)
+        tables = EmbeddingTables(store, [3, 2], {1: PageLog(store, family="layerpages", prefix=b"\x01")}, max_rows=4)
         calls = []
 
         def project(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -319,9 +324,7 @@ def test_projections_of_rows_beyond_the_bound_are_computed_each_time(tmp_path) -
 
 
 def test_frames_hold_what_was_written_whether_fresh_or_rewritten_through_the_mapping(tmp_path) -> None:
-    from gnnstream.graph_state.embeddings import _FrameFile, _Readers
-
-    file = _FrameFile(str(tmp_path / "rows-3.f32"), 3)
+    file = RowFile(str(tmp_path / "rows-3.f32"), 3)
     file.start([])
     rng = np.random.default_rng(0)
     first = rng.standard_normal((2 * PAGE_ROWS + 5, 3)).astype(np.float32)
@@ -334,7 +337,7 @@ def test_frames_hold_what_was_written_whether_fresh_or_rewritten_through_the_map
     third = rng.standard_normal((PAGE_ROWS, 3)).astype(np.float32)
     assert file.write(third) == [3]
     file.close()
-    with _Readers() as readers:
+    with RowReaders() as readers:
         np.testing.assert_array_equal(file.read(0, PAGE_ROWS, readers), second[:PAGE_ROWS])
         np.testing.assert_array_equal(file.read(1, PAGE_ROWS, readers), first[PAGE_ROWS:2 * PAGE_ROWS])
         np.testing.assert_array_equal(file.read(2, 7, readers), second[PAGE_ROWS:])
@@ -342,14 +345,12 @@ def test_frames_hold_what_was_written_whether_fresh_or_rewritten_through_the_map
 
 
 def test_fresh_frames_apart_in_the_file_are_written_each_at_its_own_place(tmp_path) -> None:
-    from gnnstream.graph_state.embeddings import _FrameFile, _Readers
-
-    file = _FrameFile(str(tmp_path / "rows-2.f32"), 2)
+    file = RowFile(str(tmp_path / "rows-2.f32"), 2)
     file.start([1])  # frame 1 is taken by a stored page: 0 is free, new frames start at 2
     rows = np.arange((3 * PAGE_ROWS - 4) * 2, dtype=np.float32).reshape(-1, 2)
     assert file.write(rows) == [0, 2, 3]  # the free frame 0, then new frames 2 and 3
     file.close()
-    with _Readers() as readers:
+    with RowReaders() as readers:
         np.testing.assert_array_equal(file.read(0, PAGE_ROWS, readers), rows[:PAGE_ROWS])
         np.testing.assert_array_equal(file.read(2, PAGE_ROWS, readers), rows[PAGE_ROWS:2 * PAGE_ROWS])
         np.testing.assert_array_equal(file.read(3, PAGE_ROWS - 4, readers), rows[2 * PAGE_ROWS:])
@@ -357,29 +358,24 @@ def test_fresh_frames_apart_in_the_file_are_written_each_at_its_own_place(tmp_pa
 
 
 def test_a_failed_row_write_fails_the_encode(tmp_path, monkeypatch) -> None:
-    from gnnstream.graph_state import embeddings as tables_module
-
     with GraphStore(str(tmp_path / "db")) as store:
-        table = MetaTable(store)
+        table = PageLog(store)
         ids = np.arange(PAGE_ROWS + 1, dtype=np.int64)
         table.set(ids, np.ones(len(ids), dtype=np.int64), np.zeros(len(ids)),
                   np.full(len(ids), table.code("full"), dtype=np.int16))
         assert len(table.encode(ids[:1], np.ones((1, 4), dtype=np.float32))) == 1  # one page
 
-        monkeypatch.setattr(tables_module.os, "pwrite", lambda fd, data, offset: 0)  # a full disk
+        monkeypatch.setattr(row_file.os, "pwrite", lambda fd, data, offset: 0)  # a full disk
         with pytest.raises(OSError, match="short write to row file"):
             table.encode(ids, np.ones((len(ids), 4), dtype=np.float32))
 
 
 def test_a_row_file_closed_while_a_failed_write_holds_its_mapping_keeps_the_error(tmp_path, monkeypatch) -> None:
-    from gnnstream.graph_state import embeddings as tables_module
-    from gnnstream.graph_state.embeddings import _FrameFile, _Readers
-
-    file = _FrameFile(str(tmp_path / "rows-2.f32"), 2)
+    file = RowFile(str(tmp_path / "rows-2.f32"), 2)
     file.start([])
     rows = np.arange(2 * PAGE_ROWS, dtype=np.float32).reshape(-1, 2)
     assert file.write(rows) == [0]  # the file is mapped
-    monkeypatch.setattr(tables_module.os, "pwrite", lambda fd, data, offset: 0)  # a full disk
+    monkeypatch.setattr(row_file.os, "pwrite", lambda fd, data, offset: 0)  # a full disk
     with pytest.raises(OSError, match="short write to row file"):
         try:
             file.write(rows + 1)  # a fresh frame: its traceback holds the write's view of the mapping
@@ -389,15 +385,13 @@ def test_a_row_file_closed_while_a_failed_write_holds_its_mapping_keeps_the_erro
     monkeypatch.undo()
     assert file.write(rows + 2) == [2]  # mapped again; the failed write's frame 1 stays taken
     file.close()
-    with _Readers() as readers:
+    with RowReaders() as readers:
         np.testing.assert_array_equal(file.read(0, PAGE_ROWS, readers), rows)
         np.testing.assert_array_equal(file.read(2, PAGE_ROWS, readers), rows + 2)
 
 
 @pytest.mark.parametrize("framed", [True, False])
 def test_encoded_pages_decode_to_their_records_full_pages_and_the_rest(framed: bool) -> None:
-    from gnnstream.graph_state.embeddings import encode_pages
-
     n = 2 * PAGE_ROWS + 37
     rng = np.random.default_rng(3)
     iids = rng.permutation(10 * n)[:n].astype(np.int64)
@@ -421,10 +415,7 @@ def test_encoded_pages_decode_to_their_records_full_pages_and_the_rest(framed: b
 
 
 def test_the_row_file_mapping_grows_geometrically(tmp_path, monkeypatch) -> None:
-    from gnnstream.graph_state import embeddings as tables_module
-    from gnnstream.graph_state.embeddings import _FrameFile, _Readers
-
-    file = _FrameFile(str(tmp_path / "rows-2.f32"), 2)
+    file = RowFile(str(tmp_path / "rows-2.f32"), 2)
     file.start([])
     sizes = []
     rows = np.ones((PAGE_ROWS, 2), dtype=np.float32)
@@ -438,10 +429,19 @@ def test_the_row_file_mapping_grows_geometrically(tmp_path, monkeypatch) -> None
     for frame in (3, 50):
         file.release(frame)
     file.committed()
-    monkeypatch.setattr(tables_module.os, "pwrite", lambda fd, data, offset: 0)  # would fail the write
+    monkeypatch.setattr(row_file.os, "pwrite", lambda fd, data, offset: 0)  # would fail the write
     assert file.write(np.full((2 * PAGE_ROWS, 2), -1.0, dtype=np.float32)) == [3, 50]
     monkeypatch.undo()
     file.close()
-    with _Readers() as readers:
+    with RowReaders() as readers:
         got = [float(file.read(n, 1, readers)[0, 0]) for n in (0, 3, 15, 16, 50, 63, 99)]
         assert got == [0.0, -1.0, 15.0, 16.0, -1.0, 63.0, 99.0]
+
+
+def test_the_state_layer_needs_no_torch() -> None:
+    code = ("import importlib, pkgutil, sys, gnnstream.graph_state as g\n"
+            "names = [m.name for m in pkgutil.iter_modules(g.__path__)]\n"
+            "for name in names: importlib.import_module('gnnstream.graph_state.' + name)\n"
+            "print(len(names), 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert int(out[0]) > 10 and out[1] == "False"  # every module of the package imported, torch not among them

@@ -85,7 +85,7 @@ def _colliding(v_name: str, u_name: str) -> bytes:
 @pytest.mark.parametrize("per_batch", [1, 5, 100])
 def test_equal_ranks_are_ordered_by_ids(tmp_path, per_batch):
     store = GraphStore(tmp_path / "db", seed=0)
-    store._rank = _colliding
+    store._nbrs.rank = _colliding
     store.set_fanouts((1, 3, 10))
     names = [f"n{i:02d}" for i in np.random.default_rng(5).permutation(30)]  # not in name order
     events = [EdgeUpsert("hub", u, i) for i, u in enumerate(names)]

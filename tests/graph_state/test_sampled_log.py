@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import gnnstream.graph_state.store as store_module
+import gnnstream.graph_state.sampled as sampled_module
 from gnnstream.graph_state import keys
 from gnnstream.graph_state.store import GraphStore
 from tests.graph_state._events import random_batches
@@ -61,7 +61,7 @@ def test_each_batch_writes_one_record_and_a_reopened_store_replays_them(tmp_path
 
 
 def test_changes_are_folded_into_a_new_snapshot(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(store_module, "FOLD_PAIRS", 40)
+    monkeypatch.setattr(sampled_module, "FOLD_PAIRS", 40)
     batches = random_batches(SEED, 30, 25)
     model = GraphModel(SEED)
     with GraphStore(tmp_path / "s", seed=SEED) as store:

@@ -45,7 +45,7 @@ from tests.graph_state._events import DIM, random_batches
 from tests.graph_state._model import GraphModel, assert_store_matches, raw_contents
 from gnnstream.workers.engine import Engine
 from gnnstream.workers.offline.jobs import verify
-from gnnstream.graph_state.embeddings import MetaTable
+from gnnstream.graph_state.page_log import PageLog
 
 REPO = Path(__file__).resolve().parents[2]
 N_NODES = 400  # several pages of 128 records per layer, so frames are released and reused
@@ -173,8 +173,8 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(d)
 
 
-def _logs(store: GraphStore, layers: int) -> list[MetaTable]:
-    return [MetaTable(store)] + [MetaTable(store, family="layerpages", prefix=bytes((l,)), rows_name=f"layer{l}-rows")
+def _logs(store: GraphStore, layers: int) -> list[PageLog]:
+    return [PageLog(store)] + [PageLog(store, family="layerpages", prefix=bytes((l,)), rows_name=f"layer{l}-rows")
                                  for l in range(1, layers)]
 
 

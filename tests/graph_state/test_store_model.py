@@ -394,10 +394,10 @@ def test_warm_ids_reads_the_name_map_up_to_the_cache_bound(tmp_path):
         want = {name: store.iid(name) for name in names}
     with GraphStore(tmp_path / "s") as store:
         assert store.warm_ids() == len(names)
-        assert {name: store._iid[name] for name in names} == want  # read from the map, not looked up
-        assert {store._name[iid] for iid in want.values()} == set(names)
+        assert {name: store._ids.iid_of[name] for name in names} == want  # read from the map, not looked up
+        assert {store._ids.name_of[iid] for iid in want.values()} == set(names)
         assert store.warm_ids() == 0  # nothing left to read
     with GraphStore(tmp_path / "s", cache_nodes=5) as store:
         assert store.iid("é") == want["é"]
-        assert store.warm_ids() == 4 and len(store._iid) == 5
+        assert store.warm_ids() == 4 and len(store._ids.iid_of) == 5
         assert all(store.iid(name) == iid for name, iid in want.items())  # the rest still come from RocksDB

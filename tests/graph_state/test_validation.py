@@ -38,7 +38,7 @@ def _view(store: GraphStore) -> tuple:
         sorted(store.edges()),
         {v: (store.neighbors(v), store.sample(v, 3)) for v in ("a", "b", "c", "d", "e")},
         store.offsets(),
-        store._next_iid,
+        store._ids.next_iid,
         store.feature_dim,
         None if store.features("a") is None else store.features("a").tolist(),
     )
