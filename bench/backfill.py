@@ -46,7 +46,7 @@ from bench.common import (
 )
 from gnnstream.workers.engine import Engine
 from gnnstream.workers.heap import tune_collector
-from gnnstream.graph_state.embeddings import read_final_rows
+from gnnstream.graph_state.page_log import read_final_rows
 
 FANOUTS = (25, 10)
 

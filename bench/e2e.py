@@ -444,7 +444,7 @@ def clone_state(src: Path, dst: Path) -> None:
 def final_rows(state: Path, model: str) -> dict[str, np.ndarray]:
     """Every node's stored final embedding in ``state``, by name."""
     from gnnstream.workers.state import open_engine, open_store
-    from gnnstream.graph_state.embeddings import read_final_rows
+    from gnnstream.graph_state.page_log import read_final_rows
     with open_store(state, create=False, model_dir=model) as store:
         engine = open_engine(store, model)
         iids = np.fromiter(store.node_iids(), dtype=np.int64)

@@ -57,7 +57,7 @@ from bench.common import (
 from gnnstream.graph_state.store import GraphStore
 from gnnstream.workers.engine import Engine, RecomputeStats
 from gnnstream.workers.heap import freeze_warm_heap, tune_collector
-from gnnstream.graph_state.embeddings import read_final_rows
+from gnnstream.graph_state.page_log import read_final_rows
 
 FANOUTS = (25, 10)
 TARGET_UPDATES_REQUIRED = 10_000

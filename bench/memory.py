@@ -8,8 +8,8 @@ Two measurements, printed as one JSON object:
    all, map and touch the same amount again. On a virtual machine whose host
    hands out memory lazily, pages the guest has never used (or gave back)
    cost far more the first time than pages it reuses.
-2. Row-file frames (the final-embedding log's ``_FrameFile``): write
-   ``--frames`` frames of :data:`graph_state.embeddings.PAGE_ROWS` rows of ``--dim``
+2. Row-file frames (the final-embedding log's ``RowFile``): write
+   ``--frames`` frames of :data:`gnnstream.graph_state.codecs.PAGE_ROWS` rows of ``--dim``
    floats into a fresh file, release them all, and write them again, twice.
    The first pass grows the file into fresh page-cache pages with ``pwrite``;
    the second rewrites those cached pages through the file's mapping, which
@@ -34,7 +34,9 @@ import numpy as np
 
 from bench.common import code_fingerprint, emit, log, machine_load
 
-from gnnstream.graph_state.embeddings import PAGE_ROWS, _FrameFile
+from gnnstream.graph_state.codecs import PAGE_ROWS
+
+from gnnstream.graph_state.row_file import RowFile
 
 _PAGE = 4096
 
@@ -72,7 +74,7 @@ def frame_passes(frames: int, dim: int, workdir: str | None) -> dict[str, float]
     rows = np.random.default_rng(0).standard_normal((frames * PAGE_ROWS, dim)).astype(np.float32)
     out = {}
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:
-        file = _FrameFile(str(Path(tmp) / f"rows-{dim}.f32"), dim)
+        file = RowFile(str(Path(tmp) / f"rows-{dim}.f32"), dim)
         file.start([])
         try:
             for name in ("fresh", "rewrite", "rewrite_again"):

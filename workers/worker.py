@@ -217,7 +217,7 @@ class OutboxPublisher:
         is that record's or a newer one): when delivery falls behind, the
         records waiting for it coalesce.
         """
-        from gnnstream.graph_state.embeddings import decode_outbox
+        from gnnstream.graph_state.codecs import decode_outbox
         taken = self._taken
         out = Outgoing([], [], np.zeros(0, dtype=np.float64), headers=self._stamp)
         records: list[tuple[float, np.ndarray]] = []

@@ -39,7 +39,8 @@ from tests.workers.reference import (
     run_gnnstream,
 )
 from gnnstream.workers.engine import Engine
-from gnnstream.graph_state.embeddings import EmbeddingMeta, MetaTable, decode_outbox
+from gnnstream.graph_state.codecs import decode_outbox
+from gnnstream.graph_state.page_log import EmbeddingMeta, PageLog
 
 
 @pytest.fixture
@@ -144,13 +145,13 @@ def _final_stored(engine: Engine) -> dict[str, np.ndarray]:
 
 def _metas(store: GraphStore) -> dict[str, EmbeddingMeta]:
     """Metadata of live embeddings (a deleted node keeps a "deleted" meta as its version floor)."""
-    metas = {store.name(iid): m for iid, m, _ in MetaTable(store).items()}
+    metas = {store.name(iid): m for iid, m, _ in PageLog(store).items()}
     return {v: m for v, m in metas.items() if m.mode != "deleted"}
 
 
 def _stored_final(store: GraphStore, iid: int) -> tuple[EmbeddingMeta, np.ndarray | None]:
     """What the page log holds for one node, read by a fresh table."""
-    found = [(m, row) for i, m, row in MetaTable(store).items() if i == iid]
+    found = [(m, row) for i, m, row in PageLog(store).items() if i == iid]
     assert len(found) == 1, f"{len(found)} current records for iid {iid}"
     return found[0]
 
@@ -400,7 +401,7 @@ def test_node_delete_withdraws_embedding_and_publishes_deleted(model_dirs: dict[
         floor, row = _stored_final(store, b)
         assert floor.mode == "deleted" and floor.version == before.version + 1  # the version floor stays
         assert row is None  # the row is withdrawn
-        hidden = MetaTable(store, family="layerpages", prefix=bytes((1,)), rows_name="layer1-rows")
+        hidden = PageLog(store, family="layerpages", prefix=bytes((1,)), rows_name="layer1-rows")
         assert hidden.rows(np.asarray([b]), engine.tables.dims[1])[1].tolist() == [False]  # h^1 withdrawn too
         assert hidden.rows(np.asarray([store.iid("a")]), engine.tables.dims[1])[1].tolist() == [True]
         new = pub.collect(engine)[n_before:]
@@ -502,7 +503,7 @@ def test_the_page_log_compacts_during_a_stream_and_stays_exact(model_dirs: dict[
         assert_embeddings_close(_final_stored(engine), _from_scratch(engine))
         assert _frames_named_twice(engine) == {}
         assert set(_metas(store)) == {store.name(i) for i in store.node_iids()}
-        floors = {store.name(i): m for i, m, row in MetaTable(store).items() if m.mode == "deleted" and row is None}
+        floors = {store.name(i): m for i, m, row in PageLog(store).items() if m.mode == "deleted" and row is None}
         assert deleted <= set(floors) and all(m.version > 1 for m in floors.values())
 
 
@@ -568,7 +569,7 @@ def _frames_named_twice(engine: Engine) -> dict:
     """Frames of a row file that more than one stored page points at (must be none)."""
     from collections import Counter
 
-    from gnnstream.graph_state.embeddings import decode_page
+    from gnnstream.graph_state.codecs import decode_page
 
     named: Counter = Counter()
     for log in engine.logs.values():
@@ -583,7 +584,7 @@ def test_a_recompute_that_fails_before_its_write_leaves_every_frame_to_its_page(
         model_dirs: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The layer-1 log has released frames when the final log's frame write fails (a full disk): those frames
     belong to stored pages until a write deletes them, so a retry and later batches must not reuse them."""
-    from gnnstream.graph_state import embeddings as tables
+    from gnnstream.graph_state import row_file as tables
 
     model = load_model_dir(model_dirs["sage"])
     rnd = random.Random(5)
@@ -598,17 +599,17 @@ def test_a_recompute_that_fails_before_its_write_leaves_every_frame_to_its_page(
                     + [EdgeUpsert(rnd.choice(names), rnd.choice(names), 2 + j) for j in range(900)])
         engine.recompute()
         store.apply([NodeUpsert(n, 10, features()) for n in names])  # supersedes every layer-1 page
-        write = tables._FrameFile.write
+        write = tables.RowFile.write
 
         def full_disk(self: Any, rows: np.ndarray) -> list[int]:
             if "final-rows" in self.path:
                 raise OSError(28, "No space left on device")
             return write(self, rows)
 
-        monkeypatch.setattr(tables._FrameFile, "write", full_disk)
+        monkeypatch.setattr(tables.RowFile, "write", full_disk)
         with pytest.raises(OSError):
             engine.recompute()
-        monkeypatch.setattr(tables._FrameFile, "write", write)
+        monkeypatch.setattr(tables.RowFile, "write", write)
         assert engine.pending()  # the marks wait for the retry
         engine.recompute()
         for t in range(3):  # later batches take frames from the free lists
@@ -678,7 +679,7 @@ def test_rows_lost_to_an_operating_system_crash_are_recomputed_at_the_next_start
         model_dirs: dict[str, Path], tmp_path: Path) -> None:
     """Frames of the final log and of the h^1 log that no longer hold their pages' rows (zeros, and the rows of
     another page): the engine marks their nodes at start, and the next recompute makes the store exact again."""
-    from gnnstream.graph_state.embeddings import PAGE_ROWS, decode_page
+    from gnnstream.graph_state.codecs import PAGE_ROWS, decode_page
 
     model = load_model_dir(model_dirs["sage"])
     with GraphStore(tmp_path / "s", seed=SEED) as store:

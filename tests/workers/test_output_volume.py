@@ -39,7 +39,7 @@ from gnnstream.stream.updates import VERSION_HEADER, decode_update
 from gnnstream.stream.clients import ProducerClient
 from gnnstream.stream.delivery import Delivery, UpdateColumns
 from gnnstream.workers.settings import WorkerSettings, add_worker_arguments, settings_from_args
-from gnnstream.graph_state.embeddings import encode_outbox
+from gnnstream.graph_state.codecs import encode_outbox
 from gnnstream.workers.worker import OutboxPublisher, Outgoing, Worker
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")

@@ -31,7 +31,7 @@ from tests.support import FANOUTS, HUB, LEAVES, MODELS, SEED, SETTINGS, event_gr
     nonzero_features as _nonzero, to_event as _to_event
 from gnnstream.workers.engine import Engine
 from gnnstream.workers.query.state import MAX_EVENTS, QueryError, QueryState, load_infer_body
-from gnnstream.graph_state.embeddings import MetaTable
+from gnnstream.graph_state.page_log import PageLog
 from gnnstream.model.head import ScoreHead
 
 
@@ -68,7 +68,7 @@ def _stored(store: GraphStore) -> tuple[dict[str, np.ndarray], str]:
     """The live stored final embeddings and a hash of the whole page log (metadata and rows)."""
     digest = hashlib.sha256()
     rows = {}
-    for iid, meta, row in MetaTable(store).items():
+    for iid, meta, row in PageLog(store).items():
         digest.update(f"{iid}:{meta.version}:{meta.mode}:".encode())
         if row is not None:
             digest.update(row.tobytes())
@@ -305,7 +305,7 @@ def test_a_view_behind_the_writer_never_answers_a_reused_frame(model_dirs: dict[
             for round_ in range(3):
                 store.apply([NodeUpsert(v, 2.0 + round_, _nonzero(rnd)) for v in nodes])
                 engine.recompute(drain=True)
-                for iid, meta, row in MetaTable(store).items():
+                for iid, meta, row in PageLog(store).items():
                     versions[store.name(iid)][meta.version] = row
             refreshed = 0
             for v in nodes:

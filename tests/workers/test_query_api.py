@@ -33,7 +33,7 @@ from gnnstream.stream.kafka import ensure_topics
 from tests.workers.reference import GraphFold, assert_embeddings_close, fold_jsonl, reference_embeddings
 from tests.support import (Client, answers, JOIN_TIMEOUT_S, PARTITIONS, GNNSTREAM, Names, event_messages, health, produce,
                            running_worker, stop_worker, wait_for, worker_cmd)
-from gnnstream.graph_state.embeddings import MetaTable
+from gnnstream.graph_state.page_log import PageLog
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -147,7 +147,7 @@ def _server_pid(state: str) -> int:
 def _page_log_hash(state: str) -> str:
     digest = hashlib.sha256()
     with GraphStore(state) as store:
-        for iid, meta, row in MetaTable(store).items():
+        for iid, meta, row in PageLog(store).items():
             digest.update(f"{iid}:{meta.version}:{meta.mode}:".encode())
             if row is not None:
                 digest.update(row.tobytes())

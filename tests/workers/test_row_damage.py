@@ -27,7 +27,8 @@ from gnnstream.graph_state.store import GraphStore
 from gnnstream.model import init_model_dir
 from tests.workers.reference import (assert_embeddings_close, fast_tempdir, fold_jsonl, run_gnnstream,
                                      reference_embeddings)
-from gnnstream.graph_state.embeddings import PAGE_ROWS, MetaTable
+from gnnstream.graph_state.codecs import PAGE_ROWS
+from gnnstream.graph_state.page_log import PageLog
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -81,9 +82,9 @@ def reference(work: Path, good: Path) -> dict[str, np.ndarray]:
     return reference_embeddings(fold.nodes, fold.edges, fold.features, work / "model")
 
 
-def _logs(store: GraphStore) -> dict[str, MetaTable]:
-    return {"final": MetaTable(store),
-            "layer1": MetaTable(store, family="layerpages", prefix=bytes((1,)), rows_name="layer1-rows")}
+def _logs(store: GraphStore) -> dict[str, PageLog]:
+    return {"final": PageLog(store),
+            "layer1": PageLog(store, family="layerpages", prefix=bytes((1,)), rows_name="layer1-rows")}
 
 
 def _damage(state: Path, layer: str, kind: str) -> int:

@@ -428,7 +428,7 @@ def test_first_batch_without_features(broker: EmbeddedBroker, model_dir: str, tm
 
     Known bug: ``GraphStore.feature_dim`` is None until the first node_upsert, so
     ``EmbeddingTables._read(0, ...)`` returns (n, 0) feature rows that cannot fill the (n, in_dim)
-    cache: ValueError in ``graph_state/embeddings.py`` ``get``. The worker dies, and since the dirty marks are
+    cache: ValueError in ``graph_state/row_cache.py`` ``get``. The worker dies, and since the dirty marks are
     stored it dies again at every restart (crash loop) until someone edits the state.
     """
     from gnnstream.workers.settings import WorkerSettings

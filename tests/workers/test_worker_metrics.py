@@ -344,7 +344,7 @@ def test_outbox_publisher_encodes_columns_and_deletes_only_confirmed_records(tmp
     from gnnstream.graph_state.store import GraphStore
     from gnnstream.stream.updates import EmbeddingUpdate, VERSION_HEADER, encode_update
     from gnnstream.stream.delivery import UpdateColumns, encode_columns
-    from gnnstream.graph_state.embeddings import encode_outbox
+    from gnnstream.graph_state.codecs import encode_outbox
     from gnnstream.workers.worker import OutboxPublisher
 
     def resolve(iids: np.ndarray, computed_at: float) -> UpdateColumns:
@@ -385,7 +385,7 @@ def test_outbox_publisher_sends_a_node_of_several_records_once(tmp_path: Path) -
     """Records waiting together coalesce: each node goes out once, under the last record naming it, and the
     limit counts distinct nodes."""
     from gnnstream.graph_state import keys
-    from gnnstream.graph_state.embeddings import encode_outbox
+    from gnnstream.graph_state.codecs import encode_outbox
     from gnnstream.graph_state.store import GraphStore
     from gnnstream.graph_state.transaction import Transaction
     from gnnstream.stream.delivery import UpdateColumns

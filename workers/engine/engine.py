@@ -42,7 +42,9 @@ from gnnstream.graph_state.marks import DIRTY_COUNT, DIRTY_DEGREE, DIRTY_INPUT, 
 from gnnstream.graph_state.store import GraphStore
 from gnnstream.graph_state.transaction import Transaction
 from gnnstream.stream.delivery import UpdateColumns
-from gnnstream.graph_state.embeddings import EmbeddingTables, MetaTable, encode_outbox, layer_logs_from
+from gnnstream.graph_state.codecs import encode_outbox
+from gnnstream.graph_state.page_log import PageLog, layer_logs_from
+from gnnstream.graph_state.row_cache import EmbeddingTables
 from gnnstream.workers.engine.device import check_device, threads_for
 from gnnstream.workers.engine.layers import LayerRunner
 from gnnstream.workers.engine.rows import CachedRows, DenseRows, Rows
@@ -113,9 +115,9 @@ class Engine:
         dims = [cfg.in_dim]
         for layer in range(self.num_layers):
             dims.append(self._out_dim(layer, dims[-1]))
-        self.meta = MetaTable(store)  # versions, modes and final rows: the page log, cached
+        self.meta = PageLog(store)  # versions, modes and final rows: the page log, cached
         # h^l of the layers in between: one page log each, rows alone
-        self.logs = {l: MetaTable(store, family="layerpages", prefix=bytes((l,)), rows_name=f"layer{l}-rows")
+        self.logs = {l: PageLog(store, family="layerpages", prefix=bytes((l,)), rows_name=f"layer{l}-rows")
                      for l in range(1, self.num_layers)}
         self.logs[self.num_layers] = self.meta
         self.tables = EmbeddingTables(store, dims, self.logs)
@@ -134,7 +136,7 @@ class Engine:
             self._mark_damaged_rows()
 
     def _mark_damaged_rows(self) -> None:
-        """Dirty marks for the nodes whose stored rows fail their check (:meth:`MetaTable.damaged`), so the
+        """Dirty marks for the nodes whose stored rows fail their check (:meth:`PageLog.damaged`), so the
         next recompute computes them again (and propagates what really changed).
 
         That recompute writes their rows even where the value it computes
@@ -400,7 +402,7 @@ class Engine:
 
     # ------------------------------------------------------------------ outputs
     def _mode_codes(self, degree: np.ndarray, flags: np.ndarray) -> np.ndarray:
-        """The policy's mode of nodes with these records, as :class:`MetaTable` codes (one policy call per
+        """The policy's mode of nodes with these records, as :class:`PageLog` codes (one policy call per
         distinct input)."""
         combo = np.maximum(degree, 0) * 2 + ((flags & keys.FLAG_HAS_FEATURES) != 0)
         combos = unique_ids(combo)

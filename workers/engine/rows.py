@@ -6,7 +6,7 @@ from typing import Callable
 
 import numpy as np
 
-from gnnstream.graph_state.embeddings import EmbeddingTables
+from gnnstream.graph_state.row_cache import EmbeddingTables
 
 __all__ = ["Rows", "Project", "DenseRows", "CachedRows"]
 

@@ -39,7 +39,7 @@ from gnnstream.workers.engine import check_device
 from gnnstream.workers.heap import freeze_warm_heap
 from gnnstream.workers.state import (BINDING_META, ReadOnlyStore, bind_model_dir, held_identity, holds_state,
                                      open_engine, open_store, other_model_error)
-from gnnstream.graph_state.embeddings import MetaTable
+from gnnstream.graph_state.page_log import PageLog
 
 __all__ = [
     "progress_bar",
@@ -380,7 +380,7 @@ def export_embeddings(state: str, out: TextIO) -> int:
         model_tag = json.loads(raw_model)["model"] if raw_model else ""
         kept = _kept_test(store)
         count = 0
-        for iid, meta, vec in MetaTable(store).items():
+        for iid, meta, vec in PageLog(store).items():
             if vec is None or not kept(iid):
                 continue
             out.write(json.dumps({

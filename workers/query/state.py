@@ -6,7 +6,7 @@ and never writes; :meth:`QueryState.refresh` brings it up to the writer's
 last committed batch. It answers three questions:
 
 - :meth:`~QueryState.embedding`: a node's stored final embedding, version
-  and mode, from the page log (:class:`graph_state.embeddings.MetaTable`).
+  and mode, from the page log (:class:`gnnstream.graph_state.page_log.PageLog`).
 - :meth:`~QueryState.samples`: a node's current sample at every layer.
 - :meth:`~QueryState.infer`: the final embeddings some nodes *would* have if
   a list of events were applied on top of the current graph, computed
@@ -48,7 +48,7 @@ from gnnstream.stream.events import (EdgeDelete, EdgeUpsert, Event, InvalidEvent
 from gnnstream.stream.partitioning import partition_for
 from gnnstream.workers.engine import kept_partitions
 from gnnstream.workers.state import MODEL_DIR_META
-from gnnstream.graph_state.embeddings import FrameReused, MetaTable
+from gnnstream.graph_state.page_log import FrameReused, PageLog
 from gnnstream.model.head import HEAD_FILE, ScoreHead, load_head
 
 __all__ = ["QueryState", "QueryError", "load_infer_body", "MAX_EVENTS", "MAX_IDS"]
@@ -302,11 +302,11 @@ class QueryState:
         self.fanouts = list(cfg.fanouts)
         self.dims = list(model.model.dims)
         self.policy = model.cold_start
-        self.pages = MetaTable(self.store)
+        self.pages = PageLog(self.store)
         self.rereads = 0  # answers read again after the worker reused a frame they were reading
         self._kept_raw: tuple[int, set[int] | None] | None = None  # the worker's kept partitions, read on demand
         # h^l of every layer: the page logs of the layers in between, then the final one
-        self.logs = {l: MetaTable(self.store, family="layerpages", prefix=bytes((l,)), rows_name=f"layer{l}-rows")
+        self.logs = {l: PageLog(self.store, family="layerpages", prefix=bytes((l,)), rows_name=f"layer{l}-rows")
                      for l in range(1, len(self.fanouts))}
         self.logs[len(self.fanouts)] = self.pages
         if head is None and (model.path / HEAD_FILE).exists():
