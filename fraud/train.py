@@ -71,4 +71,4 @@ def train_fraud_model(csv: str | Path, out: str | Path, *, train_fraction: float
     summary = train_model(csv, otc_labels(rows, train_fraction), out, arch="sage", hidden=hidden, out_dim=out_dim,
                           fanouts=fanouts, seed=seed, epochs=epochs, lr=lr, train_fraction=train_fraction,
                           name=name, version=version, overwrite=overwrite)
-    return {**summary, "ratings": len(rows)}
+    return {**summary, "ratings": len(rows), "train_ratings": summary["train_edges"]}
