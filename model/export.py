@@ -198,7 +198,7 @@ def export_model(model_dir: str | os.PathLike[str], out: str | os.PathLike[str],
         dims.update({name: {1: torch.export.Dim(f"E_{l}")} for l, name in enumerate(names)})
         program = torch.onnx.export(_Positional(module).eval(), (x, *edges), input_names=["x", *names],
                                     output_names=["embedding"], dynamic_shapes=(dims["x"], tuple(dims[n] for n in names)),
-                                    opset_version=OPSET, dynamo=True, external_data=False)
+                                    opset_version=OPSET, dynamo=True, external_data=False, verbose=False)
         program.save(str(tmp))
     os.replace(tmp, out)
     settings = sampler_settings(loaded, fmt, out.name)
