@@ -10,7 +10,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e '.[dev,demo]'
+	$(PY) -m pip install --quiet -e '.[dev,demo,onnx]'
 	touch $(STAMP)
 
 venv: $(STAMP)

@@ -1,4 +1,4 @@
-"""The example's commands, ``gnnstream train`` and ``gnnstream score``.
+"""The example's command, ``gnnstream score`` (its models are trained with ``gnnstream train``).
 
 The command line finds them through the ``gnnstream.commands`` entry point
 (``pyproject.toml``): the package never imports the example.
@@ -11,21 +11,13 @@ import json
 import signal
 from typing import Any
 
-from gnnstream.workers.settings import add_worker_arguments, fanout_list, finite_number, model_name, model_version
+from gnnstream.workers.settings import add_worker_arguments, finite_number
 
 __all__ = ["add_commands"]
 
 
 def _print_json(obj: Any) -> None:
     print(json.dumps(obj, indent=2, allow_nan=False))
-
-
-def _train(args: argparse.Namespace) -> int:
-    from gnnstream.fraud.train import train_fraud_model
-    _print_json(train_fraud_model(args.events, args.out, train_fraction=args.train_fraction, hidden=args.hidden,
-                             out_dim=args.out_dim, fanouts=args.fanouts, seed=args.seed, epochs=args.epochs,
-                             name=args.name, version=args.version, overwrite=args.force))
-    return 0
 
 
 def _score(args: argparse.Namespace) -> int:
@@ -43,46 +35,7 @@ def _score(args: argparse.Namespace) -> int:
 
 
 def add_commands(sub: Any) -> None:
-    """Add ``train`` and ``score`` to the ``gnnstream`` subcommands ``sub``."""
-    def _train_fraction(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number between 0 and 1 like 0.7 (got {text!r})") from None
-        if not 0 < value < 1:
-            raise argparse.ArgumentTypeError(f"expected a fraction between 0 and 1, both excluded (got {text!r})")
-        return value
-
-    def _epochs(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a whole number of epochs like 300 (got {text!r})") from None
-        if value < 1:
-            raise argparse.ArgumentTypeError(f"expected at least 1 epoch (got {text!r})")
-        return value
-
-    p = sub.add_parser("train", help="train a GraphSAGE model and a logistic fraud head on Bitcoin OTC")
-    p.add_argument("--events", required=True, metavar="FILE.csv", help="SNAP signed-network CSV (Bitcoin OTC)")
-    p.add_argument("--out", required=True, metavar="MODEL_DIR", help="model directory to write (servable by run)")
-    p.add_argument("--force", action="store_true", help="overwrite an existing non-empty MODEL_DIR")
-    p.add_argument("--train-fraction", type=_train_fraction, default=0.7,
-                   help="first fraction of ratings by time, between 0 and 1 (default 0.7)")
-    p.add_argument("--hidden", type=int, default=64, help="hidden width of the GraphSAGE layers (default 64)")
-    p.add_argument("--out-dim", type=int, default=32, help="embedding dimension (default 32)")
-    p.add_argument("--fanouts", type=fanout_list, default=[25, 10],
-                   help="per-layer neighbour sample sizes, one per layer (default 25,10)")
-    p.add_argument("--seed", type=int, default=0,
-                   help="seed of the initial weights and of the model's neighbour sampling (default 0)")
-    p.add_argument("--epochs", type=_epochs, default=300, help="training epochs, at least 1 (default 300)")
-    p.add_argument("--name", type=model_name, default="otc-sage",
-                   help="model name; the model is published as NAME:VERSION, to node-embeddings.NAME.vVERSION "
-                        "(default otc-sage)")
-    p.add_argument("--version", type=model_version, default=1,
-                   help="model version, a non-negative integer (default 1); train the next version with a new "
-                        "--version (and e.g. another --seed) to roll it out beside the current one")
-    p.set_defaults(func=_train)
-
+    """Add ``score`` to the ``gnnstream`` subcommands ``sub``."""
     def _canary(text: str) -> float:
         try:
             value = float(text)

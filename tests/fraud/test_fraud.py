@@ -250,7 +250,7 @@ def test_scorer_skips_poison_message_and_commits(kafka_client: str, broker, uniq
 
 def test_train_validates_arguments_at_parse_time(tmp_path: Path) -> None:
     csv = _small_csv(tmp_path)
-    for flag, value, expected in (("--epochs", "0", "argument --epochs: expected at least 1 epoch (got '0')"),
+    for flag, value, expected in (("--epochs", "0", "argument --epochs: expected an integer >= 1 (got '0')"),
                                   ("--train-fraction", "1.5", "argument --train-fraction: expected a fraction "
                                                               "between 0 and 1, both excluded (got '1.5')"),
                                   ("--train-fraction", "0", "argument --train-fraction: expected a fraction"),
@@ -268,10 +268,10 @@ def test_train_validates_arguments_at_parse_time(tmp_path: Path) -> None:
 def test_train_rejects_a_file_that_is_not_snap_csv(tmp_path: Path) -> None:
     events = tmp_path / "events.jsonl"
     events.write_text('{"type":"edge_upsert","src":"a","dst":"b","ts":1}\n{"type":"node_delete","id":"a","ts":2}\n')
-    proc = run_gnnstream("train", "--events", events, "--out", tmp_path / "m", "--epochs", "1", timeout=120)
-    assert proc.returncode == 2
-    assert proc.stderr.strip() == (f"gnnstream: error: no ratings read from {events}: expected a SNAP "
-                                   f"signed-network CSV (source,target,rating,time)")
+    with pytest.raises(ValueError) as info:
+        train_fraud_model(events, tmp_path / "m", epochs=1)
+    assert str(info.value) == (f"no ratings read from {events}: expected a SNAP signed-network CSV "
+                               f"(source,target,rating,time)")
     assert not (tmp_path / "m").exists()
 
 
@@ -280,8 +280,10 @@ def test_train_refuses_an_existing_model_dir_unless_forced(tmp_path: Path) -> No
     out = tmp_path / "model"
     out.mkdir()
     (out / "config.json").write_text("{}")
-    args = ("train", "--events", csv, "--out", out, "--epochs", "2", "--hidden", "4", "--out-dim", "3",
-            "--fanouts", "3,2")
+    labels = tmp_path / "labels.csv"
+    labels.write_text("".join(f"{n},{y}\n" for n, y in distrust_labels(read_snap(csv)).items()))
+    args = ("train", "--events", csv, "--labels", labels, "--out", out, "--epochs", "2", "--hidden", "4",
+            "--out-dim", "3", "--fanouts", "3,2", "--name", "otc-sage")
     proc = run_gnnstream(*args, timeout=300)
     assert proc.returncode == 2
     assert proc.stderr.strip() == (f"gnnstream: error: {out} already exists and is not empty; choose another "
@@ -293,6 +295,7 @@ def test_train_refuses_an_existing_model_dir_unless_forced(tmp_path: Path) -> No
     assert load_head(out).model == "otc-sage:1" and len(load_head(out).weights) == 3
     # an empty directory is fine without --force
     (tmp_path / "empty").mkdir()
-    proc = run_gnnstream("train", "--events", csv, "--out", tmp_path / "empty", "--epochs", "1", "--hidden", "4",
+    proc = run_gnnstream("train", "--events", csv, "--labels", labels, "--out", tmp_path / "empty", "--epochs", "1",
+                         "--hidden", "4",
                          "--out-dim", "3", "--fanouts", "3,2", timeout=300)
     assert proc.returncode == 0, proc.stderr

@@ -20,7 +20,8 @@ from gnnstream.stream.rollout import SERVING_HEADER, version_topic
 from gnnstream.stream.updates import encode_update, encode_updates, tombstone, EmbeddingUpdate
 from tests.workers.reference import run_gnnstream
 from gnnstream.fraud.scorer import SUMMARY_KEYS, FraudScorer, canary_mask, compare_scores, ks_statistic
-from gnnstream.fraud.train import train_fraud_model
+from gnnstream.fraud.train import otc_labels, train_fraud_model
+from gnnstream.stream.snap import read_snap
 from gnnstream.model.head import ScoreHead, load_head
 
 from tests.support import small_otc_csv as _small_csv
@@ -386,7 +387,10 @@ def test_train_a_second_version_with_another_seed(tmp_path) -> None:
         train_fraud_model(csv, tmp_path / "bad", version=-1, **small)
     assert not (tmp_path / "bad").exists()
     # the command line: --name and --version make the tag
-    proc = run_gnnstream("train", "--events", csv, "--out", tmp_path / "cli", "--epochs", "1", "--hidden", "4",
+    labels = tmp_path / "labels.csv"
+    labels.write_text("".join(f"{n},{y},{ts}\n" for n, (y, ts) in otc_labels(read_snap(csv), 0.7).items()))
+    proc = run_gnnstream("train", "--events", csv, "--labels", labels, "--out", tmp_path / "cli", "--epochs", "1",
+                         "--hidden", "4",
                          "--out-dim", "3", "--fanouts", "3,2", "--seed", "3", "--name", "otc-x", "--version", "4",
                          timeout=300)
     assert proc.returncode == 0, proc.stderr

@@ -15,6 +15,7 @@ import pytest
 
 from gnnstream.fraud.datasets import BITCOIN_ALPHA, BITCOIN_OTC
 
+from gnnstream.fraud.train import train_fraud_model
 from gnnstream.stream.snap import SnapRating, read_snap, snap_events
 from tests.workers.reference import run_gnnstream
 from gnnstream.workers.cli import main
@@ -139,8 +140,9 @@ def test_events_from_snap_subprocess_short_row(tmp_path: Path) -> None:
 def test_train_refuses_bad_input(capsys: pytest.CaptureFixture, tmp_path: Path, name: str, content: str,
                                  line: int | None, says: str) -> None:
     path = _write(tmp_path, name, content)
-    rc, _, err = run_cli(capsys, "train", "--events", path, "--out", tmp_path / "m", "--epochs", "1")
-    assert _one_error(rc, err).startswith(f"gnnstream: error: {_message(path, line, says)}"), err
+    with pytest.raises(ValueError) as info:
+        train_fraud_model(path, tmp_path / "m", epochs=1)
+    assert str(info.value).startswith(_message(path, line, says)), str(info.value)
     assert not (tmp_path / "m").exists()
 
 
