@@ -13,7 +13,6 @@ import json
 import uuid
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 from torch_geometric.nn import GAT, GraphSAGE

@@ -13,7 +13,7 @@ from gnnstream.model import load_model_dir
 from gnnstream.model.head import load_head
 from gnnstream.stream.events import EdgeUpsert, NodeUpsert, encode_event
 from gnnstream.stream.snap import read_snap
-from gnnstream.workers.offline.train import _edge_cut, _split, read_labels, train_model
+from gnnstream.workers.offline.train import _edge_cut, _split, read_labels
 from tests.workers.reference import run_gnnstream
 
 
