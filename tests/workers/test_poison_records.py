@@ -18,22 +18,21 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import random
 import signal
-import subprocess
 import time
 import urllib.error
 import urllib.request
 import uuid
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import pytest
 
 from gnnstream.stream.backends import KAFKA_CLIENTS, read_to_end
-from gnnstream.stream.broker import EmbeddedBroker, free_port
+from tests.support import start_on_ports
+from gnnstream.stream.broker import EmbeddedBroker
 from gnnstream.stream.deadletter import DeadLetter, letter_partition
 from gnnstream.stream.events import INVALID_EVENT_REASONS, EdgeUpsert, NodeUpsert, encode_event, event_key
 from gnnstream.stream.kafka import ensure_topics
@@ -131,11 +130,9 @@ def produce(bootstrap: str, topic: str, records: list) -> list[tuple[int, int]]:
 class Worker:
     """A ``gnnstream run`` process, its health port and its log."""
 
-    def __init__(self, cmd: list[str], port: int, log: Path):
-        self.port, self.log = port, log
-        with open(log, "ab") as fh:
-            self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=fh,
-                                         env=dict(os.environ, GNNSTREAM_NO_PROGRESS="1"))
+    def __init__(self, make_cmd: Callable[[int], list[Any]], log: Path):
+        self.log = log
+        self.proc, (self.port,) = start_on_ports(make_cmd, log)  # restarted on another port if it was taken
 
     def health(self) -> dict[str, Any]:
         if self.proc.poll() is not None:
@@ -185,15 +182,14 @@ class Names:
 
 def start(workers: list[Worker], bootstrap: str, n: Names, model: str, state: Path, client: str,
           name: str = "w") -> Worker:
-    port = free_port()
     state.parent.mkdir(parents=True, exist_ok=True)
-    cmd = gnnstream_command("run", "--bootstrap", bootstrap, "--kafka-client", client, "--state", state,
+    cmd = lambda port: gnnstream_command("run", "--bootstrap", bootstrap, "--kafka-client", client, "--state", state,
                             "--model", model, "--events-topic", n.events, "--output-topic", n.output,
                             "--dlq-topic", n.dlq, "--group", n.group, "--worker-id", name,
                             "--partitions", PARTITIONS, "--metrics-port", port, "--batch-size", 50,
                             "--max-batch-size", 50, "--max-event-bytes", 4_000_000,
                             "--max-message-bytes", CLIENT_LIMIT)
-    worker = Worker(cmd, port, state.parent / f"{name}.log")
+    worker = Worker(cmd, state.parent / f"{name}.log")
     workers.append(worker)
     return worker
 

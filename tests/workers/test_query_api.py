@@ -31,8 +31,8 @@ from gnnstream.stream.broker import EmbeddedBroker, free_port
 from gnnstream.stream.events import EdgeUpsert, encode_event
 from gnnstream.stream.kafka import ensure_topics
 from tests.workers.reference import GraphFold, assert_embeddings_close, fold_jsonl, reference_embeddings
-from tests.support import (Client, answers, JOIN_TIMEOUT_S, PARTITIONS, GNNSTREAM, Names, event_messages, health, produce,
-                           running_worker, stop_worker, wait_for, worker_cmd)
+from tests.support import (GNNSTREAM, JOIN_TIMEOUT_S, PARTITIONS, Client, Names, answers, event_messages, health,
+                           produce, start_on_ports, stop_worker, wait_for, worker_cmd)
 from gnnstream.graph_state.page_log import PageLog
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -69,10 +69,11 @@ def test_lookups_and_what_if_beside_the_streaming_worker(broker: EmbeddedBroker,
     payment = next(ev for ev in rest if isinstance(ev, EdgeUpsert) and ev.src in degree and ev.dst in degree
                    and ev.dst not in degree[ev.src] and min(len(degree[ev.src]), len(degree[ev.dst])) < 5)
     produce(broker.bootstrap, n.events, event_messages(first))
-    port, query_port = free_port(), free_port()
     log = tmp_path / "worker.log"
-    cmd = worker_cmd(broker.bootstrap, n, model_dir, port, "--query-port", str(query_port))
-    with running_worker(cmd, log) as proc:
+    proc, (port, query_port) = start_on_ports(
+        lambda port, query_port: worker_cmd(broker.bootstrap, n, model_dir, port, "--query-port", str(query_port)),
+        log, ports=2)
+    try:
         wait_for(lambda: (h := health(port)) and h["applied"] >= len(first), JOIN_TIMEOUT_S,
                  f"{len(first)} applied events", proc, log)
         client = Client(query_port)
@@ -126,6 +127,10 @@ def test_lookups_and_what_if_beside_the_streaming_worker(broker: EmbeddedBroker,
         stop_worker(proc, log)
         assert log.read_text().count("the query API process exited (code -9)") == 1, log.read_text()[-2000:]
         assert not scratch.exists()  # the killed server's files went with the worker
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
     # the query process left with the worker
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", query_port), timeout=2).close()
@@ -202,12 +207,10 @@ def test_hostile_requests_get_4xx_and_change_nothing(events: list, model_dir: st
     apply_events(state, model_dir, str(jsonl))
     nodes = sorted(fold_jsonl(jsonl).nodes)
     before = _page_log_hash(state)
-    port = free_port()
     log = tmp_path / "serve.log"
-    with open(log, "wb") as fh:
-        # the slow clients trickle for as long as the test runs: their bodies' deadline is beyond it
-        proc = subprocess.Popen([str(GNNSTREAM), "serve", "--state", state, "--query-port", str(port),
-                                 "--body-timeout", "3600"], stderr=fh)
+    # the slow clients trickle for as long as the test runs: their bodies' deadline is beyond it
+    proc, (port,) = start_on_ports(lambda port: [GNNSTREAM, "serve", "--state", state, "--query-port", port,
+                                                 "--body-timeout", "3600"], log)
     slow: list[socket.socket] = []
     try:
         client = Client(port)

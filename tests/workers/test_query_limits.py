@@ -21,7 +21,6 @@ import json
 import re
 import select
 import socket
-import subprocess
 import threading
 import time
 from contextlib import contextmanager
@@ -30,10 +29,9 @@ from typing import Any, Iterator
 
 import pytest
 
-from gnnstream.stream.broker import free_port
 from gnnstream.stream.events import decode_event_json, encode_event
 from tests.workers.reference import fold_jsonl
-from tests.support import GNNSTREAM, Client, answers, wait_for
+from tests.support import start_on_ports, GNNSTREAM, Client, answers, wait_for
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -57,10 +55,8 @@ def state(events: list, model_dir: str, tmp_path_factory: pytest.TempPathFactory
 @contextmanager
 def serving(state: str, log: Path, *flags: str) -> Iterator[tuple[int, Client]]:
     """``gnnstream -v serve`` on ``state`` with ``flags``: its port and a client that it has answered."""
-    port = free_port()
-    with open(log, "wb") as fh:
-        proc = subprocess.Popen([str(GNNSTREAM), "-v", "serve", "--state", state, "--query-port", str(port),
-                                 *flags], stderr=fh)
+    proc, (port,) = start_on_ports(lambda port: [GNNSTREAM, "-v", "serve", "--state", state, "--query-port", port,
+                                                 *flags], log)
     client = Client(port)
     try:
         wait_for(lambda: answers(client), 120, "the query API to answer", proc, log)
