@@ -19,7 +19,7 @@ from torch_geometric.nn import GAT, GraphSAGE
 
 from gnnstream.fraud.datasets import BITCOIN_ALPHA
 from gnnstream.fraud.train import distrust_labels
-from gnnstream.stream.backends import DEFAULT_KAFKA_CLIENT, read_to_end
+from gnnstream.stream.backends import KAFKA_CLIENTS, read_to_end
 from gnnstream.stream.events import encode_event
 from gnnstream.stream.kafka import ensure_topics
 from gnnstream.stream.snap import FEATURE_DIM, read_snap, snap_events
@@ -54,8 +54,9 @@ def _train_pyg(arch: str, x: torch.Tensor, edge_index: torch.Tensor, y: torch.Te
 
 @pytest.mark.slow
 @pytest.mark.broker
+@pytest.mark.parametrize("kafka_client", KAFKA_CLIENTS)
 @pytest.mark.parametrize("arch", ["sage", "gat"])
-def test_a_pyg_model_serves_its_own_embeddings(arch: str, broker, tmp_path: Path) -> None:
+def test_a_pyg_model_serves_its_own_embeddings(arch: str, kafka_client: str, broker, tmp_path: Path) -> None:
     rows = read_snap(BITCOIN_ALPHA)[:RATINGS]
     events = tmp_path / "events.jsonl"
     events.write_bytes(b"".join(encode_event(ev) + b"\n" for ev in snap_events(rows)))
@@ -98,16 +99,17 @@ def test_a_pyg_model_serves_its_own_embeddings(arch: str, broker, tmp_path: Path
     tag = uuid.uuid4().hex[:8]
     topics = {"events": f"ev-{tag}", "output": f"emb-{tag}", "dlq": f"dlq-{tag}"}
     ensure_topics(broker.bootstrap, {topics["events"]: PARTITIONS, topics["output"]: PARTITIONS, topics["dlq"]: 1})
-    proc = run_gnnstream("produce", "--bootstrap", broker.bootstrap, "--events-topic", topics["events"],
-                         "--partitions", PARTITIONS, events)
+    proc = run_gnnstream("produce", "--bootstrap", broker.bootstrap, "--kafka-client", kafka_client,
+                         "--events-topic", topics["events"], "--partitions", PARTITIONS, events)
     assert proc.returncode == 0, proc.stderr
-    proc = run_gnnstream("run", "--bootstrap", broker.bootstrap, "--state", tmp_path / "state-kafka", "--model",
+    proc = run_gnnstream("run", "--bootstrap", broker.bootstrap, "--kafka-client", kafka_client,
+                         "--state", tmp_path / "state-kafka", "--model",
                          model, "--events-topic", topics["events"], "--output-topic", topics["output"],
                          "--dlq-topic", topics["dlq"], "--group", f"g-{tag}", "--partitions", PARTITIONS,
                          "--metrics-port", 0, "--exit-when-idle", 5)
     assert proc.returncode == 0, proc.stderr[-3000:]
     latest: dict[str, tuple[int, list[float]]] = {}
-    for record in read_to_end(DEFAULT_KAFKA_CLIENT, broker.bootstrap, topics["output"], timeout_s=120.0):
+    for record in read_to_end(kafka_client, broker.bootstrap, topics["output"], timeout_s=120.0):
         update = decode_update(record.value)
         if update.id not in latest or update.version > latest[update.id][0]:
             latest[update.id] = (update.version, list(update.embedding))
