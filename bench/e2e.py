@@ -92,7 +92,7 @@ from gnnstream.fraud.datasets import BITCOIN_OTC
 from gnnstream.stream.snap import FEATURE_DIM, read_snap, snap_events
 from gnnstream.workers.heap import tune_collector
 from gnnstream.workers.settings import WorkerSettings
-from gnnstream.workers.worker import Worker
+from gnnstream.workers.runtime.worker import Worker
 
 DEFAULT_CSV = BITCOIN_OTC
 
@@ -564,7 +564,7 @@ def paced_freshness(bootstrap: str, warm: list, events: list, rate: float, model
     deadline = time.monotonic() + 600
 
     def caught_up() -> bool:
-        engine, sender = worker.engine, worker._sender
+        engine, sender = worker.engine, worker.publisher
         return (worker.health.applied >= len(warm) and worker.health.published > 0 and engine is not None
                 and not engine.pending() and sender is not None and sender.in_flight() == 0)
 

@@ -46,7 +46,7 @@ from gnnstream.workers.offline.replay import produce_file
 from gnnstream.fraud.scorer import SCORES_TOPIC, FraudScorer
 from gnnstream.workers.settings import WorkerSettings
 from gnnstream.fraud.train import distrust_labels, roc_auc, roc_curve, train_fraud_model
-from gnnstream.workers.worker import Worker
+from gnnstream.workers.runtime.worker import Worker
 
 __all__ = ["main", "run_demo"]
 

@@ -92,3 +92,86 @@ def test_no_test_module_imports_another() -> None:
             wrong += [f"{path.relative_to(ROOT).as_posix()}:{node.lineno} imports {name}"
                       for name in names if is_test_module(name)]
     assert not wrong, "; ".join(wrong)
+
+
+def _module_graph() -> dict[str, set[str]]:
+    """``{module: modules of ours it imports}`` over every module of the installed package (function-level and
+    TYPE_CHECKING imports included); ``from package import name`` counts as importing ``package.name`` when
+    that is a module, else ``package``."""
+    modules: dict[str, Path] = {}
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            parts = ["gnnstream", package, *path.relative_to(ROOT / package).with_suffix("").parts]
+            if parts[-1] == "__init__":
+                parts.pop()
+            modules[".".join(parts)] = path
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        edges: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                edges.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                base = node.module
+                if node.level:  # relative: from the module's package
+                    anchor = name.split(".")[:len(name.split(".")) - node.level + (path.name == "__init__.py")]
+                    base = ".".join(anchor + [node.module])
+                for alias in node.names:
+                    edges.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base)
+        graph[name] = {e for e in edges if e in modules and e != name}
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_cycle_finder_sees_a_function_level_cycle() -> None:
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+# imports that close a cycle and are yet to be moved: the query API's child process takes configure_logging
+# from the command line module, which starts the query API
+KNOWN_CYCLE_EDGES = {("gnnstream.workers.query.server", "gnnstream.workers.cli")}
+
+
+def test_no_module_imports_itself_through_others() -> None:
+    graph = _module_graph()
+    assert "gnnstream.workers.runtime.worker" in graph and graph["gnnstream.workers.runtime.worker"]
+    for module, imported in KNOWN_CYCLE_EDGES:
+        assert imported in graph[module], f"{module} no longer imports {imported}: drop it from KNOWN_CYCLE_EDGES"
+        graph[module].discard(imported)
+    cycles = _cycles(graph)
+    assert not cycles, "import cycles: " + "; ".join(" <-> ".join(c) for c in cycles)

@@ -217,7 +217,7 @@ def _broker(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from gnnstream.workers.settings import settings_from_args
-    from gnnstream.workers.worker import Worker
+    from gnnstream.workers.runtime.worker import Worker
     worker = Worker(settings_from_args(args))
     worker.install_signal_handlers()
     _print(worker.run(max_idle_s=args.exit_when_idle))
@@ -246,7 +246,8 @@ def _tail(args: argparse.Namespace) -> int:
     topic = args.output_topic
     if not topic:
         from gnnstream.stream.rollout import version_topic
-        from gnnstream.workers.rollout import RolloutError, status
+        from gnnstream.workers.rollout.commands import status
+        from gnnstream.workers.rollout.topic import RolloutError
         model = args.model_id or status(bootstrap=args.bootstrap, control_topic=args.control_topic,
                                         kafka_client=args.kafka_client).serving
         if model is None:
@@ -462,7 +463,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the new state directory: must not exist, or be empty; not inside --state")
     p.set_defaults(func=_snapshot)
 
-    from gnnstream.workers.rollout import add_rollout_parser
+    from gnnstream.workers.rollout.cli import add_rollout_parser
     add_rollout_parser(sub)
 
     ev = sub.add_parser("events", help="build event files")

@@ -3,7 +3,7 @@
 ``docker-compose.yml``, ``Dockerfile``, ``.dockerignore`` and ``deploy/``
 (Prometheus config and alert rules, Grafana provisioning and dashboard) are
 checked against the worker's real settings (``workers.settings``), metrics
-(``workers.metrics``) and command line (``gnnstream run --help``), and
+(``workers.runtime.metrics``) and command line (``gnnstream run --help``), and
 Prometheus' files with ``promtool`` (installed by ``deploy/install-promtool.sh``
 when missing; these tests fail, never skip, when it cannot be had).
 No Docker engine is needed.
@@ -33,7 +33,7 @@ import yaml
 
 from gnnstream.model import load_model_dir
 from gnnstream.stream.snap import FEATURE_DIM
-from gnnstream.workers.metrics import MetricsServer, WorkerMetrics
+from gnnstream.workers.runtime.metrics import MetricsServer, WorkerMetrics
 from gnnstream.workers.settings import ENV_PREFIX, WorkerSettings, add_worker_arguments, settings_from_args
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -150,7 +150,7 @@ def _check_promql(expr: str, known: dict[str, set[str]], where: str) -> set[str]
     """Every gnnstream_* name in ``expr`` exists; its ``by (...)`` / selector labels too. Returns the names."""
     names = set(METRIC_TOKEN.findall(expr))
     for name in names:
-        assert name in known, f"{where}: {name} is not a metric of workers.metrics.WorkerMetrics ({expr})"
+        assert name in known, f"{where}: {name} is not a metric of workers.runtime.metrics.WorkerMetrics ({expr})"
     allowed = set().union(*(known[n] for n in names)) | TARGET_LABELS if names else TARGET_LABELS
     for group in re.findall(r"\b(?:by|without)\s*\(([^)]*)\)", expr):
         for label in filter(None, (x.strip() for x in group.split(","))):

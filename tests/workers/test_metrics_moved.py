@@ -36,7 +36,7 @@ from gnnstream.stream.kafka import ensure_topics
 from gnnstream.workers.engine import engine as engine_module
 from gnnstream.workers.engine import Engine
 from gnnstream.workers.settings import WorkerSettings
-from gnnstream.workers.worker import Worker
+from gnnstream.workers.runtime.worker import Worker
 from tests.workers.reference import fast_tempdir
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")

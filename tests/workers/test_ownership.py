@@ -10,9 +10,9 @@ from typing import Any, Callable
 
 import pytest
 
-import gnnstream.workers.ownership as ownership
+import gnnstream.workers.runtime.group as ownership
 from gnnstream.workers.settings import WorkerSettings
-from gnnstream.workers.worker import Worker
+from gnnstream.workers.runtime.worker import Worker
 
 TOPIC = "node-embeddings"
 
@@ -78,7 +78,7 @@ def test_a_revocation_before_the_worker_took_an_assignment_drops_it(monkeypatch:
     monkeypatch.setattr(ownership, "open_consumer", fake_open)
     own = ownership.Ownership("confluent", "unused:9092", TOPIC, "g", revoke_wait_s=30.0)
     worker = Worker(WorkerSettings(state=str(tmp_path / "s"), metrics_port=0))
-    worker._ownership, worker._output_partitions = own, 4
+    worker.group.ownership, worker.group.partitions = own, 4
     engine = _Engine()
     try:
         _wait(lambda: member.on_assign is not None)
@@ -90,7 +90,7 @@ def test_a_revocation_before_the_worker_took_an_assignment_drops_it(monkeypatch:
         assign([])  # standby
         _wait(own.joined.is_set)
         worker._sync_ownership(engine)
-        assert worker._owned == set()
+        assert worker.group.owned == set()
         assign([2])  # the batch runs on: nothing taken yet
         first = engine.epoch
         revoking = threading.Thread(target=member.on_revoke, args=([(TOPIC, 2)],))
@@ -99,15 +99,16 @@ def test_a_revocation_before_the_worker_took_an_assignment_drops_it(monkeypatch:
         worker._sync_ownership(engine)  # the batch ended: the revocation, and no stale assignment
         revoking.join(10)
         assert not revoking.is_alive()
-        assert engine.taken == [] and worker._owned == set() and worker._rebalancing
+        assert engine.taken == [] and worker.group.owned == set() and worker.group.rebalancing
         assign([])  # partition 2 went elsewhere
         worker._sync_ownership(engine)
         member.on_revoke([])
         assign([2])  # and comes back
-        publisher = type("Publisher", (), {"forgot": 0, "forget_sent": lambda self: setattr(self, "forgot", 1)})()
-        worker._sync_ownership(engine, publisher)
-        assert worker._owned == {2} and engine.taken == [([2], [])], engine.taken
-        assert publisher.forgot == 1, "--min-change must not hold back the takeover's republish"
+        outbox = type("Outbox", (), {"forgot": 0, "forget_sent": lambda self: setattr(self, "forgot", 1)})()
+        worker._outbox = outbox
+        worker._sync_ownership(engine)
+        assert worker.group.owned == {2} and engine.taken == [([2], [])], engine.taken
+        assert outbox.forgot == 1, "--min-change must not hold back the takeover's republish"
         assert first == 0 and engine.epoch == member.committed_offsets[(TOPIC, 2)] == 2  # A1 took 1
     finally:
         own.close()

@@ -466,7 +466,8 @@ def test_a_partition_held_at_its_marker_applies_nothing_past_it(broker: Embedded
 def test_rollout_view_follows_what_the_workers_follow() -> None:
     """Raced numbers resolve as the workers resolve them; workers ahead of the records win; promote wants a
     live worker of the version."""
-    from gnnstream.workers.rollout import RolloutError, RolloutView, _running
+    from gnnstream.workers.rollout.commands import _running
+    from gnnstream.workers.rollout.topic import RolloutError, RolloutView
 
     def report(model: str, rollout: int, serving: str, at: float, status: str = "consuming") -> dict[str, Any]:
         return {"kind": "worker", "model": model, "worker": "w", "topic": version_topic(model), "status": status,

@@ -13,18 +13,19 @@ from gnnstream.stream.events import MAX_ID_BYTES
 from gnnstream.stream.exceptions import DeliveryError, StreamError
 from gnnstream.stream.updates import encode_updates, largest_update_bytes
 from gnnstream.workers.settings import WorkerSettings
-from gnnstream.workers.worker import Outgoing, Worker, _Sender
+from gnnstream.workers.runtime.publisher import Outgoing
+from gnnstream.workers.runtime.worker import Worker
 from tests.workers.reference import run_gnnstream
 
 
-class FakePublisher:
+class FakeDelivery:
     """Raises the given errors from :meth:`deliver`, one per call, then succeeds."""
 
     def __init__(self, *errors: BaseException):
         self.errors = list(errors)
         self.calls = 0
 
-    def deliver(self, out: Outgoing, timeout_s: float) -> None:
+    def deliver(self, columns: list, timeout_s: float, headers: object = None) -> None:
         self.calls += 1
         if self.errors:
             raise self.errors.pop(0)
@@ -51,49 +52,49 @@ def _until(cond, what: str) -> None:
 @pytest.mark.parametrize("kind", ["unknown_topic", "not_authorised", "record_too_large", "invalid_record"])
 def test_a_permanent_publish_error_stops_the_worker_once(kind: str) -> None:
     worker = _worker()
-    publisher = FakePublisher(DeliveryError("refused", failed=1, kind=kind))
-    sender = _Sender(worker, publisher)  # type: ignore[arg-type]
+    delivery = FakeDelivery(DeliveryError("refused", failed=1, kind=kind))
+    sender = worker._new_publisher(None, delivery)  # type: ignore[arg-type]
     try:
         sender.submit(_out())
         _until(lambda: sender.failure is not None, "the publisher thread to give up")
     finally:
         sender.close(1.0)
-    assert publisher.calls == 1
+    assert delivery.calls == 1
     assert isinstance(sender.failure, StreamError)
     assert f"topic 'emb' refuses the embedding updates ({kind})" in str(sender.failure)
 
 
 def test_a_transient_publish_error_is_retried_until_it_passes() -> None:
     worker = _worker()
-    publisher = FakePublisher(DeliveryError("no answer", pending=3), DeliveryError("down", kind="broker_unavailable"))
-    sender = _Sender(worker, publisher)  # type: ignore[arg-type]
+    delivery = FakeDelivery(DeliveryError("no answer", pending=3), DeliveryError("down", kind="broker_unavailable"))
+    sender = worker._new_publisher(None, delivery)  # type: ignore[arg-type]
     out = _out()
     try:
         sender.submit(out)
-        _until(lambda: publisher.calls == 3 and not sender.in_flight(), "the batch delivered")
+        _until(lambda: delivery.calls == 3 and not sender.in_flight(), "the batch delivered")
     finally:
         sender.close(1.0)
     assert sender.failure is None and sender.delivered() == [out]
-    assert "publish" not in worker._errors and "publish" not in worker._failing
+    assert "publish" not in worker.errors and "publish" not in worker.errors.failing
 
 
 def test_healthz_turns_503_when_a_transient_error_lasts() -> None:
     worker = _worker()
     worker.health.status = "consuming"
     worker.health.last_poll = time.time()
-    worker._recoverable("dead_letter", DeliveryError("down", kind="broker_unavailable"), pause=False)
+    worker.errors.recoverable("dead_letter", DeliveryError("down", kind="broker_unavailable"), pause=False)
     assert worker.health_info()["ok"] is True  # a retry may cure it: not yet
-    since, attempts = worker._failing["dead_letter"]
-    worker._failing["dead_letter"] = (since - 31.0, attempts)
+    since, attempts = worker.errors.failing["dead_letter"]
+    worker.errors.failing["dead_letter"] = (since - 31.0, attempts)
     info = worker.health_info()
     assert info["ok"] is False and info["reason"].startswith("dead_letter failing for 31 s, retrying")
-    worker._cleared("dead_letter")
+    worker.errors.cleared("dead_letter")
     assert worker.health_info()["ok"] is True
 
 
 def test_the_backoff_grows_between_attempts() -> None:
     worker = _worker()
-    pauses = [worker._recoverable("poll", DeliveryError("down"), pause=False) for _ in range(6)]
+    pauses = [worker.errors.recoverable("poll", DeliveryError("down"), pause=False) for _ in range(6)]
     assert pauses == [0.5, 1.0, 2.0, 4.0, 5.0, 5.0]
 
 

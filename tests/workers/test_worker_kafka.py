@@ -372,7 +372,7 @@ def test_broker_stall_recovers(kafka_client: str, events: list, model_dir: str, 
 def test_metrics_and_health(kafka_client: str, broker: EmbeddedBroker, events: list, model_dir: str,
                             tmp_path: Path) -> None:
     from gnnstream.workers.settings import WorkerSettings
-    from gnnstream.workers.worker import Worker
+    from gnnstream.workers.runtime.worker import Worker
     n = Names(tmp_path)
     ensure_topics(broker.bootstrap, {n.events: PARTITIONS, n.output: PARTITIONS, n.dlq: 1})
     produce(broker.bootstrap, n.events, event_messages(events))
@@ -432,7 +432,7 @@ def test_first_batch_without_features(broker: EmbeddedBroker, model_dir: str, tm
     stored it dies again at every restart (crash loop) until someone edits the state.
     """
     from gnnstream.workers.settings import WorkerSettings
-    from gnnstream.workers.worker import Worker
+    from gnnstream.workers.runtime.worker import Worker
     n = Names(tmp_path)
     ensure_topics(broker.bootstrap, {n.events: PARTITIONS, n.output: PARTITIONS, n.dlq: 1})
     evs = [EdgeUpsert("a", "b", 1.0, 2.0), EdgeUpsert("b", "c", 2.0, 1.0)]

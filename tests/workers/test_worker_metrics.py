@@ -29,9 +29,11 @@ import yaml
 
 from gnnstream.stream.clients import ConsumerClient, PartitionKey, Record
 from gnnstream.stream.exceptions import DeliveryError
-from gnnstream.workers.metrics import MetricsServer, WorkerMetrics
+from gnnstream.workers.runtime.metrics import MetricsServer, WorkerMetrics
 from gnnstream.workers.settings import WorkerSettings, add_worker_arguments, settings_from_args
-from gnnstream.workers.worker import OffsetResetError, Outgoing, Worker
+from gnnstream.workers.runtime.offsets import OffsetResetError, Offsets
+from gnnstream.workers.runtime.publisher import Outgoing
+from gnnstream.workers.runtime.worker import Worker
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -123,13 +125,13 @@ def test_health_is_503_with_reason_until_consuming(tmp_path: Path) -> None:
     worker = Worker(WorkerSettings(state=str(tmp_path / "s"), metrics_port=0))
     h = worker.health_info()
     assert h["ok"] is False and h["status"] == "starting" and h["reason"]
-    worker._set_status("waiting_for_kafka", "waiting for Kafka at 127.0.0.1:1")
+    worker.health.set_status("waiting_for_kafka", "waiting for Kafka at 127.0.0.1:1")
     server = MetricsServer(worker.metrics, 0, worker.health_info)
     try:
         status, body = _get(server.port, "/healthz")
         assert status == 503
         assert json.loads(body)["reason"] == "waiting for Kafka at 127.0.0.1:1"
-        worker._set_status("consuming", None)
+        worker.health.set_status("consuming", None)
         worker.health.last_poll = time.time()
         status, body = _get(server.port, "/healthz")
         assert status == 200 and json.loads(body)["reason"] is None
@@ -148,16 +150,16 @@ def test_settings_reject_unknown_choices() -> None:
 
 
 # ---------------------------------------------------------------------- errors clear
-class _FlakyPublisher:
+class _FlakyDelivery:
     """``deliver`` fails ``failures`` times, then succeeds (or always refuses the batch, as an encoder refuses
-    non-finite rows); records every attempt."""
+    non-finite rows); records the columns of every attempt."""
 
     def __init__(self, failures: int, refuse: bool = False):
         self.failures, self.refuse = failures, refuse
         self.attempts: list[Any] = []
 
-    def deliver(self, out: Any, flush_timeout_s: float = 30.0) -> None:
-        self.attempts.append(out)
+    def deliver(self, columns: Any, flush_timeout_s: float = 30.0, headers: Any = None) -> None:
+        self.attempts.append(columns)
         if self.refuse:
             raise ValueError("Expected finite embeddings and timestamps (got non-finite values for nodes ['n1'])")
         if len(self.attempts) <= self.failures:
@@ -165,7 +167,7 @@ class _FlakyPublisher:
 
 
 def _outgoing(n: int, tag: bytes) -> Outgoing:
-    return Outgoing([tag], [], np.full(n, time.time() - 100.0), count=n)
+    return Outgoing([tag], [tag], np.full(n, time.time() - 100.0), count=n)  # type: ignore[list-item]
 
 
 def _delivered(sender: Any, count: int) -> list:
@@ -179,12 +181,11 @@ def _delivered(sender: Any, count: int) -> list:
 
 
 def test_publisher_thread_retries_in_order_and_clears_its_error(tmp_path: Path) -> None:
-    from gnnstream.workers.worker import _Sender
     worker = Worker(WorkerSettings(state=str(tmp_path / "s"), metrics_port=0))
-    worker._stop.set()  # _recoverable's one-second pause returns at once
-    worker._recoverable("poll", ConnectionError("broker gone"))
-    publisher = _FlakyPublisher(failures=2)
-    sender = _Sender(worker, publisher)  # type: ignore[arg-type]
+    worker._stop.set()  # the one-second backoff pause returns at once
+    worker.errors.recoverable("poll", ConnectionError("broker gone"))
+    delivery = _FlakyDelivery(failures=2)
+    sender = worker._new_publisher(None, delivery)  # type: ignore[arg-type]
     first, second = _outgoing(3, b"a"), _outgoing(5, b"b")
     sender.submit(first)
     sender.submit(second)
@@ -194,10 +195,10 @@ def test_publisher_thread_retries_in_order_and_clears_its_error(tmp_path: Path) 
         sender.close(5.0)
     assert not sender.thread.is_alive()
     # the failing batch is sent again before the next one: versions of a node never go out of order
-    assert publisher.attempts == [first, first, first, second]
+    assert delivery.attempts == [[b"a"], [b"a"], [b"a"], [b"b"]]
     assert sender.in_flight() == 0
     assert worker.health_info()["last_error"].startswith("poll: ")  # publish works again: its error is over
-    worker._cleared("poll")
+    worker.errors.cleared("poll")
     assert worker.health_info()["last_error"] is None
     assert worker.health.published == 8
     text = worker.metrics.render().decode()
@@ -210,25 +211,24 @@ def test_publisher_thread_retries_in_order_and_clears_its_error(tmp_path: Path) 
 
 
 def test_a_batch_that_cannot_be_encoded_stops_the_worker_instead_of_retrying(tmp_path: Path) -> None:
-    from gnnstream.workers.worker import _Sender
     worker = Worker(WorkerSettings(state=str(tmp_path / "s"), metrics_port=0))
-    publisher = _FlakyPublisher(failures=0, refuse=True)
-    sender = worker._sender = _Sender(worker, publisher)  # type: ignore[arg-type]
+    delivery = _FlakyDelivery(failures=0, refuse=True)
+    sender = worker._new_publisher(None, delivery)  # type: ignore[arg-type]
     sender.submit(Outgoing([b"a"], [], np.zeros(1), count=1))
     try:
         sender.thread.join(10.0)  # the thread ends at the failure: no retry cures it
         assert not sender.thread.is_alive()
         with pytest.raises(ValueError, match="non-finite"):
-            worker._publish(publisher)  # type: ignore[arg-type]
+            worker._publish(sender)
     finally:
         sender.close(1.0)
-    assert len(publisher.attempts) == 1  # tried once, never again
+    assert len(delivery.attempts) == 1  # tried once, never again
     assert sender.in_flight() == 1 and worker.health.published == 0
 
 
 def test_batch_histogram_renders_like_a_prometheus_histogram() -> None:
     from prometheus_client import CollectorRegistry, Histogram, generate_latest
-    from gnnstream.workers.metrics import BatchHistogram
+    from gnnstream.workers.runtime.metrics import BatchHistogram
     bounds = (0.005, 0.01, 1.0, 2.5, 86400.0 * 365 * 30)
     values = np.array([0.0, 0.005, 0.0051, 1.0, 3.0, 1e9, 2.5, 0.3, 0.3])
     ours, theirs = CollectorRegistry(), CollectorRegistry()
@@ -310,13 +310,13 @@ def test_offset_past_end_is_caught_before_any_record_is_applied(tmp_path: Path, 
     worker = Worker(WorkerSettings(state=str(tmp_path / "s"), metrics_port=0, on_offset_reset=policy))
     with GraphStore(str(tmp_path / "s")) as store:
         store.apply([], {("ev", 0): 10, ("ev", 1): 5})
-        worker.store = store
-        assert worker._stored_offsets([("ev", 0), ("ev", 1)]) == {("ev", 0): 10, ("ev", 1): 5}
+        offsets = Offsets(store, policy, worker.errors)
+        assert offsets.stored([("ev", 0), ("ev", 1)]) == {("ev", 0): 10, ("ev", 1): 5}
         consumer = _FakeConsumer({("ev", 0): 4, ("ev", 1): 9})
         records = _records("ev", 0, range(0, 4)) + _records("ev", 1, range(3, 9))  # 3 and 4 were applied
         if policy == "fail":
             with pytest.raises(OffsetResetError) as info:
-                worker._check_offsets(consumer, records)
+                offsets.check(consumer, records)
             message = str(info.value)
             assert "\n" not in message
             for part in ("'ev'", "partition 0", "stored offset 10", "end offset 4", "--on-offset-reset"):
@@ -325,15 +325,14 @@ def test_offset_past_end_is_caught_before_any_record_is_applied(tmp_path: Path, 
             assert store.offsets() == {("ev", 0): 10, ("ev", 1): 5}, "nothing may move on a refusal"
             assert consumer.seeks == []
         else:
-            kept = worker._check_offsets(consumer, records)
+            kept = offsets.check(consumer, records)
             want = 0 if policy == "earliest" else 4
             assert [(r.partition, r.offset) for r in kept] == [(1, o) for o in range(5, 9)]
             assert store.offsets() == {("ev", 0): want, ("ev", 1): 5}
             assert consumer.seeks == [{("ev", 0): want}]
             # the next poll of that partition is accepted from there on
-            assert worker._check_offsets(consumer, _records("ev", 0, range(want, 4))) \
+            assert offsets.check(consumer, _records("ev", 0, range(want, 4))) \
                 == _records("ev", 0, range(want, 4))
-        worker.store = None
     text = worker.metrics.render().decode()
     assert 'gnnstream_errors_total{kind="offset_reset"} 1.0' in text
 
@@ -345,7 +344,7 @@ def test_outbox_publisher_encodes_columns_and_deletes_only_confirmed_records(tmp
     from gnnstream.stream.updates import EmbeddingUpdate, VERSION_HEADER, encode_update
     from gnnstream.stream.delivery import UpdateColumns, encode_columns
     from gnnstream.graph_state.codecs import encode_outbox
-    from gnnstream.workers.worker import OutboxPublisher
+    from gnnstream.workers.runtime.publisher import Outbox
 
     def resolve(iids: np.ndarray, computed_at: float) -> UpdateColumns:
         n = len(iids)
@@ -361,7 +360,7 @@ def test_outbox_publisher_encodes_columns_and_deletes_only_confirmed_records(tmp
         tx.put_outbox(0, encode_outbox(np.array([1, 2, 3]), 100.0))
         tx.put_outbox(1, encode_outbox(np.array([4, 5]), 200.0))
         store.commit(tx)
-        publisher = OutboxPublisher(store, None, resolve)  # type: ignore[arg-type]
+        publisher = Outbox(store, resolve)
         first = publisher.prepare(limit=1)  # whole records: the first one alone reaches the limit
         assert first.keys == [keys.U64.pack(0)] and len(first) == 3
         rows = resolve(np.array([1, 2, 3]), 100.0).rows
@@ -377,8 +376,6 @@ def test_outbox_publisher_encodes_columns_and_deletes_only_confirmed_records(tmp
         assert not publisher.prepare().keys
         publisher.confirm(second)  # delivered out of order: only its record goes
         assert [k for k in store.column("outbox").keys()] == [keys.U64.pack(0)]
-        publisher.retake()  # e.g. a restart: the unconfirmed record is read again
-        assert publisher.prepare().keys == [keys.U64.pack(0)]
 
 
 def test_outbox_publisher_sends_a_node_of_several_records_once(tmp_path: Path) -> None:
@@ -389,7 +386,7 @@ def test_outbox_publisher_sends_a_node_of_several_records_once(tmp_path: Path) -
     from gnnstream.graph_state.store import GraphStore
     from gnnstream.graph_state.transaction import Transaction
     from gnnstream.stream.delivery import UpdateColumns
-    from gnnstream.workers.worker import OutboxPublisher
+    from gnnstream.workers.runtime.publisher import Outbox
 
     calls: list[tuple[list[int], float]] = []
 
@@ -405,7 +402,7 @@ def test_outbox_publisher_sends_a_node_of_several_records_once(tmp_path: Path) -
                                           ([1, 7], 500.0)]):
             tx.put_outbox(seq, encode_outbox(np.array(iids), at))
         store.commit(tx)
-        publisher = OutboxPublisher(store, None, resolve)  # type: ignore[arg-type]
+        publisher = Outbox(store, resolve)
         first = publisher.prepare(limit=5)  # 3, then 4, then 5 distinct nodes: three records
         assert first.keys == [keys.U64.pack(i) for i in range(3)]
         assert calls == [([1], 100.0), ([4], 200.0), ([3, 2, 5], 300.0)]

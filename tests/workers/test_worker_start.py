@@ -168,7 +168,7 @@ def settings(bootstrap: str, n: Names, model: str, **extra: Any) -> Any:
 
 def run_until_idle(bootstrap: str, n: Names, model: str, idle_s: float = 3.0, **extra: Any) -> dict[str, Any]:
     """Run a worker in this process until it has been idle for ``idle_s`` with everything done."""
-    from gnnstream.workers.worker import Worker
+    from gnnstream.workers.runtime.worker import Worker
     return Worker(settings(bootstrap, n, model, **extra)).run(max_idle_s=idle_s)
 
 
@@ -223,7 +223,8 @@ def test_broker_wait_bound_is_one_line(tmp_path: Path) -> None:
 @pytest.mark.broker
 def test_offset_reset(tmp_path: Path) -> None:
     from gnnstream.graph_state.store import GraphStore
-    from gnnstream.workers.worker import OffsetResetError, Worker
+    from gnnstream.workers.runtime.offsets import OffsetResetError
+    from gnnstream.workers.runtime.worker import Worker
     model = make_model(tmp_path / "model")
     n = Names(tmp_path)
     first = random_graph("a", nodes=80, edges=240, seed=2)
@@ -232,7 +233,7 @@ def test_offset_reset(tmp_path: Path) -> None:
         ends_a = produce(a.bootstrap, n.events, first)
         assert run_until_idle(a.bootstrap, n, model)["applied"] == len(first)
         # its last progress record says it stopped: `rollout status` does not count it as consuming
-        from gnnstream.workers.rollout import read_rollout
+        from gnnstream.workers.rollout.topic import read_rollout
         reports = [r for r in read_rollout(a.bootstrap) if r.get("kind") == "worker"]
         assert reports and {r["status"] for r in reports[:-1]} <= {"consuming"}, reports
         assert reports[-1]["status"] == "stopped" and reports[-1]["applied"] == len(first), reports[-1]
@@ -335,7 +336,7 @@ def test_stop_without_time_to_drain_keeps_marks(broker: EmbeddedBroker, tmp_path
                                                 caplog: pytest.LogCaptureFixture) -> None:
     from gnnstream.graph_state.store import GraphStore
     from gnnstream.workers.offline.jobs import verify
-    from gnnstream.workers.worker import Worker
+    from gnnstream.workers.runtime.worker import Worker
     model = make_model(tmp_path / "model")
     n = Names(tmp_path)
     ensure_topics(broker.bootstrap, n.topics(PARTITIONS))
@@ -352,7 +353,7 @@ def test_stop_without_time_to_drain_keeps_marks(broker: EmbeddedBroker, tmp_path
     while worker.health.applied < len(events) + 1:
         assert "error" not in result and time.monotonic() < deadline, result.get("error")
         time.sleep(0.1)
-    with caplog.at_level("WARNING", logger="gnnstream.workers.worker"):
+    with caplog.at_level("WARNING", logger="gnnstream.workers.runtime.worker"):
         worker.stop()
         thread.join(DEADLINE_S)
     assert not thread.is_alive() and "error" not in result, result.get("error")

@@ -19,199 +19,33 @@
   the backfill's progress, the serving version and the scorer's canary
   report, from the rollout topic.
 
-The rollout topic (``gnnstream-rollout``, one partition) is a log of JSON
-records keyed ``worker/MODEL/WORKER`` (a worker's progress, every few
-seconds), ``backfill/MODEL`` (``start``'s progress), ``marker/N`` (each marker
-appended) and ``canary`` (the scorer's report): only the latest record of a
-key counts, so the topic may be compacted. It only informs: the markers in
-the events topic decide.
+What the commands and the workers record in the rollout topic, and the view
+of a rollout it adds up to: :mod:`workers.rollout.topic`.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
 import shutil
 import time
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
-
-import numpy as np
-import orjson
+from typing import Any
 
 from gnnstream.graph_state.transaction import Transaction
-from gnnstream.stream.backends import DEFAULT_KAFKA_CLIENT, open_consumer, open_producer, read_to_end
+from gnnstream.stream.backends import DEFAULT_KAFKA_CLIENT, open_consumer, open_producer
 from gnnstream.stream.errors import retrying
-from gnnstream.stream.rollout import CONTROL_TOPIC, Marker, encode_marker, marker_rank, version_topic
+from gnnstream.stream.rollout import CONTROL_TOPIC, Marker, encode_marker, version_topic
+from gnnstream.workers.rollout.records import ROLLOUT_META, SERVING_META, record_rollout, stored_rollout
+from gnnstream.workers.rollout.topic import RolloutError, RolloutView, named_topic, read_rollout, record_in_topic
 
-if TYPE_CHECKING:
-    from gnnstream.graph_state.store import GraphStore
-    from gnnstream.workers.worker import Worker
-
-__all__ = ["RolloutError", "RolloutView", "stored_rollout", "record_rollout", "worker_report", "read_rollout",
-           "start", "promote", "rollback", "retire", "status", "add_rollout_parser"]
+__all__ = ["start", "promote", "rollback", "retire", "status", "format_status"]
 
 logger = logging.getLogger(__name__)
 
 _LIVE_REPORT_S = 60.0  # promote and rollback want a report of a consuming worker of the version this recent
-SERVING_META = b"serving"  # meta: the serving version as of the last marker passed
-ROLLOUT_META = b"rollout"  # meta: the number of that marker
-_LATENCY_WINDOW_S = 60.0  # the latency a worker reports: batches published within this window
 
 
-class RolloutError(ValueError):
-    """A rollout command refused: nothing was changed."""
-
-
-# ---------------------------------------------------------------------- in the state
-def stored_rollout(store: GraphStore, model_tag: str) -> tuple[str, int]:
-    """``(serving version, last marker passed)`` recorded in the state; a state that passed none serves its
-    own model."""
-    meta = store.column("meta")
-    serving, number = meta.get(SERVING_META), meta.get(ROLLOUT_META)
-    return (serving.decode() if serving else model_tag), (int(number) if number else 0)
-
-
-def record_rollout(tx: Transaction, marker: Marker) -> None:
-    """Add the state's record of having passed ``marker`` to ``tx`` (committed with the offsets past it)."""
-    tx.set_meta(SERVING_META, marker.serving.encode())
-    tx.set_meta(ROLLOUT_META, str(marker.rollout).encode())
-
-
-# ---------------------------------------------------------------------- the rollout topic
-def worker_report(worker: Worker, lag: int | None, final: bool = False) -> tuple[bytes, bytes]:
-    """A worker's progress record: key and value (``final``: its last, as it stops)."""
-    engine = worker.engine
-    model = engine.model_tag if engine is not None else None
-    now = time.time()
-    recent = np.asarray([latency for at, latency in list(worker.latency_timeline) if at >= now - _LATENCY_WINDOW_S])
-    p50, p99 = (np.percentile(recent, [50, 99]).round(3).tolist() if len(recent) else (None, None))
-    h = worker.health
-    stopping = (final or worker._stop.is_set()) and h.status == "consuming"
-    value = {"kind": "worker", "model": model, "worker": worker.worker_id, "topic": worker.output_topic,
-             "status": "stopped" if stopping else h.status, "serving": worker.serving, "rollout": worker.rollout,
-             "lag": lag,
-             "applied": h.applied, "published": h.published, "latency_p50_s": p50, "latency_p99_s": p99,
-             "latency_batches": len(recent), "held": bool(worker._held), "at": now}
-    return f"worker/{model}/{worker.worker_id}".encode(), orjson.dumps(value)
-
-
-def read_rollout(bootstrap: str, *, topic: str = CONTROL_TOPIC, kafka_client: str = DEFAULT_KAFKA_CLIENT,
-                 timeout_s: float = 30.0) -> list[dict[str, Any]]:
-    """Every record of the rollout topic, oldest first (an empty list when it does not exist)."""
-    from gnnstream.stream.exceptions import NoPartitionsError
-    from gnnstream.stream.kafka import ensure_topics
-    ensure_topics(bootstrap, {_named(topic): 1})
-    try:
-        records = read_to_end(kafka_client, bootstrap, topic, timeout_s=timeout_s)
-    except NoPartitionsError:
-        return []
-    except TimeoutError as exc:
-        raise RolloutError(str(exc)) from None
-    out: list[dict[str, Any]] = []
-    for r in records:
-        try:
-            record = orjson.loads(r.value or b"null")
-        except orjson.JSONDecodeError:
-            continue
-        if isinstance(record, dict):
-            out.append(record)
-    return out
-
-
-def _named(topic: str) -> str:
-    """``topic``, or a RolloutError when it is empty (``--control-topic ''`` means "do not record")."""
-    if not topic:
-        raise RolloutError("--control-topic is empty, so there is no rollout topic to read or record in: name it "
-                           "(default gnnstream-rollout); `rollout start --no-record` records nothing")
-    return topic
-
-
-def _record(bootstrap: str, kafka_client: str, topic: str, key: str, value: dict[str, Any]) -> None:
-    from gnnstream.stream.kafka import ensure_topics
-    ensure_topics(bootstrap, {_named(topic): 1})
-    producer = open_producer(kafka_client, bootstrap)
-
-    def send() -> None:
-        producer.send(topic, key.encode(), orjson.dumps(value))
-        producer.flush(30.0)
-
-    try:
-        retrying(send, f"recording {key} in topic {topic!r}")
-    finally:
-        producer.close()
-
-
-@dataclass
-class VersionView:
-    """What the rollout topic says of one version."""
-
-    model: str
-    topic: str | None = None
-    workers: dict[str, dict[str, Any]] = field(default_factory=dict)
-    backfill: dict[str, Any] | None = None
-    retired: int | None = None  # the marker that retired it
-
-    def to_json(self) -> dict[str, Any]:
-        return {"model": self.model, "topic": self.topic, "workers": self.workers, "backfill": self.backfill,
-                "retired": self.retired}
-
-
-@dataclass
-class RolloutView:
-    """The state of a rollout as its topic records it."""
-
-    versions: dict[str, VersionView] = field(default_factory=dict)
-    markers: list[dict[str, Any]] = field(default_factory=list)
-    canary: dict[str, Any] | None = None
-
-    @classmethod
-    def of(cls, records: list[dict[str, Any]]) -> RolloutView:
-        view = cls()
-        for r in records:
-            kind, model = r.get("kind"), r.get("model")
-            if kind == "marker":
-                same = [m for m in view.markers if m.get("rollout") == r.get("rollout")]
-                if same and _rank(same[0]) >= _rank(r):  # two commands raced for a number: workers follow the last
-                    continue
-                view.markers = [m for m in view.markers if m not in same] + [r]
-                if r.get("retire") and r["retire"] in view.versions:
-                    view.versions[r["retire"]].retired = r.get("rollout")
-            elif kind in ("worker", "backfill") and isinstance(model, str):
-                version = view.versions.setdefault(model, VersionView(model))
-                version.topic = r.get("topic") or version.topic
-                if kind == "worker":
-                    version.workers[str(r.get("worker"))] = r
-                else:
-                    version.backfill = r
-            elif kind == "canary":
-                view.canary = r
-        return view
-
-    @property
-    def serving(self) -> str | None:
-        """The serving version: the last marker's; what the workers report when they passed a later one (a
-        command that appended its markers and failed before recording them) or none is recorded."""
-        reports = [w for v in self.versions.values() for w in v.workers.values()]
-        ahead = max(reports, key=lambda w: (w.get("rollout") or 0, w.get("at", 0)), default=None)
-        if self.markers and (ahead is None or (ahead.get("rollout") or 0) <= self.markers[-1]["rollout"]):
-            return self.markers[-1]["serving"]
-        return ahead.get("serving") if ahead else None
-
-    @property
-    def next_rollout(self) -> int:
-        numbers = [m.get("rollout", 0) for m in self.markers]
-        numbers += [w.get("rollout") or 0 for v in self.versions.values() for w in v.workers.values()]
-        return max(numbers, default=0) + 1
-
-    def to_json(self) -> dict[str, Any]:
-        return {"serving": self.serving, "versions": {m: v.to_json() for m, v in self.versions.items()},
-                "markers": self.markers, "canary": self.canary}
-
-
-# ---------------------------------------------------------------------- commands
 def start(live_state: str, state: str, model_dir: str, *, bootstrap: str | None = None,
           kafka_client: str = DEFAULT_KAFKA_CLIENT, control_topic: str = CONTROL_TOPIC,
           progress: bool = True) -> dict[str, Any]:
@@ -225,7 +59,7 @@ def start(live_state: str, state: str, model_dir: str, *, bootstrap: str | None 
     from gnnstream.workers.offline.jobs import progress_bar
     from gnnstream.workers.state import open_engine, open_store
     if bootstrap is not None:
-        _named(control_topic)
+        named_topic(control_topic)
     config = load_model_dir(model_dir).config
     facts = read_meta(live_state, [b"model", SERVING_META, ROLLOUT_META])
     live_model = json.loads(facts["model"])["model"] if facts["model"] else None
@@ -293,13 +127,8 @@ class _Reporter:
 
     def __call__(self, **fields: Any) -> None:
         if self.bootstrap:
-            _record(self.bootstrap, self.kafka_client, self.topic, f"backfill/{self.base['model']}",
-                    {**self.base, **fields, "at": time.time()})
-
-
-def _rank(record: dict[str, Any]) -> tuple[int, float, str, str]:
-    return marker_rank(Marker(int(record.get("rollout", 0)), str(record.get("serving")), record.get("retire"),
-                              float(record.get("at", 0.0))))
+            record_in_topic(self.bootstrap, self.kafka_client, self.topic, f"backfill/{self.base['model']}",
+                            {**self.base, **fields, "at": time.time()})
 
 
 def _append_marker(bootstrap: str, kafka_client: str, events_topic: str, control_topic: str, marker: Marker,
@@ -325,7 +154,7 @@ def _append_marker(bootstrap: str, kafka_client: str, events_topic: str, control
         producer.close()
     record = {"kind": "marker", **marker.to_json(), "previous": previous, "events_topic": events_topic,
               "partitions": len(partitions)}
-    _record(bootstrap, kafka_client, control_topic, f"marker/{marker.rollout}", record)
+    record_in_topic(bootstrap, kafka_client, control_topic, f"marker/{marker.rollout}", record)
     return record
 
 
@@ -466,86 +295,3 @@ def _num(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.3f}"
     return f"{value:,}" if isinstance(value, int) else str(value)
-
-
-# ---------------------------------------------------------------------- the command line
-def add_rollout_parser(sub: Any) -> None:
-    """``gnnstream rollout …`` (its subcommands)."""
-    from gnnstream.workers.settings import add_worker_arguments
-    p = sub.add_parser("rollout", help="run a new model version beside the serving one; promote, roll back, "
-                                       "retire (docs/operations.md)",
-                       description="Roll a new model version out beside the serving one: `start` prepares its "
-                                   "state from a copy of the live one, `gnnstream run` on that state publishes it "
-                                   "to its own topic, `promote` makes it the version consumers act on from a point "
-                                   "of the stream, `rollback` switches back, `retire` stops an old version. "
-                                   "`status` shows where each stands. See docs/operations.md, Model rollout.")
-    steps = p.add_subparsers(dest="step", metavar="STEP", required=True)
-
-    def kafka(q: argparse.ArgumentParser, events: bool = True) -> None:
-        add_worker_arguments(q, only=("bootstrap", "kafka_client", "control_topic",
-                                      *(("events_topic",) if events else ())))
-
-    q = steps.add_parser("start", help="copy the live state and compute a new model version on the copy")
-    q.add_argument("--from", dest="live", required=True, metavar="LIVE_STATE",
-                   help="state directory of the serving version's worker (it may be running)")
-    q.add_argument("--state", required=True, metavar="NEW_STATE", help="new state directory for the new version")
-    q.add_argument("--model", required=True, metavar="MODEL_DIR", help="the new version's model directory")
-    q.add_argument("--no-record", action="store_true", help="do not record progress in the rollout topic "
-                                                            "(no Kafka needed)")
-    kafka(q, events=False)
-    q.set_defaults(func=_start)
-    q = steps.add_parser("status", help="each version's workers, the backfill, the serving version, the canary")
-    q.add_argument("--json", action="store_true", help="print the whole view as JSON")
-    kafka(q, events=False)
-    q.set_defaults(func=_status)
-    force = ("switch even when no worker of the version reports consuming (nothing is scored until one reaches "
-             "the marker)")
-    q = steps.add_parser("promote", help="make MODEL the serving version from now on in the stream")
-    q.add_argument("model", metavar="MODEL", help="NAME:VERSION")
-    q.add_argument("--force", action="store_true", help=force)
-    kafka(q)
-    q.set_defaults(func=_promote)
-    q = steps.add_parser("rollback", help="make the version that served before the last promote serve again")
-    q.add_argument("--force", action="store_true", help=force)
-    kafka(q)
-    q.set_defaults(func=_rollback)
-    q = steps.add_parser("retire", help="stop computing MODEL (its workers stop at a marker); not the serving one")
-    q.add_argument("model", metavar="MODEL", help="NAME:VERSION")
-    kafka(q)
-    q.set_defaults(func=_retire)
-
-
-def _print(result: Any) -> None:
-    print(json.dumps(result, indent=2, sort_keys=True))
-
-
-def _start(args: argparse.Namespace) -> int:
-    _print(start(args.live, args.state, args.model, bootstrap=None if args.no_record else args.bootstrap,
-                 kafka_client=args.kafka_client, control_topic=args.control_topic))
-    return 0
-
-
-def _status(args: argparse.Namespace) -> int:
-    view = status(bootstrap=args.bootstrap, control_topic=args.control_topic, kafka_client=args.kafka_client)
-    print(json.dumps(view.to_json(), indent=2, sort_keys=True) if args.json else format_status(view))
-    return 0
-
-
-def _marker_args(args: argparse.Namespace) -> dict[str, Any]:
-    return {"bootstrap": args.bootstrap, "events_topic": args.events_topic, "control_topic": args.control_topic,
-            "kafka_client": args.kafka_client}
-
-
-def _promote(args: argparse.Namespace) -> int:
-    _print(promote(args.model, force=args.force, **_marker_args(args)))
-    return 0
-
-
-def _rollback(args: argparse.Namespace) -> int:
-    _print(rollback(force=args.force, **_marker_args(args)))
-    return 0
-
-
-def _retire(args: argparse.Namespace) -> int:
-    _print(retire(args.model, **_marker_args(args)))
-    return 0

@@ -1,7 +1,8 @@
 """Which nodes this worker publishes: its share of the output topic, handed out by a consumer group.
 
 Every worker of a group keeps the whole graph and every layer but the last
-(:mod:`workers.worker` reads every partition of the events topic itself).
+(:mod:`workers.runtime.worker` reads every partition of the events topic
+itself).
 The final layer and the publishing are sharded by the partitions of the
 output topic: a node belongs to the partition its id maps to under Kafka's
 default partitioner (:mod:`stream.partitioning`), which is also the
@@ -26,19 +27,29 @@ between two batches (:meth:`Ownership.take`). A revocation waits, at most
 ``revoke_wait_s``, until the worker has stopped publishing the revoked
 partitions (:meth:`Ownership.done`): only then may the group hand them to
 another worker. docs/scaling.md states what a consumer sees meanwhile.
+:class:`Group` is the worker's side: the partitions it owns and keeps, and
+the changes acted on between two batches (:meth:`Group.sync`).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from typing import Any
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from gnnstream.stream.backends import open_consumer
 from gnnstream.stream.clients import PartitionKey
 from gnnstream.stream.errors import Limited, classify
+from gnnstream.stream.exceptions import StreamError
+from gnnstream.stream.rollout import version_topic
+from gnnstream.workers.runtime.metrics import WorkerMetrics
 
-__all__ = ["Ownership"]
+if TYPE_CHECKING:
+    from gnnstream.workers.engine import Engine
+
+__all__ = ["Ownership", "Group", "Takeover"]
 
 logger = logging.getLogger(__name__)
 _limited = Limited(logger)  # the same failure while Kafka is away: once, then once a minute
@@ -160,3 +171,136 @@ class Ownership:
         with self._cond:
             self._cond.notify_all()
         self._thread.join(timeout_s)
+
+
+@dataclass(frozen=True)
+class Takeover:
+    """Output partitions this worker took over: which, the final rows computed for them, the embeddings to
+    publish, and the seconds it took."""
+
+    partitions: frozenset[int]
+    recomputed: int
+    published: int
+    seconds: float
+
+
+class Group:
+    """This worker's share of the output topic: the partitions it publishes and those it keeps current.
+
+    A worker publishes the nodes of the partitions it *owns*; it keeps the
+    final rows of the nodes of the partitions it *keeps* current (the owned
+    ones, and revoked ones until the next assignment, so that getting one
+    back costs no recompute).
+
+    Args:
+        client: Kafka client (see :mod:`stream.backends`).
+        bootstrap: ``host:port[,host:port...]``.
+        group: the worker group's name (``--group``); the consumer group that shares the output is one per
+            model version (:meth:`member_group`).
+        session_timeout_ms: the member's session timeout.
+        metrics: ``gnnstream_owned_partitions`` follows the owned partitions.
+    """
+
+    def __init__(self, client: str, bootstrap: str, group: str, session_timeout_ms: int, metrics: WorkerMetrics):
+        self.client, self.bootstrap, self.group = client, bootstrap, group
+        self.session_timeout_ms = session_timeout_ms
+        self.metrics = metrics
+        self.ownership: Ownership | None = None
+        self.topic = ""  # the output topic (set by join)
+        self.partitions = 0  # the output topic's partitions when the worker started
+        self.owned: set[int] = set()  # output partitions whose nodes this worker publishes
+        self.kept: set[int] = set()  # output partitions whose nodes' final rows it keeps current
+        self.rebalancing = False  # partitions were revoked and the next assignment has not come
+
+    def restore(self, engine: Engine) -> None:
+        """Keep current the final rows the state holds current (every node's when it records no partitions: a
+        state not yet sharded); nothing is published before the group's assignment."""
+        stored = engine.kept_partitions()
+        if stored is not None:
+            self.kept = stored[1]
+            engine.own(self.kept, set(), stored[0])
+
+    def member_group(self, model_tag: str) -> str:
+        """The consumer group of the version ``model_tag``: a version's workers joining or leaving never move
+        another version's partitions."""
+        return version_topic(model_tag, self.group)
+
+    def join(self, engine: Engine, topic: str, partitions: int, stop: threading.Event) -> bool:
+        """Join the group that shares out ``topic`` (``partitions`` of them); wait for the first assignment
+        (False if ``stop`` was set meanwhile)."""
+        self.topic, self.partitions = topic, partitions
+        stored = engine.kept_partitions()
+        # a revocation waits for the worker at most half a session: longer, kafka-python would miss heartbeats
+        self.ownership = own = Ownership(self.client, self.bootstrap, topic, self.member_group(engine.model_tag),
+                                         session_timeout_ms=self.session_timeout_ms, floor=engine.highest_epoch(),
+                                         revoke_wait_s=self.session_timeout_ms / 2000)
+        if stored is None:  # every node's final row is current
+            self.kept = set(range(partitions))
+        elif stored[0] != partitions:  # the output topic has other partitions now: nodes map elsewhere
+            self.kept = set()
+        engine.own(self.kept, set(), partitions)
+        while not own.joined.wait(0.1):
+            if stop.is_set():
+                return False
+        return True
+
+    def settled(self) -> bool:
+        """The group has assigned this worker its partitions (and it took them over)."""
+        own = self.ownership
+        return own is not None and own.joined.is_set() and not self.rebalancing
+
+    def owns(self, partition: int) -> bool:
+        """Whether this worker publishes output partition ``partition``."""
+        return partition in self.owned
+
+    def sync(self, engine: Engine) -> Takeover | None:
+        """Act on the group's changes, between two batches; the partitions taken over, if any.
+
+        A revoked partition stops being published at once (the group hands
+        it on only after that); its final rows are still computed until the
+        next assignment says where it went. Events are not to be read
+        between a revocation and the next assignment (:attr:`rebalancing`).
+        Assigned partitions are taken over at once, at the epoch claimed for
+        them (docs/scaling.md).
+
+        Raises:
+            StreamError: the output topic has more partitions than when the worker started.
+        """
+        own = self.ownership
+        if own is None:
+            return None
+        revoked, assignment, ticket = own.take()
+        count = self.partitions
+        if revoked:
+            self.owned -= revoked
+            engine.own(self.kept, self.owned, count)
+            self.rebalancing = True
+            own.done(ticket)
+        if assignment is None:
+            return None
+        assignment, epoch = assignment
+        beyond = sorted(p for p in assignment if p >= count)
+        if beyond:
+            raise StreamError(f"topic {self.topic!r} has more partitions than the {count} this worker started "
+                              f"with (it was assigned {beyond}): nodes map to other partitions now; restart every "
+                              f"worker of group {self.group!r}")
+        self.rebalancing = False
+        self.owned &= assignment  # an eager assignment is whole
+        parts = assignment - self.owned
+        computed = parts & self.kept
+        self.kept = (self.kept & assignment) | parts
+        self.owned |= parts
+        engine.own(self.kept, self.owned, count, epoch=epoch)
+        self.metrics.owned.set(len(self.owned))
+        if not parts:
+            return None
+        t0 = time.perf_counter()
+        stats = engine.take_over(parts, computed)
+        recomputed = stats.recomputed[-1] if stats.recomputed else 0
+        return Takeover(frozenset(parts), recomputed, stats.published, time.perf_counter() - t0)
+
+    def close(self, timeout_s: float) -> None:
+        """Leave the group: the other workers take this one's partitions."""
+        if self.ownership is not None:
+            self.ownership.close(timeout_s)
+            self.ownership = None
