@@ -27,19 +27,12 @@ from typing import IO, Any, Iterator, Sequence
 from gnnstream.workers.atomic import atomic_output
 from gnnstream.workers.heap import tune_collector
 from gnnstream.workers.query.limits import add_arguments as add_http_limits, from_args as http_limits
-from gnnstream.workers.settings import fanout_list, finite_number, model_name, model_version, port_number, whole_number
+from gnnstream.workers.settings import (configure_logging, fanout_list, finite_number, model_name, model_version,
+                                        port_number, whole_number)
 
-__all__ = ["main", "build_parser", "configure_logging"]
+__all__ = ["main", "build_parser"]
 
 logger = logging.getLogger(__name__)
-
-LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-
-
-def configure_logging(level: int) -> None:
-    """Log records of ``level`` and above on stderr, in the one format of every gnnstream process."""
-    logging.basicConfig(level=level, format=LOG_FORMAT)
-
 
 def _events_path(path: str) -> str:
     """Refuse an events path that exists but is no regular file (a directory, a device, a pipe)."""

@@ -7,6 +7,7 @@ a command-line flag wins over the variable, the variable over the default.
 from __future__ import annotations
 
 import argparse
+import logging
 import math
 import os
 from dataclasses import dataclass, fields
@@ -16,7 +17,7 @@ from gnnstream.stream.backends import DEFAULT_KAFKA_CLIENT, KAFKA_CLIENTS
 from gnnstream.stream.clients import MAX_MESSAGE_BYTES
 
 __all__ = ["WorkerSettings", "add_worker_arguments", "settings_from_args", "ENV_PREFIX", "whole_number",
-           "fanout_list", "model_name", "model_version",
+           "fanout_list", "model_name", "model_version", "LOG_FORMAT", "configure_logging",
            "finite_number", "port_number"]
 
 ENV_PREFIX = "GNNSTREAM_"
@@ -215,6 +216,14 @@ def model_version(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a non-negative whole number like 2 (got {text!r})")
     return int(text)
 
+
+
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def configure_logging(level: int) -> None:
+    """Log records of ``level`` and above on stderr, in the one format of every gnnstream process."""
+    logging.basicConfig(level=level, format=LOG_FORMAT)
 
 
 def _env_name(field_name: str) -> str:

@@ -278,7 +278,7 @@ def test_serve_refuses_with_one_line(tmp_path: Path) -> None:
 # a worker's side of the query process, run with the working directory first on sys.path (``python -c``)
 _PARENT = """
 import logging, sys, time
-from gnnstream.workers.cli import configure_logging
+from gnnstream.workers.settings import configure_logging
 from gnnstream.workers.query.limits import HttpLimits
 from gnnstream.workers.query.server import QueryProcess
 configure_logging(logging.INFO)

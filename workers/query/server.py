@@ -328,7 +328,7 @@ class QueryProcess:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from gnnstream.workers.cli import configure_logging
+    from gnnstream.workers.settings import configure_logging
     parser = argparse.ArgumentParser(prog="python -m gnnstream.workers.query.server", description="the query API server "
                                      "process (started by `gnnstream run --query-port`)")
     parser.add_argument("--state", required=True, help="the worker's state directory")
