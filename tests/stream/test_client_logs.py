@@ -16,6 +16,7 @@ import pytest
 from confluent_kafka import KafkaError
 
 import gnnstream.stream.confluent as confluent
+import gnnstream.stream.librdkafka_logs as librdkafka_logs
 import gnnstream.stream.kafka as kafka_module
 from tests.support import closed_port
 
@@ -49,17 +50,17 @@ class _Clock:
 def clock(monkeypatch: pytest.MonkeyPatch) -> _Clock:
     """A fresh librdkafka rate limit on a clock the test moves."""
     fake = _Clock()
-    monkeypatch.setattr(confluent, "_repeats", confluent._Repeats(confluent.logger, clock=fake))
+    monkeypatch.setattr(librdkafka_logs, "_repeats", librdkafka_logs._Repeats(librdkafka_logs.logger, clock=fake))
     return fake
 
 
 def test_identical_librdkafka_messages_are_logged_once_then_summarised(clock: _Clock,
                                                                       caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG, logger="gnnstream.stream.confluent")
-    log, port = confluent._librdkafka_log, 40001  # log texts only: nothing connects to it
+    log, port = librdkafka_logs.librdkafka_log, 40001  # log texts only: nothing connects to it
     for i in range(1000):  # each refused reconnect: a log line and an error, with the same text
         log.log(logging.ERROR, "%s [%s] %s", "FAIL", "gnnstream-producer#producer-1", _refused(port, i))
-        confluent._log_error(KafkaError(KafkaError._TRANSPORT, _refused(port, i).split("]: ", 1)[1]))
+        librdkafka_logs.librdkafka_error(KafkaError(KafkaError._TRANSPORT, _refused(port, i).split("]: ", 1)[1]))
         clock.now += 0.05
     shown = _shown(caplog, "gnnstream.stream.confluent")
     assert len(shown) == 1 and "Connection refused" in shown[0] and "thrd:" not in shown[0], shown
@@ -67,13 +68,13 @@ def test_identical_librdkafka_messages_are_logged_once_then_summarised(clock: _C
     assert len(repeats) == 1999  # every repeat still goes to DEBUG
 
     clock.now += 11  # 61 s after the first line: the next check logs how many were held back
-    confluent._repeats.expire()
+    librdkafka_logs._repeats.expire()
     shown = _shown(caplog, "gnnstream.stream.confluent")
     assert len(shown) == 2 and shown[1].endswith("[repeated 999 times in the last 61 s]"), shown
     assert caplog.records[-1].levelno == logging.ERROR
 
     clock.now += 61  # a quiet minute: nothing to summarise, and the next failure is a first again
-    confluent._repeats.expire()
+    librdkafka_logs._repeats.expire()
     log.log(logging.ERROR, "%s [%s] %s", "FAIL", "gnnstream-producer#producer-2", _refused(port))
     shown = _shown(caplog, "gnnstream.stream.confluent")
     assert len(shown) == 3 and "repeated" not in shown[2] and "producer-2" in shown[2], shown
@@ -81,7 +82,7 @@ def test_identical_librdkafka_messages_are_logged_once_then_summarised(clock: _C
 
 def test_a_distinct_librdkafka_message_still_gets_through(clock: _Clock, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="gnnstream.stream.confluent")
-    log, port, other = confluent._librdkafka_log, 40001, 40002  # log texts only: nothing connects to them
+    log, port, other = librdkafka_logs.librdkafka_log, 40001, 40002  # log texts only: nothing connects to them
     for i in range(200):
         log.log(logging.ERROR, "%s [%s] %s", "FAIL", "c#producer-1", _refused(port, i))
         clock.now += 0.1
@@ -89,14 +90,14 @@ def test_a_distinct_librdkafka_message_still_gets_through(clock: _Clock, caplog:
             "[thrd:sasl_ssl://k:9093/1]: sasl_ssl://k:9093/1: SASL authentication error: Authentication failed "
             "during authentication due to invalid credentials with SASL mechanism PLAIN (after 312ms in state "
             "AUTH_REQ)")
-    confluent._log_error(KafkaError(KafkaError._UNKNOWN_TOPIC, "Subscribed topic not available: t: Broker: "
+    librdkafka_logs.librdkafka_error(KafkaError(KafkaError._UNKNOWN_TOPIC, "Subscribed topic not available: t: Broker: "
                                     "Unknown topic or partition"))
     log.log(logging.ERROR, "%s [%s] %s", "FAIL", "c#producer-1", _refused(other))  # another broker
     for i in range(200):
         log.log(logging.ERROR, "%s [%s] %s", "FAIL", "c#producer-1", _refused(port, i))
     fatal = KafkaError(KafkaError._FENCED, "Producer fenced by newer instance", fatal=True)
-    confluent._log_error(fatal)
-    confluent._log_error(fatal)  # fatal errors are never held back
+    librdkafka_logs.librdkafka_error(fatal)
+    librdkafka_logs.librdkafka_error(fatal)  # fatal errors are never held back
     shown = _shown(caplog, "gnnstream.stream.confluent")
     assert len(shown) == 6, shown
     assert f"127.0.0.1:{port} failed" in shown[0]
