@@ -48,7 +48,8 @@ from typing import Any
 import numpy as np
 
 
-import bench.e2e as e2e
+import bench.e2e_matrix as e2e_matrix
+import bench.kafka_run as kafka_run
 from bench.common import (
     CpuSampler, FULL_EDGES, FULL_NODES, code_fingerprint, emit, log, machine_load, peak_rss_mib, percentile,
 )
@@ -175,20 +176,20 @@ def main(argv: list[str] | None = None) -> int:
     result: dict[str, Any] = {"bench": "query", "code": code_fingerprint(), "machine_load_at_start": machine_load()}
     default = (WorkerSettings.kafka_client, WorkerSettings.output_format)
     try:
-        graph, model, base = e2e.base_state(args, work, result)
+        graph, model, base = e2e_matrix.base_state(args, work, result)
         warm = args.warmup_events
         rate = args.rate
         if not rate:
             events, _ = engine_bench.stream_events(graph, warm + args.stream_events, np.random.default_rng(1), 0.90,
                                                    0.05, 1_800_000_000, args.batch_size)
             state = work / "state-sustained"
-            e2e.clone_state(base, state)
+            e2e_matrix.clone_state(base, state)
             with EmbeddedBroker() as broker:
                 topic = f"bench-ev-{uuid.uuid4().hex[:8]}"
                 ensure_topics(broker.bootstrap, {topic: args.partitions})
-                e2e.produce(broker.bootstrap, topic, [(event_key(ev), encode_event(ev)) for ev in events])
+                kafka_run.produce(broker.bootstrap, topic, [(event_key(ev), encode_event(ev)) for ev in events])
                 log(f"sustained rate: {default}")
-                run = e2e.sustained(broker.bootstrap, topic, len(events), model, str(state), args, *default, warm)
+                run = kafka_run.sustained(broker.bootstrap, topic, len(events), model, str(state), args, *default, warm)
             shutil.rmtree(state, ignore_errors=True)
             result["sustained"] = run
             rate = args.rate_fraction * run["after_warmup"]["events_per_s"]
@@ -221,11 +222,11 @@ def main(argv: list[str] | None = None) -> int:
             return got
 
         state = work / "state-fresh"
-        e2e.clone_state(base, state)
+        e2e_matrix.clone_state(base, state)
         log(f"stream at {rate:.0f} events/s with the query API on port {port}; "
             f"load after {args.fresh_warmup_s:g} s")
         with EmbeddedBroker() as broker, CpuSampler() as sampler:
-            fresh = e2e.paced_freshness(broker.bootstrap, fresh_events[:warm], fresh_events[warm:], rate, model,
+            fresh = e2e_matrix.paced_freshness(broker.bootstrap, fresh_events[:warm], fresh_events[warm:], rate, model,
                                         str(state), *default, args, query_port=port, alongside=load)
         # cores used by each process of the run: the stream alone (the last half of its warm-up), then each load
         result["cpu_cores"] = {name: sampler.cores(*window) for name, window in windows.items()}
