@@ -1,5 +1,4 @@
-"""The byte layouts of the embedding state's values: page-log pages (``embpages``, ``layerpages``) and outbox
-records (``outbox``)."""
+"""The byte layout of the embedding state's page-log pages (``embpages``, ``layerpages``)."""
 
 from __future__ import annotations
 
@@ -10,36 +9,13 @@ import numpy as np
 
 from gnnstream.graph_state.idsets import unique_ids
 
-__all__ = ["PAGE_ROWS", "encode_pages", "decode_page", "encode_outbox", "decode_outbox"]
+__all__ = ["PAGE_ROWS", "encode_pages", "decode_page"]
 
 PAGE_ROWS = 128  # records per page of a page log, rows per frame of a row file (64 KB of rows at 128 dims)
-_OUTBOX = struct.Struct(">BId")  # format, count, computed_at
-_OUTBOX_FORMAT = 3
 _PAGE_HEAD = struct.Struct(">BBIHB")  # format, has rows, count, row width, number of modes
 _PAGE_FORMAT = 2  # rows in a frame of the row file, the record names the frame
 _FRAME = struct.Struct(">QQ")  # frame, sum of the rows' 32-bit words
 _COLUMNS = (("iid", ">u8"), ("version", ">u8"), ("event_ts", ">f8"), ("mode", "u1"))
-
-
-def encode_outbox(iids: np.ndarray, computed_at: float) -> bytes:
-    """One outbox record: the interned ids whose final embedding (or deletion) a recompute committed.
-
-    The record names nodes only. The publisher sends each node's state as
-    stored when it publishes, which is that commit's or a newer one: every
-    message pairs a version with its own vector, and the newest version of a
-    node is always among the messages sent. Layout: a header (format byte,
-    count, computed_at) and the ids (u64 big-endian).
-    """
-    iids = np.asarray(iids, dtype=np.int64)
-    return _OUTBOX.pack(_OUTBOX_FORMAT, len(iids), computed_at) + iids.astype(">u8").tobytes()
-
-
-def decode_outbox(raw: bytes) -> tuple[float, np.ndarray]:
-    """``(computed_at, iids)`` of one outbox record."""
-    fmt, count, computed_at = _OUTBOX.unpack_from(raw)
-    if fmt != _OUTBOX_FORMAT:
-        raise ValueError(f"Expected outbox record format {_OUTBOX_FORMAT} (got {fmt})")
-    return computed_at, np.frombuffer(raw, ">u8", count, _OUTBOX.size).astype(np.int64)
 
 
 def encode_pages(iids: np.ndarray, version: np.ndarray, event_ts: np.ndarray, codes: np.ndarray,

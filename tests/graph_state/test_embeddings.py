@@ -13,7 +13,8 @@ from gnnstream.graph_state import keys
 from gnnstream.graph_state.store import GraphStore
 from gnnstream.graph_state.transaction import Transaction
 from gnnstream.graph_state import row_file
-from gnnstream.graph_state.codecs import PAGE_ROWS, decode_outbox, decode_page, encode_outbox, encode_pages
+from gnnstream.graph_state.codecs import PAGE_ROWS, decode_page, encode_pages
+from gnnstream.graph_state.outbox import decode_record, encode_record
 from gnnstream.graph_state.page_log import SUPERSEDED_SHARE, EmbeddingMeta, PageLog
 from gnnstream.graph_state.row_cache import EmbeddingTables
 from gnnstream.graph_state.row_file import RowFile, RowReaders
@@ -137,10 +138,10 @@ def test_the_log_stays_near_its_live_records_and_reloads_to_the_same_state(tmp_p
 
 def test_outbox_record_round_trip() -> None:
     iids = np.asarray([2**40 + 1, 0, 17], dtype=np.int64)
-    computed_at, back = decode_outbox(encode_outbox(iids, 1234.5))
+    computed_at, back = decode_record(encode_record(iids, 1234.5))
     assert computed_at == 1234.5
     np.testing.assert_array_equal(back, iids)
-    assert decode_outbox(encode_outbox(np.zeros(0, dtype=np.int64), 1.0))[1].tolist() == []
+    assert decode_record(encode_record(np.zeros(0, dtype=np.int64), 1.0))[1].tolist() == []
 
 
 def test_compaction_moves_withdrawn_records_into_pages_without_rows(tmp_path) -> None:

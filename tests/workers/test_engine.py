@@ -39,7 +39,7 @@ from tests.workers.reference import (
     run_gnnstream,
 )
 from gnnstream.workers.engine import Engine
-from gnnstream.graph_state.codecs import decode_outbox
+from gnnstream.graph_state.outbox import decode_record
 from gnnstream.graph_state.page_log import EmbeddingMeta, PageLog
 
 
@@ -124,7 +124,7 @@ class _Publisher:
         for key, raw in engine.store.column("outbox").items():
             if key not in self._read:
                 self._read.add(key)
-                computed_at, iids = decode_outbox(raw)
+                computed_at, iids = decode_record(raw)
                 c = engine.outbox_columns(iids, computed_at)
                 self.entries.extend(_Entry(node, version, mode, None if gone else row)
                                     for node, version, mode, gone, row

@@ -39,8 +39,8 @@ from gnnstream.stream.updates import VERSION_HEADER, decode_update
 from gnnstream.stream.clients import ProducerClient
 from gnnstream.stream.delivery import Delivery, UpdateColumns
 from gnnstream.workers.settings import WorkerSettings, add_worker_arguments, settings_from_args
-from gnnstream.graph_state.codecs import encode_outbox
-from gnnstream.workers.runtime.publisher import Outbox, Outgoing
+from gnnstream.graph_state.outbox import encode_record
+from gnnstream.workers.runtime.publisher import OutboxReader, Outgoing
 from gnnstream.workers.runtime.worker import Worker
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -119,7 +119,7 @@ class OutboxWriter:
 
     def add(self, *iids: int) -> None:
         tx = Transaction()
-        tx.put_outbox(self.seq, encode_outbox(np.array(iids, dtype=np.int64), 1.0))
+        tx.put_outbox(self.seq, encode_record(np.array(iids, dtype=np.int64), 1.0))
         self.store.commit(tx)
         self.seq += 1
 
@@ -127,7 +127,7 @@ class OutboxWriter:
 class InProcess:
     """An outbox delivered in this process to ``producer`` (the worker has its publisher thread do it)."""
 
-    def __init__(self, outbox: Outbox, delivery: Delivery):
+    def __init__(self, outbox: OutboxReader, delivery: Delivery):
         self.outbox, self.delivery = outbox, delivery
 
     def prepare(self, limit: int = 50_000) -> Outgoing:
@@ -143,7 +143,7 @@ class InProcess:
 def publisher_of(store: GraphStore, producer: RecordingProducer, resolve: Any, fmt: str = "json",
                  model: str = "m:1", **kw: Any) -> InProcess:
     """An outbox delivering in this process to ``producer``."""
-    return InProcess(Outbox(store, resolve, **kw), Delivery(producer, "emb", model, fmt))
+    return InProcess(OutboxReader(store, resolve, **kw), Delivery(producer, "emb", model, fmt))
 
 
 def cycle(publisher: InProcess, held: Held | None = None) -> Outgoing:
@@ -296,7 +296,7 @@ def test_a_resolver_without_iids_works_only_without_min_change(tmp_path: Path) -
         with pytest.raises(ValueError, match="iids and mode_codes"):
             publisher_of(store, RecordingProducer(), resolve, min_change=0.1).prepare()
     with pytest.raises(ValueError, match="min_change"):
-        Outbox(None, resolve, min_change=-1.0)  # type: ignore[arg-type]
+        OutboxReader(None, resolve, min_change=-1.0)  # type: ignore[arg-type]
 
 
 def test_suppressed_counter_counts_delivered_batches(tmp_path: Path) -> None:

@@ -343,8 +343,8 @@ def test_outbox_publisher_encodes_columns_and_deletes_only_confirmed_records(tmp
     from gnnstream.graph_state.store import GraphStore
     from gnnstream.stream.updates import EmbeddingUpdate, VERSION_HEADER, encode_update
     from gnnstream.stream.delivery import UpdateColumns, encode_columns
-    from gnnstream.graph_state.codecs import encode_outbox
-    from gnnstream.workers.runtime.publisher import Outbox
+    from gnnstream.graph_state.outbox import encode_record
+    from gnnstream.workers.runtime.publisher import OutboxReader
 
     def resolve(iids: np.ndarray, computed_at: float) -> UpdateColumns:
         n = len(iids)
@@ -357,10 +357,10 @@ def test_outbox_publisher_encodes_columns_and_deletes_only_confirmed_records(tmp
     with GraphStore(str(tmp_path / "s")) as store:
         from gnnstream.graph_state.transaction import Transaction
         tx = Transaction()
-        tx.put_outbox(0, encode_outbox(np.array([1, 2, 3]), 100.0))
-        tx.put_outbox(1, encode_outbox(np.array([4, 5]), 200.0))
+        tx.put_outbox(0, encode_record(np.array([1, 2, 3]), 100.0))
+        tx.put_outbox(1, encode_record(np.array([4, 5]), 200.0))
         store.commit(tx)
-        publisher = Outbox(store, resolve)
+        publisher = OutboxReader(store, resolve)
         first = publisher.prepare(limit=1)  # whole records: the first one alone reaches the limit
         assert first.keys == [keys.U64.pack(0)] and len(first) == 3
         rows = resolve(np.array([1, 2, 3]), 100.0).rows
@@ -382,11 +382,11 @@ def test_outbox_publisher_sends_a_node_of_several_records_once(tmp_path: Path) -
     """Records waiting together coalesce: each node goes out once, under the last record naming it, and the
     limit counts distinct nodes."""
     from gnnstream.graph_state import keys
-    from gnnstream.graph_state.codecs import encode_outbox
+    from gnnstream.graph_state.outbox import encode_record
     from gnnstream.graph_state.store import GraphStore
     from gnnstream.graph_state.transaction import Transaction
     from gnnstream.stream.delivery import UpdateColumns
-    from gnnstream.workers.runtime.publisher import Outbox
+    from gnnstream.workers.runtime.publisher import OutboxReader
 
     calls: list[tuple[list[int], float]] = []
 
@@ -400,9 +400,9 @@ def test_outbox_publisher_sends_a_node_of_several_records_once(tmp_path: Path) -
         tx = Transaction()
         for seq, (iids, at) in enumerate([([1, 2, 3], 100.0), ([2, 4], 200.0), ([3, 2, 5], 300.0), ([6], 400.0),
                                           ([1, 7], 500.0)]):
-            tx.put_outbox(seq, encode_outbox(np.array(iids), at))
+            tx.put_outbox(seq, encode_record(np.array(iids), at))
         store.commit(tx)
-        publisher = Outbox(store, resolve)
+        publisher = OutboxReader(store, resolve)
         first = publisher.prepare(limit=5)  # 3, then 4, then 5 distinct nodes: three records
         assert first.keys == [keys.U64.pack(i) for i in range(3)]
         assert calls == [([1], 100.0), ([4], 200.0), ([3, 2, 5], 300.0)]

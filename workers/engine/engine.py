@@ -42,7 +42,7 @@ from gnnstream.graph_state.marks import DIRTY_COUNT, DIRTY_DEGREE, DIRTY_INPUT, 
 from gnnstream.graph_state.store import GraphStore
 from gnnstream.graph_state.transaction import Transaction
 from gnnstream.stream.delivery import UpdateColumns
-from gnnstream.graph_state.codecs import encode_outbox
+from gnnstream.graph_state.outbox import Outbox
 from gnnstream.graph_state.page_log import PageLog, layer_logs_from
 from gnnstream.graph_state.row_cache import EmbeddingTables
 from gnnstream.workers.engine.device import check_device, threads_for
@@ -59,7 +59,6 @@ DELETED = "deleted"  # mode of a withdrawn embedding (its meta keeps the version
 DEFERRED_TAG = 0x8000  # dirty key tag 0x8000 + l: dependents of v at layer l are pending
 _ATOL = 1e-6
 _HEAD_COLUMNS = 8  # entries of a recomputed row compared first (one 32-byte read per held row)
-_OUTBOX_SEQ = b"outbox_seq"
 
 
 class Engine:
@@ -128,8 +127,7 @@ class Engine:
         self.shards = OutputShards(store)  # whose final rows are kept and published (see own)
         self._deleted_code = self.meta.code(DELETED)
         self._mode_of: dict[int, int] = {}  # mode code by degree * 2 + has features (the policy is fixed)
-        raw = store.column("meta").get(_OUTBOX_SEQ)
-        self._seq = 0 if raw is None else keys.decode_iid(raw)
+        self.outbox = Outbox(store)  # the nodes to publish, written with their rows
         # by layer, nodes whose stored rows failed their check: the next recompute writes them whatever it finds
         self._damaged: dict[int, np.ndarray] = {}
         if not self.needs_backfill():  # a backfill rewrites every row anyway
@@ -167,14 +165,6 @@ class Engine:
             out = self.gnn.layer(layer, torch.zeros(1, in_dim), torch.zeros(0, in_dim), empty,
                                        torch.zeros(1, dtype=torch.int64), empty)
         return int(out.shape[1])
-
-    def _outbox(self, tx: Transaction, record: bytes) -> None:
-        """Queue an outbox record; the caller also stores the next sequence number (:meth:`_outbox_seq`)."""
-        tx.put_outbox(self._seq, record)
-        self._seq += 1
-
-    def _outbox_seq(self, tx: Transaction) -> None:
-        tx.set_meta(_OUTBOX_SEQ, keys.U64.pack(self._seq))
 
     # ------------------------------------------------------------------ ownership (a group's output partitions)
     def own(self, keep: "set[int] | None", publish: "set[int] | None" = None, count: int = 0,
@@ -245,14 +235,12 @@ class Engine:
                 self.tables.set(self.num_layers, chunk[fresh], rows[fresh])
             stats.recomputed.append(int(fresh.sum()))
             tx = self._write_final(chunk, rows, publish=True, stats=stats, event_ts=None, force=False)
-            self._outbox_seq(tx)
             tx.add(self.meta.compact())
             self._commit(tx)
         stats.recomputed = [sum(stats.recomputed)]
         tx = Transaction()
         self.tables.set(self.num_layers, gone, None)
         self._outputs_for_deleted(gone, tx, True, stats, again=True)
-        self._outbox_seq(tx)
         stored = self.shards.stored()
         self.shards.record_kept(tx, (stored[1] if stored and stored[0] == self.shards.count else set()) | partitions)
         tx.add(self.meta.compact())
@@ -368,8 +356,7 @@ class Engine:
         self.tables.clear()
         for log in self.logs.values():
             log.clear()
-        raw = self.store.column("meta").get(_OUTBOX_SEQ)
-        self._seq = 0 if raw is None else keys.decode_iid(raw)
+        self.outbox.reload()
 
     def _full_inputs(self, targets: np.ndarray) -> Rows:
         feats, _ = self.store.feature_rows(targets.tolist(), self.tables.dims[0])
@@ -431,10 +418,9 @@ class Engine:
             tx.add(meta.encode(ids, rows[start:start + chunk]))
             sent = ids if self.shards.publishes_all else ids[self.shards.published(ids)]
             if publish and len(sent):
-                self._outbox(tx, encode_outbox(sent, now))
+                self.outbox.append(tx, sent, now)
                 stats.published += len(sent)
             if force:
-                self._outbox_seq(tx)
                 self._commit(tx)
                 tx = Transaction()
         return tx
@@ -576,7 +562,6 @@ class Engine:
         if sum(len(nodes) for _, nodes in waiting):
             tags, nodes = np.concatenate([t for t, _ in waiting]), np.concatenate([n for _, n in waiting])
             tx.add_marks(tags, nodes, np.ones(len(nodes), dtype=np.uint8))
-        self._outbox_seq(tx)
         t = stats.lap("outputs", t)
         # every mark was read above and nothing applies events meanwhile: clear them all at once
         tx.clear_marks()
@@ -614,7 +599,7 @@ class Engine:
         tx.add(self.meta.encode(ids, None))
         sent = ids if self.shards.publishes_all else ids[self.shards.published(ids)]
         if publish and len(sent):
-            self._outbox(tx, encode_outbox(sent, time.time()))
+            self.outbox.append(tx, sent, time.time())
             stats.published += len(sent)
 
     def outbox_columns(self, iids: np.ndarray, computed_at: float) -> UpdateColumns:

@@ -1,7 +1,7 @@
 """Publishing: the outbox read into batches, and the publisher thread that delivers them in order.
 
 The engine writes an outbox record with every recompute (the interned ids of
-the nodes whose stored state changed). :class:`Outbox` reads the records not
+the nodes whose stored state changed, :mod:`gnnstream.graph_state.outbox`). :class:`OutboxReader` reads the records not
 taken yet into one :class:`Outgoing` batch, each node once in its state
 stored now; :class:`Publisher` hands batches to a thread of its own, which
 has the delivery process (:mod:`stream.delivery`) encode, send and flush them
@@ -24,13 +24,13 @@ from typing import Callable
 import numpy as np
 
 from gnnstream.graph_state.store import GraphStore
-from gnnstream.graph_state.transaction import Transaction
+from gnnstream.graph_state.outbox import Outbox
 from gnnstream.stream.delivery import Delivery, DeliveryProcess, UpdateColumns
 from gnnstream.stream.errors import classify
 from gnnstream.stream.exceptions import StreamError
 from gnnstream.stream.rollout import stamp_headers
 
-__all__ = ["Outgoing", "Outbox", "Publisher"]
+__all__ = ["Outgoing", "OutboxReader", "Publisher"]
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ class Outgoing:
         return self.count
 
 
-class Outbox:
+class OutboxReader:
     """The outbox records not published yet, read into batches; deleted once their batch was delivered.
 
     :meth:`prepare` reads the outbox records not taken yet and resolves each
@@ -100,7 +100,7 @@ class Outbox:
                  min_change: float = 0.0):
         if not 0 <= min_change < np.inf:
             raise ValueError(f"min_change must be a finite number >= 0 (got {min_change!r})")
-        self.store = store
+        self.outbox = Outbox(store)
         self.resolve = resolve
         self.min_change = float(min_change)
         self._taken: bytes | None = None  # the last outbox key prepare() took and confirm() has not deleted
@@ -110,7 +110,7 @@ class Outbox:
 
     def pending(self) -> int:
         """Outbox records stored (taken or not)."""
-        return sum(1 for _ in self.store.column("outbox").keys())
+        return self.outbox.pending()
 
     def prepare(self, limit: int = 50_000) -> Outgoing:
         """The outbox records after the last one taken, up to about ``limit`` distinct nodes, as one batch.
@@ -121,15 +121,11 @@ class Outbox:
         is that record's or a newer one): when delivery falls behind, the
         records waiting for it coalesce.
         """
-        from gnnstream.graph_state.codecs import decode_outbox
         taken = self._taken
         out = Outgoing([], [], np.zeros(0, dtype=np.float64), headers=self._stamp)
         records: list[tuple[float, np.ndarray]] = []
         distinct = 0
-        for key, raw in self.store.column("outbox").items(from_key=taken):
-            if key == taken:
-                continue
-            computed_at, iids = decode_outbox(raw)
+        for key, computed_at, iids in self.outbox.records(after=taken):
             seen = self._seen_map(iids)
             distinct += len(iids) - int(np.count_nonzero(seen[iids]))
             seen[iids] = True
@@ -226,10 +222,7 @@ class Outbox:
 
     def confirm(self, out: Outgoing) -> None:
         """Delete the outbox records of a delivered ``out``."""
-        if out.keys:
-            tx = Transaction()
-            tx.remove_outbox(out.keys)
-            self.store.commit(tx)
+        self.outbox.confirm(out.keys)
 
 
 class Publisher:
@@ -240,7 +233,7 @@ class Publisher:
     the thread. At most ``MAX_IN_FLIGHT`` batches wait for delivery; while
     that many do, new outbox records stay stored and the worker goes on with
     the next events, and the records waiting then go out together, each node
-    once (:meth:`Outbox.prepare`). A batch whose flush fails is sent again
+    once (:meth:`OutboxReader.prepare`). A batch whose flush fails is sent again
     (and again) before any later one, so each node's versions go out in
     order; while that goes on, :meth:`publish` waits for it (for ever unless
     stopping). The thread reports through the callbacks it is given and never
@@ -258,7 +251,7 @@ class Publisher:
         on_ok: called by the thread when a flush succeeded.
     """
 
-    def __init__(self, outbox: Outbox, delivery: Delivery | DeliveryProcess, topic: str, stop: threading.Event, *,
+    def __init__(self, outbox: OutboxReader, delivery: Delivery | DeliveryProcess, topic: str, stop: threading.Event, *,
                  on_delivered: Callable[[Outgoing, float], None], on_retry: Callable[[BaseException], float],
                  on_ok: Callable[[], None]):
         self.outbox, self.delivery, self.topic = outbox, delivery, topic

@@ -87,7 +87,7 @@ from gnnstream.workers.runtime.health import Errors, Health, verdict
 from gnnstream.workers.runtime.markers import MarkerBarrier
 from gnnstream.workers.runtime.metrics import MetricsServer, WorkerMetrics
 from gnnstream.workers.runtime.offsets import Offsets
-from gnnstream.workers.runtime.publisher import Outbox, Outgoing, Publisher
+from gnnstream.workers.runtime.publisher import OutboxReader, Outgoing, Publisher
 from gnnstream.workers.settings import WorkerSettings
 
 if TYPE_CHECKING:  # torch-backed modules are imported by Worker.run, after /healthz is up
@@ -148,7 +148,7 @@ class Worker:
         self.retired: Marker | None = None  # the marker that retired this worker's version
         self.offsets: Offsets | None = None  # set once the state is open
         self.publisher: Publisher | None = None  # set once Kafka is reachable
-        self._outbox: Outbox | None = None
+        self._outbox: OutboxReader | None = None
         self._letters: DeadLetters | None = None
         self._query: Any = None  # the query API process (query.server.QueryProcess), told of every commit
         self._deferred_keys = np.zeros(0, dtype=np.int64)  # deferred hub marks after the last recompute
@@ -268,7 +268,7 @@ class Worker:
         delivery = DeliveryProcess(s.kafka_client, s.bootstrap, self.output_topic, engine.model_tag,
                                    s.output_format, worker=self.worker_id, max_message_bytes=s.max_message_bytes)
         dlq_producer = open_producer(s.kafka_client, s.bootstrap, max_message_bytes=s.max_message_bytes)
-        outbox = self._outbox = Outbox(store, engine.outbox_columns, min_change=s.min_change)
+        outbox = self._outbox = OutboxReader(store, engine.outbox_columns, min_change=s.min_change)
         outbox.stamp(self.serving, self.rollout)
         letters = self._letters = DeadLetters(dlq_producer, s.dlq_topic, s.max_message_bytes, store, self.group.owns,
                                               lambda: self.group.partitions, self.health, self.errors, self._stop)
@@ -471,7 +471,7 @@ class Worker:
         sel = tags >= DEFERRED_TAG
         return np.unique((tags[sel] << 32) | iids[sel])
 
-    def _new_publisher(self, outbox: Outbox, delivery: Delivery | DeliveryProcess) -> Publisher:
+    def _new_publisher(self, outbox: OutboxReader, delivery: Delivery | DeliveryProcess) -> Publisher:
         """A publisher (its thread started) that reports to this worker's metrics, ``/healthz`` and errors."""
         return Publisher(outbox, delivery, self.output_topic, self._stop, on_delivered=self._delivered,
                          on_retry=lambda exc: self.errors.recoverable("publish", exc, pause=False),
