@@ -1,8 +1,8 @@
 """Kafka client benchmark: kafka-python against confluent-kafka, side by side.
 
 For each message format (binary float32, ~0.55 KB, and JSON, ~1.5 KB, both
-made by :func:`stream.updates.encode_updates` from random 128-d embeddings)
-and each client of :data:`stream.backends.KAFKA_CLIENTS`, on a fresh embedded
+made by :func:`gnnstream.stream.updates.encode_updates` from random 128-d embeddings)
+and each client of :data:`gnnstream.stream.backends.KAFKA_CLIENTS`, on a fresh embedded
 broker (Tansu keeps every message in RAM, so each cell gets its own broker,
 stopped after it):
 

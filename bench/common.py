@@ -412,7 +412,7 @@ def graph_events(graph: SyntheticGraph, batch: int = 10_000, ts0: int = 1_700_00
 
 def bulk_load_graph(store: GraphStore, graph: SyntheticGraph, fanouts: tuple[int, ...] = (),
                     ts0: int = 1_700_000_000) -> dict[str, Any]:
-    """Load the whole graph into the empty ``store`` as table files (:class:`graph_state.bulk.BulkLoad`): the
+    """Load the whole graph into the empty ``store`` as table files (:class:`gnnstream.graph_state.bulk.BulkLoad`): the
     events of :func:`graph_events` as columns, with the sampled-by index of ``fanouts``.
 
     Returns:

@@ -13,12 +13,12 @@ are not ordered against each other, so a consumer orders a node's scores by
 ``(rollout, embedding_version)``.
 
 Input: one consumer (one group) over every head's version topic,
-:func:`stream.rollout.version_topic` of its model; or one explicit
+:func:`gnnstream.stream.rollout.version_topic` of its model; or one explicit
 ``in_topic`` with a single head (the head may then have no model tag, and
 scores updates of any model).
 
 Serving: an update of model ``m`` is scored for ``fraud-scores`` when
-:func:`stream.rollout.is_serving` says it is the serving one (its
+:func:`gnnstream.stream.rollout.is_serving` says it is the serving one (its
 ``gnnstream.serving`` header names ``m``, or it has none). During a rollout
 each graph change thus gets exactly one serving score, whichever version's
 worker publishes first. A serving tombstone (a deleted node) is passed on as
@@ -41,7 +41,7 @@ pair of models (the serving one first: the model of the latest serving
 update) the ``nodes`` scored by both and, over those, the mean and maximum
 absolute difference and the two-sample Kolmogorov–Smirnov statistic. It is
 logged at INFO every ``report_every_s``, produced (JSON, key ``canary``) to
-``control_topic`` (default :data:`stream.rollout.CONTROL_TOPIC`; ``None``:
+``control_topic`` (default :data:`gnnstream.stream.rollout.CONTROL_TOPIC`; ``None``:
 not produced) and returned with :meth:`FraudScorer.run`'s summary, once more
 when the scorer stops.
 
@@ -215,11 +215,11 @@ class DecodedUpdates:
 def decode_updates(values: Sequence[bytes]) -> DecodedUpdates:
     """Decode many update messages (JSON or binary, not tombstones) at once.
 
-    Binary messages are read as columns (:func:`stream.updates.decode_binary_columns`);
+    Binary messages are read as columns (:func:`gnnstream.stream.updates.decode_binary_columns`);
     JSON messages with one ``orjson.loads`` each, their embeddings turned
     into one float32 matrix. A batch that is not all well-formed updates of
     one encoding and one dimension is decoded message by message with
-    :func:`stream.updates.decode_update`, which validates every field.
+    :func:`gnnstream.stream.updates.decode_update`, which validates every field.
 
     Raises:
         InvalidUpdate: a message is not an update (from ``decode_update``).
@@ -278,7 +278,7 @@ class FraudScorer:
         report_every_s: how often the canary report is logged and produced.
         group: consumer group id.
         partitions: partitions of the topics the scorer creates (the control topic gets 1).
-        kafka_client: one of :data:`stream.backends.KAFKA_CLIENTS`.
+        kafka_client: one of :data:`gnnstream.stream.backends.KAFKA_CLIENTS`.
 
     Raises:
         ValueError: no head, two heads of one model, a head without a model tag (or several heads) without

@@ -14,7 +14,7 @@ refused unless ``overwrite`` is set.
 
 ``name`` and ``version`` make the tag (default ``otc-sage:1``): a second version to roll out beside the first is
 trained with another ``version`` (and, for other weights, another ``seed``); it publishes to its own topic
-(:func:`stream.rollout.version_topic`).
+(:func:`gnnstream.stream.rollout.version_topic`).
 """
 
 from __future__ import annotations

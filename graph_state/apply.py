@@ -1,4 +1,4 @@
-"""Applying graph events: one batch of events turned into the writes of one :class:`~graph_state.batch.Batch`
+"""Applying graph events: one batch of events turned into the writes of one :class:`~gnnstream.graph_state.batch.Batch`
 (nodes, edges, features, neighbour index, sampled-by changes, dirty marks) and the :class:`ApplyResult` of what
 changed."""
 

@@ -55,7 +55,7 @@ class BulkLoad:
     """Events gathered for one bulk load into ``store``.
 
     Args:
-        store: an open :class:`~graph_state.store.GraphStore` with no node and no fanouts.
+        store: an open :class:`~gnnstream.graph_state.store.GraphStore` with no node and no fanouts.
         fanouts: the fanouts whose sampled-by index to write with the graph (none: the first engine builds it).
 
     Raises:

@@ -30,7 +30,7 @@ def encode_pages(iids: np.ndarray, version: np.ndarray, event_ts: np.ndarray, co
     rows (``frames`` given, one per page), the frame of the row file holding
     them >Q (float32[count, width] little-endian at the frame's start) and
     the sum of those rows' 32-bit words modulo 2^64 >Q (``sums``,
-    :func:`graph_state.row_file.row_sums`).
+    :func:`gnnstream.graph_state.row_file.row_sums`).
     """
     used = unique_ids(codes)
     modes = b"".join(bytes((len(m),)) + m for m in (names[c].encode() for c in used.tolist()))

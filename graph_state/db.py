@@ -34,7 +34,7 @@ _DAMAGED_FILE = re.compile(r"[^\s:'\"()]*(?:\d+\.(?:sst|log|blob)|MANIFEST-\d+|C
 
 
 def layout_error(path: str, layout: Any) -> StateLayoutError:
-    """The one-line error for a state written with another layout than :data:`graph_state.keys.LAYOUT`."""
+    """The one-line error for a state written with another layout than :data:`gnnstream.graph_state.keys.LAYOUT`."""
     which = "an earlier layout" if layout is None else f"layout {layout}"
     return StateLayoutError(
         f"state {path!r} was written with {which} of gnnstream and this version reads layout {keys.LAYOUT} only; "

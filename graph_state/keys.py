@@ -79,7 +79,7 @@ __all__ = [
 
 LAYOUT = 5
 """The layout of the state this version writes and reads (recorded in ``meta`` as ``layout``); a state of
-another layout is refused with :class:`~graph_state.exceptions.StateLayoutError`."""
+another layout is refused with :class:`~gnnstream.graph_state.exceptions.StateLayoutError`."""
 
 # Records of the ``meta`` family. The store's own hold JSON and are named as text (stored UTF-8).
 META_LAYOUT = "layout"  # LAYOUT, as the state was written
@@ -140,7 +140,7 @@ def nbr_prefix(v: int) -> bytes:
 
 
 def nbr_key(v: int, rank: bytes, u_name: str) -> bytes:
-    """The neighbour-index key; ``rank`` as 8 big-endian bytes (:func:`graph_state.sampler.rank_bytes`)."""
+    """The neighbour-index key; ``rank`` as 8 big-endian bytes (:func:`gnnstream.graph_state.sampler.rank_bytes`)."""
     return U64.pack(v) + rank + u_name.encode()
 
 

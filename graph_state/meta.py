@@ -18,7 +18,7 @@ logger = logging.getLogger(__name__)
 
 
 class StateMeta:
-    """The JSON records of the ``meta`` family (names: :mod:`graph_state.keys`, ``META_*``).
+    """The JSON records of the ``meta`` family (names: :mod:`gnnstream.graph_state.keys`, ``META_*``).
 
     Args:
         columns: the open state.
@@ -55,7 +55,7 @@ class StateMeta:
         return self.get(keys.META_NEXT_IID) or 0
 
     def check_layout(self) -> None:
-        """Refuse a state written with another layout (:data:`graph_state.keys.LAYOUT`), or one a bulk load
+        """Refuse a state written with another layout (:data:`gnnstream.graph_state.keys.LAYOUT`), or one a bulk load
         left unfinished; record the layout in a new one."""
         path = self._columns.path
         stored = self.get(keys.META_LAYOUT)

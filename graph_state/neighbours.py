@@ -1,5 +1,5 @@
 """The neighbour index (``nbrs``): every node's neighbour list in sampling-rank order, its writes, and the
-reads of samples ``S_k`` through the in-memory prefix table (:class:`~graph_state.prefixes.PrefixTable`)."""
+reads of samples ``S_k`` through the in-memory prefix table (:class:`~gnnstream.graph_state.prefixes.PrefixTable`)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Page logs: the versions, event times, modes and rows of every node's embedding, kept as pages of up to
-:data:`~graph_state.codecs.PAGE_ROWS` records in a column family, their rows in frames of a row file."""
+:data:`~gnnstream.graph_state.codecs.PAGE_ROWS` records in a column family, their rows in frames of a row file."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ class EmbeddingMeta:
 
 def layer_logs_from(store: GraphStore, first: int) -> list[tuple[str, bytes, None]]:
     """Deletions of every record of the hidden-row logs of layers ``first`` and up (``layerpages``), for a
-    :class:`~graph_state.transaction.Transaction`: what a model with fewer layers leaves behind."""
+    :class:`~gnnstream.graph_state.transaction.Transaction`: what a model with fewer layers leaves behind."""
     return [("layerpages", key, None) for key in store.column("layerpages").keys(from_key=bytes((first,)))]
 
 
@@ -243,8 +243,8 @@ class PageLog:
     def _pages(self) -> Iterator[tuple[int, bytes]]:
         """``(seq, value)`` of every stored page of this log, in page order.
 
-        The scan is the store's checked one (:class:`graph_state.db.Family`): a damaged block of the
-        page records raises :class:`~graph_state.exceptions.StateCorrupted` instead of ending the log
+        The scan is the store's checked one (:class:`gnnstream.graph_state.db.Family`): a damaged block of the
+        page records raises :class:`~gnnstream.graph_state.exceptions.StateCorrupted` instead of ending the log
         early, which would leave every later node without its embedding.
         """
         at = len(self.prefix)

@@ -28,7 +28,7 @@ class EmbeddingTables:
         store: the graph store (owner of the features).
         dims: the row width of each layer, ``dims[0]`` being the feature dim.
         logs: where the rows of layers ``1 … L`` are stored, by layer (the engine's
-            :class:`~graph_state.page_log.PageLog` s; the last one also holds versions and modes).
+            :class:`~gnnstream.graph_state.page_log.PageLog` s; the last one also holds versions and modes).
         max_rows: bound on the number of cached rows per layer.
     """
 

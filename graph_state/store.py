@@ -1,6 +1,6 @@
 """The graph store: the one entry point to a state's graph, composed of its parts (identity and meta records,
 interned ids and node records, the neighbour index, the sampled-by relation, dirty marks), with the atomic
-writes of a batch of events (:meth:`GraphStore.apply`) and of a :class:`~graph_state.transaction.Transaction`
+writes of a batch of events (:meth:`GraphStore.apply`) and of a :class:`~gnnstream.graph_state.transaction.Transaction`
 (:meth:`GraphStore.commit`)."""
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ class GraphStore:
 
     # ------------------------------------------------------------------ open/close and hooks
     def _open(self, path: str, lock_timeout: float) -> Rdict:
-        """Open the database for writing (:func:`graph_state.db.open_db`); a read-only store overrides it."""
+        """Open the database for writing (:func:`gnnstream.graph_state.db.open_db`); a read-only store overrides it."""
         return open_db(path, lock_timeout)
 
     def _write(self, wb: WriteBatch) -> None:
@@ -289,7 +289,7 @@ class GraphStore:
         return result
 
     def commit(self, tx: Transaction) -> int:
-        """Write a :class:`~graph_state.transaction.Transaction` in one WriteBatch: its cleared families first
+        """Write a :class:`~gnnstream.graph_state.transaction.Transaction` in one WriteBatch: its cleared families first
         (one range delete each, cheap to iterate past), then its records, then its dirty marks as one block
         each.
 

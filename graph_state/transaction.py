@@ -2,7 +2,7 @@
 
 The engine, the publisher and the worker write the state only through a
 transaction: caller metadata, consumed offsets, outbox records, dirty marks,
-and the page-log records that :mod:`graph_state.page_log` encodes. They never
+and the page-log records that :mod:`gnnstream.graph_state.page_log` encodes. They never
 name a column family or build a key; the store does, when it commits.
 """
 
@@ -59,5 +59,5 @@ class Transaction:
         self.cleared.append("dirty")
 
     def add(self, records: Iterable[Record]) -> None:
-        """Records the state layer encoded itself (the page logs of :mod:`graph_state.page_log`)."""
+        """Records the state layer encoded itself (the page logs of :mod:`gnnstream.graph_state.page_log`)."""
         self.records.extend(records)

@@ -46,7 +46,7 @@ class ModelConfig:
         fanouts: sample size ``k_l`` of each layer (one per layer, ``>= 0``).
         seed: sampling seed.
         heads: attention heads (``gat`` only; 1 otherwise).
-        cold_start: the cold-start policy object (see :mod:`model.coldstart`).
+        cold_start: the cold-start policy object (see :mod:`gnnstream.model.coldstart`).
         name: model name, published as ``name:version``.
         version: model version.
         weights_sha256: hex sha256 of ``weights.pt``; ``None`` before saving.
@@ -109,7 +109,7 @@ class ModelConfig:
 
     @property
     def cold_start_policy(self) -> ColdStartPolicy:
-        """The :class:`~model.coldstart.ColdStartPolicy` built from ``cold_start``."""
+        """The :class:`~gnnstream.model.coldstart.ColdStartPolicy` built from ``cold_start``."""
         return policy_from_config(self.cold_start)
 
     @property

@@ -25,7 +25,7 @@ class ModelError(Exception):
 
 
 class InvalidModelConfig(ModelError, ValueError):
-    """A model config (``config.json`` or :class:`~model.config.ModelConfig`) is invalid."""
+    """A model config (``config.json`` or :class:`~gnnstream.model.config.ModelConfig`) is invalid."""
 
 
 class UnknownArchitecture(InvalidModelConfig):

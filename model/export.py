@@ -19,7 +19,7 @@ sample (seed, fanouts, cold-start policy, the rank formula of
 docs/design.md) and names the inputs and output.
 
 The exported forward is :class:`ExportedGNN`: the same math as the layers
-(:mod:`model.sage`, :mod:`model.gcn`, :mod:`model.gat`), written with
+(:mod:`gnnstream.model.sage`, :mod:`gnnstream.model.gcn`, :mod:`gnnstream.model.gat`), written with
 index_add and scatter_reduce only, so that TorchScript and ONNX (opset 18)
 both carry it with dynamic shapes. ``torch.jit.load`` alone loads the
 TorchScript file; ONNX export needs the ``onnx`` extra.

@@ -1,7 +1,7 @@
 """Kafka client backends by name: kafka-python or confluent-kafka (librdkafka).
 
-Both implement :class:`stream.clients.ConsumerClient` and
-:class:`stream.clients.ProducerClient` with the same semantics; the backend
+Both implement :class:`gnnstream.stream.clients.ConsumerClient` and
+:class:`gnnstream.stream.clients.ProducerClient` with the same semantics; the backend
 module is imported only when it is asked for, so choosing ``kafka-python``
 never loads librdkafka and the other way round::
 
@@ -10,9 +10,9 @@ never loads librdkafka and the other way round::
     producer = open_producer("confluent", bootstrap)
 
 Keyword arguments are passed to the backend's class
-(:class:`stream.kafka.EventConsumer` / :class:`stream.kafka.Producer`, or
-:class:`stream.confluent.ConfluentConsumer` /
-:class:`stream.confluent.ConfluentProducer`). The named ones (``on_assign``,
+(:class:`gnnstream.stream.kafka.EventConsumer` / :class:`gnnstream.stream.kafka.Producer`, or
+:class:`gnnstream.stream.confluent.ConfluentConsumer` /
+:class:`gnnstream.stream.confluent.ConfluentProducer`). The named ones (``on_assign``,
 ``on_revoke``, ``session_timeout_ms``, ``heartbeat_interval_ms``,
 ``auto_offset_reset``, ``linger_ms``, ``batch_size``, ``max_block_ms``,
 ``max_message_bytes``) mean the same in both; other settings are the backend's own.

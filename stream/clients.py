@@ -1,7 +1,7 @@
 """The Kafka client seam: records and the two client interfaces.
 
 The rest of the project talks to Kafka only through :class:`ConsumerClient`
-and :class:`ProducerClient`. :mod:`stream.kafka` implements them with
+and :class:`ProducerClient`. :mod:`gnnstream.stream.kafka` implements them with
 kafka-python; another backend (confluent-kafka) or an in-memory fake for
 tests would implement the same two classes. This module imports no Kafka
 library.
@@ -34,7 +34,7 @@ arrives at a caught-up worker."""
 MAX_MESSAGE_BYTES = 1_000_000
 """The largest record a producer sends unless told otherwise (both backends: librdkafka's
 ``message.max.bytes`` default; kafka-python's ``max_request_size`` is set to it). A larger one is refused
-before it is sent, a permanent error (:mod:`stream.errors`)."""
+before it is sent, a permanent error (:mod:`gnnstream.stream.errors`)."""
 
 PartitionKey = tuple[str, int]
 """``(topic, partition)``."""

@@ -1,9 +1,9 @@
 """Kafka I/O with confluent-kafka (librdkafka): the same consumer and producer
-as :mod:`stream.kafka`, several times faster per message.
+as :mod:`gnnstream.stream.kafka`, several times faster per message.
 
 :class:`ConfluentConsumer` and :class:`ConfluentProducer` implement the
-interfaces of :mod:`stream.clients` with the semantics of
-:class:`stream.kafka.EventConsumer` and :class:`stream.kafka.Producer`:
+interfaces of :mod:`gnnstream.stream.clients` with the semantics of
+:class:`gnnstream.stream.kafka.EventConsumer` and :class:`gnnstream.stream.kafka.Producer`:
 
 - the consumer is a group member that, on every assignment, starts each
   partition at the offset the ``on_assign`` hook returns (the caller's store
@@ -12,12 +12,12 @@ interfaces of :mod:`stream.clients` with the semantics of
   offsets are written only for lag tools;
 - the producer is idempotent (``acks=all``), batches with ``linger.ms``, and
   its :meth:`~ConfluentProducer.flush` raises
-  :class:`~stream.exceptions.DeliveryError` when any record sent since the
+  :class:`~gnnstream.stream.exceptions.DeliveryError` when any record sent since the
   previous flush was not acknowledged.
 
-Topic setup stays :func:`stream.kafka.ensure_topics` (one admin path for both
-backends). :func:`stream.backends.open_consumer` and
-:func:`stream.backends.open_producer` choose a backend by name.
+Topic setup stays :func:`gnnstream.stream.kafka.ensure_topics` (one admin path for both
+backends). :func:`gnnstream.stream.backends.open_consumer` and
+:func:`gnnstream.stream.backends.open_producer` choose a backend by name.
 
 Settings: keyword arguments other than the named ones are librdkafka
 properties, given either dotted (``**{"fetch.wait.max.ms": 100}``) or with

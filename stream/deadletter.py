@@ -24,7 +24,7 @@ say so; the whole original stays in the source topic at the coordinates above:
 =============================  =============================================
 
 If even the cut record is refused, or the dead-letter topic refuses records
-for another permanent reason (:mod:`stream.errors`), the letter is skipped:
+for another permanent reason (:mod:`gnnstream.stream.errors`), the letter is skipped:
 counted by kind in :attr:`DeadLetterWriter.skipped` and logged once a minute
 at most; the events behind it go on.
 
@@ -272,7 +272,7 @@ class DeadLetterWriter:
         """Send and flush ``letters``, each removed from the list once written or skipped.
 
         All of them are sent and flushed together; after a permanent error
-        (:mod:`stream.errors`) each not known to be written is sent again
+        (:mod:`gnnstream.stream.errors`) each not known to be written is sent again
         alone: cut to fit, then with an empty value, then skipped.
 
         Raises:

@@ -2,7 +2,7 @@
 
 :class:`UpdateColumns` is what the worker hands over: the stored state of
 some nodes, one entry per node in each column. :class:`Delivery` encodes
-columns (:func:`encode_columns`: one :func:`stream.updates.encode_updates`
+columns (:func:`encode_columns`: one :func:`gnnstream.stream.updates.encode_updates`
 call a column set, tombstones for withdrawn nodes), sends the messages and
 flushes, in this process. :class:`DeliveryProcess` runs the same
 :class:`Delivery` in a child process (``python -m stream.delivery``) that
@@ -11,14 +11,14 @@ beside the worker's engine rather than between its batches: the worker's
 interpreter holds one lock for all its threads, and encoding JSON takes
 longer than computing the embeddings.
 
-Both raise :class:`~stream.exceptions.DeliveryError` when a batch was not
+Both raise :class:`~gnnstream.stream.exceptions.DeliveryError` when a batch was not
 acknowledged and :class:`ValueError` when it cannot be encoded at all (no
-retry cures that). The error's kind (:func:`stream.errors.classify`, carried
+retry cures that). The error's kind (:func:`gnnstream.stream.errors.classify`, carried
 across the process boundary in ``DeliveryError.kind``) says whether sending
 it again can help: a transient one is retried (the outbox keeps the batch), a
 permanent one (an update too large, an unknown or forbidden topic) is not. A child that died is
 replaced at the next :meth:`DeliveryProcess.deliver`, which raises
-:class:`~stream.exceptions.DeliveryError` for the batch it lost. The child
+:class:`~gnnstream.stream.exceptions.DeliveryError` for the batch it lost. The child
 runs in a session of its own and ignores SIGINT and SIGTERM (a Ctrl-C or a
 signal to the worker's process group must not cut a flush short: the worker
 decides when it stops and tells it), and it exits when its parent's end of
@@ -127,7 +127,7 @@ class Delivery:
         producer: the Kafka producer (owned: :meth:`close` closes it).
         topic: the output topic.
         model: ``name:version`` written into every update.
-        fmt: ``"json"`` or ``"binary"`` (see :mod:`stream.updates`).
+        fmt: ``"json"`` or ``"binary"`` (see :mod:`gnnstream.stream.updates`).
         worker: when given, every message carries the header
             ``gnnstream.worker`` with this name (which worker of a group
             published it).
@@ -141,7 +141,7 @@ class Delivery:
     def deliver(self, columns: Sequence[UpdateColumns], timeout_s: float = 30.0,
                 headers: list[tuple[str, bytes]] | None = None) -> int:
         """Encode, send and flush ``columns``; the number of messages. Every message carries ``headers`` too
-        (the serving version and marker number, :func:`stream.rollout.stamp_headers`).
+        (the serving version and marker number, :func:`gnnstream.stream.rollout.stamp_headers`).
 
         Raises:
             ValueError: the columns cannot be encoded (non-finite values are
@@ -232,7 +232,7 @@ class DeliveryProcess:
     thread at a time.
 
     Args:
-        client: Kafka client of the child's producer (see :mod:`stream.backends`).
+        client: Kafka client of the child's producer (see :mod:`gnnstream.stream.backends`).
         bootstrap: ``host:port[,host:port...]``.
         topic, model, fmt, worker: as for :class:`Delivery`.
         max_message_bytes: the child's producer's record size limit.
@@ -311,7 +311,7 @@ class DeliveryProcess:
 
         From another thread while a :meth:`deliver` waits for the child, the
         child is killed at once (that call then raises
-        :class:`~stream.exceptions.DeliveryError`).
+        :class:`~gnnstream.stream.exceptions.DeliveryError`).
         """
         proc = self._proc
         if self._busy and proc is not None:

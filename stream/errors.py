@@ -3,7 +3,7 @@
 Every producer and consumer error the project meets goes through
 :func:`classify`, whichever client raised it (confluent-kafka's
 ``KafkaException``/``KafkaError``, kafka-python's ``KafkaError`` classes, a
-:class:`~stream.exceptions.DeliveryError` wrapping either, or a Python error
+:class:`~gnnstream.stream.exceptions.DeliveryError` wrapping either, or a Python error
 from encoding a record):
 
 ======================  =========  =====================================================================================
@@ -84,7 +84,7 @@ def _code(exc: BaseException) -> int | None:
 def classify(exc: BaseException | None) -> ErrorKind:
     """The kind of a Kafka client error (see the module table); unknown errors are transient ``kafka``.
 
-    A :class:`~stream.exceptions.DeliveryError` is classified by the ``kind``
+    A :class:`~gnnstream.stream.exceptions.DeliveryError` is classified by the ``kind``
     it carries, else by its cause; one with neither (records that got no
     answer) is a ``timeout``.
     """

@@ -2,7 +2,7 @@
 
 Every message names the object involved and says what the operator can do.
 Bad *input* (a malformed event) is not an exception of this module: it is
-:class:`stream.events.InvalidEvent`, which the ingest loop routes to the dead
+:class:`gnnstream.stream.events.InvalidEvent`, which the ingest loop routes to the dead
 letter topic instead of stopping.
 """
 
@@ -55,7 +55,7 @@ class DeliveryError(StreamError):
         failed: number of records that completed with an error.
         pending: number of records with no answer when the timeout expired.
         cause: the first underlying exception, if any.
-        kind: what the failure is (:func:`stream.errors.classify`), when known
+        kind: what the failure is (:func:`gnnstream.stream.errors.classify`), when known
             without ``cause`` (an error reported by another process).
     """
 

@@ -3,7 +3,7 @@ offsets the caller stores itself, and a producer whose flush tells delivery
 failures apart.
 
 :class:`EventConsumer` and :class:`Producer` implement the interfaces of
-:mod:`stream.clients` (re-exported here with :class:`Record`), which is all
+:mod:`gnnstream.stream.clients` (re-exported here with :class:`Record`), which is all
 the rest of the project should depend on.
 
 Clients are not thread-safe: one thread polls, one thread sends and flushes.

@@ -346,7 +346,7 @@ _MAX_FLOAT32_JSON = 15  # the longest shortest-repr of a float32 (``-1.23456789e
 def largest_update_bytes(dim: int, model: str, fmt: Literal["json", "binary"] = "json") -> int:
     """An upper bound of the key and value bytes of one embedding update of ``dim`` values by ``model``.
 
-    Node ids are at most :data:`stream.events.MAX_ID_BYTES` of UTF-8 (in JSON
+    Node ids are at most :data:`gnnstream.stream.events.MAX_ID_BYTES` of UTF-8 (in JSON
     at most six bytes per byte, escaped); the key is the id.
     """
     from gnnstream.stream.events import MAX_ID_BYTES

@@ -1,7 +1,7 @@
 """Kafka I/O against the embedded broker: topics, round trips, seeks, lag, delivery failures.
 
 Every consumer and producer test runs against both backends of
-:mod:`stream.backends` (the ``kafka_client`` fixture); a few at the end test
+:mod:`gnnstream.stream.backends` (the ``kafka_client`` fixture); a few at the end test
 what only the confluent-kafka backend has (its settings, its full local queue,
 its bounded close).
 """

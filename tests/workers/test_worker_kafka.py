@@ -15,7 +15,7 @@ workload is the first ~3,000 Bitcoin OTC ratings turned into events
 
 The exactness, SIGKILL-recovery, dead-letter, broker-stall, metrics and
 SIGTERM-with-the-broker-down tests run once per Kafka client of the worker
-(``kafka_client``, over :data:`stream.backends.KAFKA_CLIENTS`); every node's
+(``kafka_client``, over :data:`gnnstream.stream.backends.KAFKA_CLIENTS`); every node's
 published versions must also never go down within its partition. The helpers
 that produce the input and read the output use kafka-python directly,
 independent of the client under test.

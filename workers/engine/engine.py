@@ -66,7 +66,7 @@ class Engine:
 
     Args:
         store: the graph store; its fanouts are set to the model's.
-        model: a :class:`model.LoadedModel`.
+        model: a :class:`gnnstream.model.LoadedModel`.
         chunk_nodes: targets per vectorised layer call (bounds memory).
         hub_bound: dependents above which a node's propagation is deferred.
         max_deferred_age: seconds a deferred propagation may wait.

@@ -14,7 +14,7 @@ Rows = Callable[[np.ndarray], "tuple[np.ndarray, np.ndarray]"]
 """Layer inputs by iid: ``rows(iids) -> (table, positions)``, ``table[positions[i]]`` being the row of ``iids[i]``.
 
 A source may also offer ``projected(iids, project) -> (table, positions, half)``: a
-layer's two projections of those rows (:meth:`model.network.GNN.project`) stacked
+layer's two projections of those rows (:meth:`gnnstream.model.network.GNN.project`) stacked
 in one table, the second ``half`` rows after the first, kept between calls where
 it can."""
 Project = Callable[[np.ndarray], "tuple[np.ndarray, np.ndarray]"]

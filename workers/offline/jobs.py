@@ -1,7 +1,7 @@
 """Offline jobs over a state directory: load, apply, backfill, export, verify.
 
 Each function opens what it needs, reports progress with a bar on stderr and
-returns a JSON-ready summary; :mod:`workers.cli` maps them to commands.
+returns a JSON-ready summary; :mod:`gnnstream.workers.cli` maps them to commands.
 
 Opening a state and binding its model: :mod:`gnnstream.workers.state`.
 
@@ -243,7 +243,7 @@ def load_events(state: str, path: str, *, seed: int | None = None, model_dir: st
 
     Into a state that holds no graph yet, the events up to the first
     ``node_delete`` are written as table files and ingested
-    (:class:`graph_state.bulk.BulkLoad`, with the sampled-by index of the
+    (:class:`gnnstream.graph_state.bulk.BulkLoad`, with the sampled-by index of the
     model's fanouts); the rest, and every load into a state that holds a
     graph, goes through :meth:`GraphStore.apply` in batches.
     """

@@ -60,7 +60,7 @@ def iter_file_messages(path: str, fmt: str = "jsonl") -> Iterator[tuple[bytes | 
 def produce_file(bootstrap: str, path: str, *, topic: str = "graph-events", fmt: str = "jsonl",
                  rate: float = 0.0, partitions: int = 4, limit: int = 0,
                  kafka_client: str = DEFAULT_KAFKA_CLIENT) -> dict[str, Any]:
-    """Send every event of ``path`` with the named client (:data:`stream.backends.KAFKA_CLIENTS`); returns counts
+    """Send every event of ``path`` with the named client (:data:`gnnstream.stream.backends.KAFKA_CLIENTS`); returns counts
     and the achieved rate."""
     messages = list(iter_file_messages(path, fmt))  # a missing or bad file fails before Kafka is touched
     if limit:

@@ -111,7 +111,7 @@ def _no_constant(name: str) -> None:
 
 def _node_id(value: Any) -> str:
     """A node id of ``ids`` as the stream's decoder takes an event's: a string, or an integer of any size as its
-    decimal string, within :data:`~stream.events.MAX_ID_BYTES`.
+    decimal string, within :data:`~gnnstream.stream.events.MAX_ID_BYTES`.
 
     Raises:
         InvalidEvent: ``bad_id`` or ``empty_id``, as for an event.

@@ -1,4 +1,4 @@
-"""``gnnstream rollout …``: the command line of the rollout commands (:mod:`workers.rollout.commands`)."""
+"""``gnnstream rollout …``: the command line of the rollout commands (:mod:`gnnstream.workers.rollout.commands`)."""
 
 from __future__ import annotations
 

@@ -5,13 +5,13 @@
 * ``start --from LIVE_STATE --state NEW_STATE --model NEW_MODEL_DIR``:
   checks that the new model fits the live graph (input dimension, sampling
   seed) before anything is written; copies the live state while its worker
-  runs (:func:`graph_state.snapshot.snapshot`); computes every embedding of
+  runs (:func:`gnnstream.graph_state.snapshot.snapshot`); computes every embedding of
   the new model on the copy (published when its worker starts). The copy
   resumes the stream where the live state was, so ``gnnstream run --state
   NEW_STATE --model NEW_MODEL_DIR`` catches up and then publishes the new
   version to its own topic beside the old one.
 * ``promote MODEL`` / ``rollback``: appends a rollout marker to every
-  partition of the events topic (:mod:`stream.rollout`); from it on,
+  partition of the events topic (:mod:`gnnstream.stream.rollout`); from it on,
   ``MODEL`` (or the version that served before) is the serving version, in
   every worker's output at the same point of the stream.
 * ``retire MODEL``: a marker at which MODEL's workers stop.
@@ -20,7 +20,7 @@
   report, from the rollout topic.
 
 What the commands and the workers record in the rollout topic, and the view
-of a rollout it adds up to: :mod:`workers.rollout.topic`.
+of a rollout it adds up to: :mod:`gnnstream.workers.rollout.topic`.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ what the topics allow.
 A broker that is not up yet is waited for, for ever unless ``broker_wait_s``
 is set; each wait is paced by capped backoff and logged at the first failure,
 then once a minute. While Kafka is away after that, opening a consumer is
-retried like any transient error (:class:`workers.runtime.health.Errors`).
+retried like any transient error (:class:`gnnstream.workers.runtime.health.Errors`).
 """
 
 from __future__ import annotations

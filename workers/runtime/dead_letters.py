@@ -5,7 +5,7 @@ are stored, so a bad record is never lost and never holds up the good ones
 behind it. In a group, the worker that owns the output partition of a
 record's source partition writes its letter; the others hold it (stored with
 the offsets) until the dead-letter topic shows it or they own it
-(:class:`stream.deadletter.GroupLetters`, docs/scaling.md).
+(:class:`gnnstream.stream.deadletter.GroupLetters`, docs/scaling.md).
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
 """Which nodes this worker publishes: its share of the output topic, handed out by a consumer group.
 
 Every worker of a group keeps the whole graph and every layer but the last
-(:mod:`workers.runtime.worker` reads every partition of the events topic
+(:mod:`gnnstream.workers.runtime.worker` reads every partition of the events topic
 itself).
 The final layer and the publishing are sharded by the partitions of the
 output topic: a node belongs to the partition its id maps to under Kafka's
-default partitioner (:mod:`stream.partitioning`), which is also the
+default partitioner (:mod:`gnnstream.stream.partitioning`), which is also the
 partition its messages land in. :class:`Ownership` is a member of the Kafka
 consumer group ``group`` subscribed to the output topic. It reads no
 records (its partitions stay paused); the group protocol hands out the
@@ -16,7 +16,7 @@ offsets of every partition of the topic (and the highest epoch its state
 recorded), adds one to the largest, and commits that to the partitions it
 was assigned before it publishes anything of them. That number is its
 *epoch* as their owner, and every version it publishes for their nodes is
-at least ``epoch << 32`` (:meth:`workers.engine.Engine.own`). One owner at
+at least ``epoch << 32`` (:meth:`gnnstream.workers.engine.Engine.own`). One owner at
 a time holds a partition, so each owner's epoch exceeds every earlier one's,
 and a consumer that keeps the highest version per node ends with the newest
 owner's values.
@@ -62,7 +62,7 @@ class Ownership:
     """This worker's membership in the group that shares out the output topic's partitions.
 
     Args:
-        client: Kafka client (see :mod:`stream.backends`).
+        client: Kafka client (see :mod:`gnnstream.stream.backends`).
         bootstrap: ``host:port[,host:port...]``.
         topic: the output topic.
         group: the consumer group of the workers that share the output.
@@ -193,7 +193,7 @@ class Group:
     back costs no recompute).
 
     Args:
-        client: Kafka client (see :mod:`stream.backends`).
+        client: Kafka client (see :mod:`gnnstream.stream.backends`).
         bootstrap: ``host:port[,host:port...]``.
         group: the worker group's name (``--group``); the consumer group that shares the output is one per
             model version (:meth:`member_group`).

@@ -5,7 +5,7 @@
 ``UNHEALTHY_AFTER_S``; otherwise 503 with a ``reason`` in words.
 :class:`Errors` keeps each kind's unresolved error (``last_error`` shows the
 newest), counts it in ``gnnstream_errors_total`` and paces retries with
-backoff (:func:`stream.errors.backoff_s`).
+backoff (:func:`gnnstream.stream.errors.backoff_s`).
 """
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ class Errors:
             self.health.last_error = next(reversed(self._errors.values()), None)
 
     def recoverable(self, kind: str, exc: BaseException, pause: bool = True) -> float:
-        """Count and report an error of ``kind`` that a retry may cure (:mod:`stream.errors`: transient);
+        """Count and report an error of ``kind`` that a retry may cure (:mod:`gnnstream.stream.errors`: transient);
         pause with backoff (unless stopping, or not ``pause``); the pause, in seconds.
 
         The first failure is logged, repeats once a minute (counted); ``/healthz`` turns 503 when the errors

@@ -1,7 +1,7 @@
 """The rollout-marker barrier: each partition is held at a marker until every partition has reached one.
 
 ``gnnstream rollout promote|rollback|retire`` appends a marker to every
-partition of the events topic (:mod:`stream.rollout`). A partition that
+partition of the events topic (:mod:`gnnstream.stream.rollout`). A partition that
 reaches a new marker is held there: its records from the marker on are left
 out of every poll and it is sought back to the marker whenever a poll brought
 any. Once every assigned partition is held, :meth:`MarkerBarrier.reached`

@@ -4,7 +4,7 @@ The engine writes an outbox record with every recompute (the interned ids of
 the nodes whose stored state changed, :mod:`gnnstream.graph_state.outbox`). :class:`OutboxReader` reads the records not
 taken yet into one :class:`Outgoing` batch, each node once in its state
 stored now; :class:`Publisher` hands batches to a thread of its own, which
-has the delivery process (:mod:`stream.delivery`) encode, send and flush them
+has the delivery process (:mod:`gnnstream.stream.delivery`) encode, send and flush them
 in order, and deletes a batch's outbox records once its flush succeeded
 (at-least-once: consumers keep the highest version per node). The worker's
 thread calls :meth:`Publisher.publish` after each batch; the publisher
@@ -212,7 +212,7 @@ class OutboxReader:
 
     def stamp(self, serving: str, rollout: int) -> None:
         """What the batches prepared from now on were computed under: the serving version and the number of
-        the last marker passed (headers, :func:`stream.rollout.stamp_headers`)."""
+        the last marker passed (headers, :func:`gnnstream.stream.rollout.stamp_headers`)."""
         self._stamp = stamp_headers(serving, rollout)
 
     def forget_sent(self) -> None:
@@ -241,8 +241,8 @@ class Publisher:
 
     Args:
         outbox: the records to publish.
-        delivery: encodes, sends and flushes columns (:class:`stream.delivery.Delivery`, or
-            :class:`~stream.delivery.DeliveryProcess`: another process, beside the worker's next batch).
+        delivery: encodes, sends and flushes columns (:class:`gnnstream.stream.delivery.Delivery`, or
+            :class:`~gnnstream.stream.delivery.DeliveryProcess`: another process, beside the worker's next batch).
         topic: the output topic (named in errors).
         stop: the worker's stop request: a stopping worker does not wait for a failing delivery.
         on_delivered: ``(batch, seconds)``, called by the thread after each delivered batch.

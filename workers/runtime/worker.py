@@ -21,7 +21,7 @@ a micro-batch, in numbered steps:
    in one WriteBatch;
 6. resolve the new outbox records (each node's state as stored now, read in
    this thread right after the recompute) and hand them to the publisher
-   thread (:mod:`.publisher`), which has the delivery process (:mod:`stream.delivery`) encode,
+   thread (:mod:`.publisher`), which has the delivery process (:mod:`gnnstream.stream.delivery`) encode,
    send and flush them in order while this thread goes on with the next
    batch; the outbox records of a batch are deleted (by this
    thread) only after the publisher reported its flush succeeded
@@ -126,7 +126,7 @@ class Worker:
     """A gnnstream worker bound to one state directory and one model.
 
     Args:
-        settings: see :class:`workers.settings.WorkerSettings`.
+        settings: see :class:`gnnstream.workers.settings.WorkerSettings`.
     """
 
     def __init__(self, settings: WorkerSettings):
