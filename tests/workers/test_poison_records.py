@@ -21,8 +21,6 @@ import json
 import random
 import signal
 import time
-import urllib.error
-import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -31,7 +29,7 @@ import numpy as np
 import pytest
 
 from gnnstream.stream.backends import KAFKA_CLIENTS, read_to_end
-from tests.support import start_on_ports
+from tests.support import health, start_on_ports
 from gnnstream.stream.broker import EmbeddedBroker
 from gnnstream.stream.deadletter import DeadLetter, letter_partition
 from gnnstream.stream.events import INVALID_EVENT_REASONS, EdgeUpsert, NodeUpsert, encode_event, event_key
@@ -137,13 +135,7 @@ class Worker:
     def health(self) -> dict[str, Any]:
         if self.proc.poll() is not None:
             pytest.fail(f"worker exited with {self.proc.returncode}:\n{self.log.read_text()[-4000:]}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/healthz", timeout=5) as resp:
-                return json.loads(resp.read())
-        except urllib.error.HTTPError as exc:
-            return json.loads(exc.read())
-        except (OSError, ValueError):
-            return {}
+        return health(self.port) or {}
 
     def wait(self, cond: Any, what: str, every_s: float = 0.05) -> dict[str, Any]:
         deadline = time.monotonic() + DEADLINE_S
