@@ -40,20 +40,24 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Literal, Sequence
+from typing import Any, Callable, Literal, Sequence
 
 import numpy as np
 
 from gnnstream.stream.clients import MAX_MESSAGE_BYTES, ProducerClient
 from gnnstream.stream.errors import classify
 from gnnstream.stream.exceptions import DeliveryError
-from gnnstream.stream.updates import encode_updates, tombstone
+from gnnstream.stream.deadletter import RECORD_OVERHEAD
+from gnnstream.stream.partitioning import partitions_for
+from gnnstream.stream.updates import encode_packed, encode_updates, tombstone
 
-__all__ = ["UpdateColumns", "Delivery", "DeliveryProcess", "encode_columns", "WORKER_HEADER"]
+__all__ = ["UpdateColumns", "Delivery", "DeliveryProcess", "encode_columns", "encode_frames", "WORKER_HEADER"]
 
 logger = logging.getLogger(__name__)
 
 Message = tuple[bytes, "bytes | None", Any]
+Frame = tuple[int, bytes, bytes]  # (partition, key, value) of a packed frame
+Format = Literal["json", "binary", "packed"]
 WORKER_HEADER = "gnnstream.worker"  # names the worker of a group that published a message
 _CHUNK = 4096  # messages encoded, then sent, at a time: the client sends a chunk while the next is encoded
 
@@ -109,6 +113,39 @@ def encode_columns(columns: Sequence[UpdateColumns], model: str, fmt: Literal["j
     return messages
 
 
+def encode_frames(columns: Sequence[UpdateColumns], model: str, partitions: int, max_bytes: int) -> list[Frame]:
+    """The packed frames ``(partition, key, value)`` of ``columns``: per output partition (the one each node id
+    maps to among ``partitions``, in partition order) the rows in order, tombstones as flagged rows, split into
+    frames of at most ``max_bytes`` (value and key); the key is the partition number in decimal ASCII.
+
+    Raises:
+        ValueError: a row or time that cannot be encoded, or a row that alone exceeds ``max_bytes``.
+    """
+    columns = [c for c in columns if len(c)]
+    if not columns:
+        return []
+    names = list(itertools.chain.from_iterable(c.names for c in columns))
+    modes = list(itertools.chain.from_iterable(c.modes for c in columns))
+    versions = np.concatenate([c.versions for c in columns])
+    event_ts = np.concatenate([c.event_ts for c in columns])
+    computed = np.repeat([c.computed_at for c in columns], [len(c) for c in columns])
+    rows = np.concatenate([c.rows for c in columns]) if len(columns) > 1 else columns[0].rows
+    deleted = np.concatenate([c.deleted for c in columns])
+    part = partitions_for(names, partitions) if partitions > 1 else np.zeros(len(names), dtype=np.int32)
+    order = np.argsort(part, kind="stable")
+    cuts = np.flatnonzero(np.diff(part[order])) + 1
+    frames: list[Frame] = []
+    for idx in np.split(order, cuts):
+        p = int(part[idx[0]])
+        key = str(p).encode()
+        pick = idx.tolist()
+        for value in encode_packed(list(map(names.__getitem__, pick)), model, versions[idx], event_ts[idx],
+                                   computed[idx], list(map(modes.__getitem__, pick)), rows[idx], deleted[idx],
+                                   max_bytes=max_bytes - len(key)):
+            frames.append((p, key, value))
+    return frames
+
+
 def _chunks(columns: Sequence[UpdateColumns], size: int) -> list[UpdateColumns]:
     """``columns`` cut into pieces of at most ``size`` nodes, in order."""
     out = []
@@ -127,21 +164,42 @@ class Delivery:
         producer: the Kafka producer (owned: :meth:`close` closes it).
         topic: the output topic.
         model: ``name:version`` written into every update.
-        fmt: ``"json"`` or ``"binary"`` (see :mod:`gnnstream.stream.updates`).
+        fmt: ``"json"``, ``"binary"`` or ``"packed"`` (see :mod:`gnnstream.stream.updates`).
         worker: when given, every message carries the header
             ``gnnstream.worker`` with this name (which worker of a group
             published it).
+        partitions: packed only: the output topic's partition count, or a function that looks it up (called at
+            the first delivery; until it answers, deliveries fail as transient errors).
     """
 
-    def __init__(self, producer: ProducerClient, topic: str, model: str, fmt: Literal["json", "binary"] = "json",
-                 worker: str | None = None):
+    def __init__(self, producer: ProducerClient, topic: str, model: str, fmt: Format = "json",
+                 worker: str | None = None, partitions: int | Callable[[], int] | None = None):
+        if fmt == "packed" and partitions is None:
+            raise ValueError("Expected the output topic's partitions for --output-format packed")
         self.producer, self.topic, self.model, self.fmt = producer, topic, model, fmt
         self._worker = [(WORKER_HEADER, worker.encode())] if worker else None
+        self._partitions = partitions
+
+    def partitions(self) -> int:
+        """The output topic's partition count (packed), looked up once.
+
+        Raises:
+            DeliveryError: the look-up failed (transient: the batch is sent again).
+        """
+        if callable(self._partitions):
+            try:
+                self._partitions = int(self._partitions())
+            except Exception as exc:
+                raise DeliveryError(f"the partitions of topic {self.topic!r} are not known yet ({exc}); the "
+                                    f"batch is sent again", cause=exc, kind="kafka") from exc
+        assert isinstance(self._partitions, int)
+        return self._partitions
 
     def deliver(self, columns: Sequence[UpdateColumns], timeout_s: float = 30.0,
                 headers: list[tuple[str, bytes]] | None = None) -> int:
-        """Encode, send and flush ``columns``; the number of messages. Every message carries ``headers`` too
-        (the serving version and marker number, :func:`gnnstream.stream.rollout.stamp_headers`).
+        """Encode, send and flush ``columns``; the number of messages (packed: of frames, each produced to its
+        partition). Every message carries ``headers`` too (the serving version and marker number,
+        :func:`gnnstream.stream.rollout.stamp_headers`).
 
         Raises:
             ValueError: the columns cannot be encoded (non-finite values are
@@ -152,9 +210,17 @@ class Delivery:
         for cols in columns:
             if not (np.isfinite(cols.rows).all() and np.isfinite(cols.event_ts).all()
                     and math.isfinite(cols.computed_at)):
-                encode_columns([cols], self.model, self.fmt)  # raises, naming the nodes
+                encode_columns([cols], self.model, "binary")  # raises, naming the nodes
         count = 0
         extra = [*(self._worker or ()), *(headers or ())] or None
+        if self.fmt == "packed":
+            room = (self.producer.max_message_bytes - RECORD_OVERHEAD
+                    - sum(len(k.encode()) + len(v) for k, v in extra or ()))
+            for partition, key, value in encode_frames(columns, self.model, self.partitions(), room):
+                self.producer.send(topic, key, value, extra, partition=partition)
+                count += 1
+            self.producer.flush(timeout_s)
+            return count
         for cols in _chunks(columns, _CHUNK):
             count += send_many(topic, encode_columns([cols], self.model, self.fmt), extra)
         self.producer.flush(timeout_s)
@@ -239,7 +305,7 @@ class DeliveryProcess:
     """
 
     def __init__(self, client: str, bootstrap: str, topic: str, model: str,
-                 fmt: Literal["json", "binary"] = "json", worker: str | None = None,
+                 fmt: Format = "json", worker: str | None = None,
                  max_message_bytes: int = MAX_MESSAGE_BYTES):
         self._args = ["--client", client, "--bootstrap", bootstrap, "--topic", topic, "--model", model,
                       "--format", fmt, "--max-message-bytes", str(max_message_bytes),
@@ -362,6 +428,20 @@ def _serve(conn: _Pipe, delivery: Delivery) -> None:
             return
 
 
+def topic_partitions(client: str, bootstrap: str, topic: str, timeout_s: float = 10.0) -> int:
+    """How many partitions ``topic`` has, from the cluster's metadata (a consumer that joins no group).
+
+    Raises:
+        StreamError: none known within ``timeout_s``.
+    """
+    from gnnstream.stream.backends import open_consumer
+    consumer = open_consumer(client, bootstrap, topic, f"gnnstream-delivery-{topic}", assign_all=True)
+    try:
+        return len(consumer.partitions_of(topic, timeout_s))
+    finally:
+        consumer.close()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="the worker's delivery process (started by the worker)")
     parser.add_argument("--fd", type=int, required=True, help="the socket to the worker")
@@ -369,7 +449,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bootstrap", required=True)
     parser.add_argument("--topic", required=True)
     parser.add_argument("--model", required=True)
-    parser.add_argument("--format", choices=("json", "binary"), default="json")
+    parser.add_argument("--format", choices=("json", "binary", "packed"), default="json")
     parser.add_argument("--worker", default=None)
     parser.add_argument("--max-message-bytes", type=int, default=MAX_MESSAGE_BYTES)
     args = parser.parse_args(argv)
@@ -379,7 +459,9 @@ def main(argv: list[str] | None = None) -> int:
     from gnnstream.stream.backends import open_producer
     conn = _Pipe(socket.socket(fileno=args.fd))
     producer = open_producer(args.client, args.bootstrap, max_message_bytes=args.max_message_bytes)
-    _serve(conn, Delivery(producer, args.topic, args.model, args.format, args.worker))
+    partitions = (lambda: topic_partitions(args.client, args.bootstrap, args.topic)) if args.format == "packed" \
+        else None
+    _serve(conn, Delivery(producer, args.topic, args.model, args.format, args.worker, partitions))
     return 0
 
 

@@ -33,6 +33,59 @@ the first byte. Binary decoding returns the embedding as a read-only
 ``numpy.float32`` array viewing the message bytes; JSON decoding returns a
 tuple of floats.
 
+Packed (``fmt="packed"``), many updates per message: one *frame* holds rows
+of one output partition (the delivery process writes one frame per partition
+per delivery round, split into several when larger than the producer's
+record limit allows). Numbers are fixed-width big-endian except the
+embeddings, which are raw little-endian float32 as in the binary format, all
+rows contiguous so that ``numpy.frombuffer`` reads them as one
+``(n, dim)`` matrix::
+
+    offset  size     type       field
+    0       1        u8         magic 0xE2 (gnnstream packed updates)
+    1       1        u8         frame format version (1)
+    2       4        u32 BE     n (rows)
+    6       4        u32 BE     dim (embedding values per row)
+    10      2        u16 BE     model_len (bytes)
+    12      1        u8         mode_count (entries of the mode table)
+    13      model_len UTF-8     model
+    ...     ...                 mode table: mode_count times (u8 length, UTF-8 mode)
+    then n entries per column, column after column:
+            2n       u16 BE     id length (bytes) of each row
+            8n       u64 BE     version
+            8n       f64 BE     event_ts
+            8n       f64 BE     computed_at
+            n        u8         flags: bit 0 set = tombstone, the other bits 0
+            n        u8         mode: index into the mode table
+            sum(id lengths)     UTF-8 ids, concatenated
+            0..3                zero bytes, up to an offset that is a multiple of 4
+            4*n*dim  f32 LE     embeddings, row after row (numpy '<f4')
+
+A tombstone row withdraws its node: its version is the node's next version
+(what a tombstone message carries in ``gnnstream.version``), its embedding
+``dim`` zeros. Rows keep the order in which they were published; a node
+appears at most once per frame unless it was published twice in one round
+(then in order). :func:`decode_packed` returns every row as an
+:class:`EmbeddingUpdate` (``deleted=True`` for a tombstone row),
+:func:`decode_packed_columns` returns the columns with the rows as one
+read-only matrix viewing the message bytes.
+
+Key and partition of a frame: every row's node id maps to the frame's
+partition under Kafka's default partitioner
+(:mod:`gnnstream.stream.partitioning`), the partition its JSON or binary
+messages and tombstones would land in, and the frame is produced to that
+partition explicitly. Its key is the partition number in decimal ASCII
+(``b"3"``), so that a tool that re-partitions by key keeps a partition's
+frames together and in order. Per-node ordering, which "keep the highest
+version per node" relies on, therefore holds within the partition as for the
+other formats. A frame is not meant for a compacted topic (compaction keeps
+one frame per key).
+
+:func:`decode_update` tells the three formats apart by the first byte: a JSON
+value starts with ``{`` (or whitespace), a binary one with 0xE1, a packed
+frame with 0xE2; it refuses a packed frame (reason ``packed``), which holds
+many updates.
+
 Deleted nodes: when a node is deleted its embedding is withdrawn with a
 *tombstone*, a message whose key is the node id and whose value is ``None``
 (null), built by :func:`tombstone`. It carries the header
@@ -57,11 +110,19 @@ from gnnstream.stream.exceptions import InvalidUpdate
 __all__ = [
     "EmbeddingUpdate",
     "BINARY_MAGIC",
+    "PACKED_MAGIC",
+    "PACKED_VERSION",
+    "PackedColumns",
     "VERSION_HEADER",
     "encode_update",
     "encode_updates",
     "decode_update",
     "decode_binary_columns",
+    "encode_packed",
+    "decode_packed",
+    "decode_packed_columns",
+    "packed_row_bytes",
+    "packed_frame_overhead",
     "update_key",
     "tombstone",
     "is_tombstone",
@@ -71,6 +132,11 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 BINARY_MAGIC = 0xE1
+PACKED_MAGIC = 0xE2
+PACKED_VERSION = 1
+_TOMBSTONE_FLAG = 0x01
+_PACKED_HEAD = struct.Struct(">BBIIHB")
+_PACKED_COLUMNS = 2 + 8 + 8 + 8 + 1 + 1  # column bytes per row, besides its id and embedding
 VERSION_HEADER = "gnnstream.version"
 _HEADER = struct.Struct(">BQddIHHB")
 _NUMBER_TYPES = frozenset((int, float))
@@ -91,6 +157,8 @@ class EmbeddingUpdate:
         event_ts: latest event time (seconds) that contributed.
         computed_at: when it was computed (seconds since the epoch).
         mode: how it was computed (``full``, ``cold_start``, ...).
+        deleted: a tombstone row of a packed frame: the node was deleted at ``version`` (the embedding is
+            zeros).
     """
 
     id: str
@@ -100,6 +168,7 @@ class EmbeddingUpdate:
     event_ts: float
     computed_at: float
     mode: str = "full"
+    deleted: bool = False
 
     def __post_init__(self) -> None:
         for name in ("id", "model", "mode"):
@@ -115,8 +184,9 @@ class EmbeddingUpdate:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, EmbeddingUpdate):
             return NotImplemented
-        return ((self.id, self.model, self.version, self.event_ts, self.computed_at, self.mode)
-                == (other.id, other.model, other.version, other.event_ts, other.computed_at, other.mode)
+        return ((self.id, self.model, self.version, self.event_ts, self.computed_at, self.mode, self.deleted)
+                == (other.id, other.model, other.version, other.event_ts, other.computed_at, other.mode,
+                    other.deleted)
                 and np.array_equal(np.asarray(self.embedding, dtype=np.float64),
                                    np.asarray(other.embedding, dtype=np.float64)))
 
@@ -278,6 +348,185 @@ def decode_binary_columns(values: Sequence[bytes | bytearray | memoryview]
     return ids, models, versions, times, rows.reshape(len(values), dim)
 
 
+def packed_frame_overhead(model: str, modes: Sequence[str] = ()) -> int:
+    """The bytes of a packed frame besides its rows: the header, ``model``, the table of the distinct
+    ``modes`` and the largest padding (3)."""
+    table = dict.fromkeys(modes)
+    return _PACKED_HEAD.size + len(model.encode("utf-8")) + sum(1 + len(m.encode("utf-8")) for m in table) + 3
+
+
+def packed_row_bytes(id_bytes: np.ndarray | int, dim: int) -> np.ndarray | int:
+    """The bytes a row takes in a packed frame, given its id's length in UTF-8 bytes."""
+    return _PACKED_COLUMNS + id_bytes + 4 * dim
+
+
+def encode_packed(ids: Sequence[str], model: str, versions: Sequence[int] | np.ndarray,
+                  event_ts: Sequence[float] | np.ndarray, computed_at: float | Sequence[float] | np.ndarray,
+                  modes: Sequence[str], rows: np.ndarray, deleted: Sequence[bool] | np.ndarray | None = None,
+                  max_bytes: int | None = None) -> list[bytes]:
+    """Serialise rows as packed frames (see the module docstring), in order.
+
+    Args:
+        ids, model, versions, event_ts, modes, rows: as for :func:`encode_updates`.
+        computed_at: one time for every row, or one per row.
+        deleted: per row, whether it is a tombstone (its version the node's next one, its row zeros).
+        max_bytes: the most bytes a frame may take; the rows are split over as many frames as that needs
+            (``None``: one frame).
+
+    Returns:
+        The frames; none for no rows.
+
+    Raises:
+        ValueError: mismatched lengths, non-finite values, an empty id, fields too long, more than 255 modes
+            in a frame, or a row that alone exceeds ``max_bytes``.
+    """
+    rows = np.asarray(rows)
+    n = len(ids)
+    if rows.ndim != 2 or rows.shape[0] != n or not len(versions) == len(event_ts) == len(modes) == n:
+        raise ValueError(f"Expected {n} versions, event times, modes and rows (got {len(versions)}, "
+                         f"{len(event_ts)}, {len(modes)} and shape {rows.shape})")
+    times = np.asarray(event_ts, dtype=np.float64)
+    computed = np.broadcast_to(np.asarray(computed_at, dtype=np.float64), (n,))
+    flags = np.zeros(n, dtype=np.uint8) if deleted is None else np.asarray(deleted, dtype=bool).astype(np.uint8)
+    bad = ~np.isfinite(rows).all(axis=1) | ~np.isfinite(times) | ~np.isfinite(computed)
+    if bad.any():
+        raise ValueError(f"Expected finite embeddings and timestamps (got non-finite values for nodes "
+                         f"{[ids[i] for i in np.flatnonzero(bad)[:3]]})")
+    encoded = list(map(str.encode, ids))
+    id_lens = np.fromiter(map(len, encoded), dtype=np.int64, count=n)
+    if n and (id_lens.min() == 0 or id_lens.max() > 0xFFFF):
+        raise ValueError("Expected node ids of 1 to 65535 UTF-8 bytes")
+    dim = rows.shape[1]
+    if len(model.encode("utf-8")) > 0xFFFF or dim > 0xFFFFFFFF:
+        raise ValueError(f"Expected a model name < 64 KiB and at most 2**32 - 1 values (got {model!r}, {dim})")
+    bounds = [(0, n)] if n else []
+    if max_bytes is not None and n:
+        room = max_bytes - packed_frame_overhead(model, modes)
+        ends = np.cumsum(packed_row_bytes(id_lens, dim))
+        bounds, start = [], 0
+        while start < n:
+            stop = int(np.searchsorted(ends, (ends[start - 1] if start else 0) + room, side="right"))
+            if stop == start:
+                raise ValueError(f"Expected a packed row to fit in {max_bytes} bytes (node {ids[start]!r} takes "
+                                 f"{int(packed_row_bytes(id_lens[start], dim)) + packed_frame_overhead(model, modes)})")
+            bounds.append((start, stop))
+            start = stop
+    big_versions = np.asarray(versions, dtype=">u8")
+    values = np.ascontiguousarray(rows, dtype="<f4")
+    model_b = model.encode("utf-8")
+    frames = []
+    for a, b in bounds:
+        part = modes[a:b]
+        table = list(dict.fromkeys(part))
+        table_b = [m.encode("utf-8") for m in table]
+        if len(table) > 0xFF or max(map(len, table_b)) > 0xFF:
+            raise ValueError(f"Expected at most 255 modes of at most 255 bytes in a frame (got {table[:5]}...)")
+        index = {m: i for i, m in enumerate(table)}
+        head = b"".join([_PACKED_HEAD.pack(PACKED_MAGIC, PACKED_VERSION, b - a, dim, len(model_b), len(table)),
+                         model_b, *(bytes((len(m),)) + m for m in table_b)])
+        ids_b = b"".join(encoded[a:b])
+        pad = -(len(head) + (b - a) * _PACKED_COLUMNS + len(ids_b)) % 4
+        frames.append(b"".join((head, id_lens[a:b].astype(">u2").tobytes(), big_versions[a:b].tobytes(),
+                                times[a:b].astype(">f8").tobytes(), computed[a:b].astype(">f8").tobytes(),
+                                flags[a:b].tobytes(),
+                                np.fromiter(map(index.__getitem__, part), dtype=np.uint8, count=b - a).tobytes(),
+                                ids_b, bytes(pad), values[a:b].tobytes())))
+    return frames
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class PackedColumns:
+    """The rows of one packed frame as columns (:func:`decode_packed_columns`).
+
+    ``rows`` is a read-only ``(n, dim)`` little-endian float32 matrix viewing the frame's bytes (zeros where
+    ``deleted``); ``versions`` are uint64, the times float64.
+    """
+
+    model: str
+    ids: list[str]
+    versions: np.ndarray
+    event_ts: np.ndarray
+    computed_at: np.ndarray
+    modes: list[str]
+    deleted: np.ndarray
+    rows: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+def decode_packed_columns(value: bytes | bytearray | memoryview) -> PackedColumns:
+    """Decode a packed frame into columns, the embeddings without a copy.
+
+    Raises:
+        InvalidUpdate: the bytes are not a well-formed packed frame of a known format version.
+    """
+    data = bytes(value)
+    if len(data) < _PACKED_HEAD.size or data[0] != PACKED_MAGIC:
+        raise InvalidUpdate("bad_magic", f"not a packed frame ({len(data)} bytes, first {data[:1].hex() or 'none'})")
+    _, fmt_version, n, dim, model_len, mode_count = _PACKED_HEAD.unpack_from(data)
+    if fmt_version != PACKED_VERSION:
+        raise InvalidUpdate("bad_version", f"packed frame format {fmt_version}, this reader knows {PACKED_VERSION}")
+    try:
+        at = _PACKED_HEAD.size + model_len
+        model = data[_PACKED_HEAD.size:at].decode("utf-8")
+        modes_table = []
+        for _ in range(mode_count):
+            size = data[at]
+            modes_table.append(data[at + 1:at + 1 + size].decode("utf-8"))
+            at += 1 + size
+    except IndexError:
+        raise InvalidUpdate("truncated", "packed frame ends inside its header") from None
+    except UnicodeDecodeError as exc:
+        raise InvalidUpdate("not_utf8", str(exc)) from None
+    columns_end = at + n * _PACKED_COLUMNS
+    if len(data) < columns_end:
+        raise InvalidUpdate("truncated", f"packed frame is {len(data)} bytes, its {n} rows' columns end at {columns_end}")
+    id_lens = np.frombuffer(data, ">u2", n, at).astype(np.int64)
+    versions = np.frombuffer(data, ">u8", n, at + 2 * n).astype(np.uint64)
+    event_ts = np.frombuffer(data, ">f8", n, at + 10 * n).astype(np.float64)
+    computed_at = np.frombuffer(data, ">f8", n, at + 18 * n).astype(np.float64)
+    flags = np.frombuffer(data, np.uint8, n, at + 26 * n)
+    mode_idx = np.frombuffer(data, np.uint8, n, at + 27 * n)
+    ends = columns_end + np.cumsum(id_lens)
+    ids_end = int(ends[-1]) if n else columns_end
+    rows_at = ids_end + (-ids_end % 4)
+    if len(data) != rows_at + 4 * n * dim:
+        raise InvalidUpdate("truncated", f"packed frame is {len(data)} bytes, its header says {rows_at + 4 * n * dim}")
+    if n and (id_lens.min() == 0 or flags.max() > _TOMBSTONE_FLAG or mode_idx.max() >= mode_count):
+        raise InvalidUpdate("bad_field", "a packed row has an empty id, unknown flags or a mode not in the table")
+    blob = data[columns_end:ids_end]
+    try:
+        text = blob.decode("utf-8")
+        bounds = zip((ends - id_lens - columns_end).tolist(), (ends - columns_end).tolist())
+        if len(text) == len(blob):  # ASCII: byte offsets are character offsets
+            ids = [text[a:b] for a, b in bounds]
+        else:
+            ids = [blob[a:b].decode("utf-8") for a, b in bounds]
+    except UnicodeDecodeError as exc:
+        raise InvalidUpdate("not_utf8", str(exc)) from None
+    rows = np.frombuffer(data, "<f4", n * dim, rows_at).reshape(n, dim)
+    modes = list(map(modes_table.__getitem__, mode_idx.tolist()))
+    return PackedColumns(model, ids, versions, event_ts, computed_at, modes, flags.astype(bool), rows)
+
+
+def decode_packed(value: bytes | bytearray | memoryview) -> list[EmbeddingUpdate]:
+    """Every row of a packed frame as an :class:`EmbeddingUpdate`, in order (``deleted=True`` for a tombstone
+    row); each embedding a read-only view of the frame's bytes.
+
+    Raises:
+        InvalidUpdate: the bytes are not a well-formed packed frame (:func:`decode_packed_columns`).
+    """
+    c = decode_packed_columns(value)
+    try:
+        return [EmbeddingUpdate(node, c.model, version, row, ts, at, mode, gone)
+                for node, version, row, ts, at, mode, gone in zip(c.ids, c.versions.tolist(), c.rows,
+                                                                    c.event_ts.tolist(), c.computed_at.tolist(),
+                                                                    c.modes, c.deleted.tolist())]
+    except ValueError as exc:
+        raise InvalidUpdate("bad_field", str(exc)) from None
+
+
 def _decode_json(data: bytes) -> EmbeddingUpdate:
     try:
         obj = orjson.loads(data)
@@ -317,6 +566,8 @@ def decode_update(data: bytes | bytearray | memoryview) -> EmbeddingUpdate:
         raise InvalidUpdate("empty", "value is empty")
     if data[0] == BINARY_MAGIC:
         return _decode_binary(data)
+    if data[0] == PACKED_MAGIC:
+        raise InvalidUpdate("packed", "value is a packed frame of many updates: decode it with decode_packed")
     return _decode_json(data)
 
 
@@ -343,14 +594,17 @@ _MAX_MODE_BYTES = 32  # longer than any mode name the engine writes
 _MAX_FLOAT32_JSON = 15  # the longest shortest-repr of a float32 (``-1.23456789e-38``)
 
 
-def largest_update_bytes(dim: int, model: str, fmt: Literal["json", "binary"] = "json") -> int:
-    """An upper bound of the key and value bytes of one embedding update of ``dim`` values by ``model``.
+def largest_update_bytes(dim: int, model: str, fmt: Literal["json", "binary", "packed"] = "json") -> int:
+    """An upper bound of the key and value bytes of one embedding update of ``dim`` values by ``model``
+    (packed: of a frame holding one row, the smallest frame the delivery can send).
 
     Node ids are at most :data:`gnnstream.stream.events.MAX_ID_BYTES` of UTF-8 (in JSON
     at most six bytes per byte, escaped); the key is the id.
     """
     from gnnstream.stream.events import MAX_ID_BYTES
     model_bytes = len(model.encode("utf-8"))
+    if fmt == "packed":  # a frame of one row; the key is the partition number
+        return 10 + packed_frame_overhead(model, ["x" * _MAX_MODE_BYTES]) + packed_row_bytes(MAX_ID_BYTES, dim)
     if fmt == "binary":
         value = _HEADER.size + MAX_ID_BYTES + model_bytes + _MAX_MODE_BYTES + 4 * dim
     else:

@@ -92,7 +92,8 @@ _HELP = {
     "max_batch_size": "largest micro-batch: under a backlog the batch target doubles after every full poll up "
                       "to this (updates of one node within a batch coalesce); below batch_size, batch_size",
     "batch_wait_ms": "max wait for a micro-batch to fill, in ms",
-    "output_format": "embedding encoding: json or binary (raw float32, see stream/updates.py)",
+    "output_format": "embedding encoding: json, binary (raw float32) or packed (many updates a message), see "
+                     "stream/updates.py",
     "metrics_port": "port of the Prometheus /metrics and /healthz endpoint (0 = off)",
     "metrics_host": "address the /metrics and /healthz endpoint binds (0.0.0.0 = every interface)",
     "query_port": "port of the query API (GET /v1/embeddings/ID, POST /v1/infer, GET /v1/nodes/ID/sample), "
@@ -123,7 +124,7 @@ _HELP = {
 }
 
 
-_CHOICES = {"kafka_client": KAFKA_CLIENTS, "output_format": ("json", "binary"),
+_CHOICES = {"kafka_client": KAFKA_CLIENTS, "output_format": ("json", "binary", "packed"),
             "on_offset_reset": ("fail", "earliest", "latest")}
 
 
