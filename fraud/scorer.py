@@ -86,7 +86,8 @@ from gnnstream.stream.clients import Record
 from gnnstream.stream.exceptions import InvalidUpdate
 from gnnstream.stream.kafka import ensure_topics
 from gnnstream.stream.rollout import CONTROL_TOPIC, SERVING_HEADER, is_serving, rollout_of, version_topic
-from gnnstream.stream.updates import BINARY_MAGIC, decode_binary_columns, decode_update
+from gnnstream.stream.updates import (BINARY_MAGIC, PACKED_MAGIC, decode_binary_columns, decode_packed_columns,
+                                      decode_update)
 from gnnstream.model.head import ScoreHead, load_head
 
 __all__ = ["FraudScorer", "SCORES_TOPIC", "SUMMARY_KEYS", "encode_score", "encode_scores", "decode_updates",
@@ -99,6 +100,7 @@ SUMMARY_KEYS = ("scored", "canary_scored", "not_serving", "deleted", "invalid", 
 """The counts in :meth:`FraudScorer.summary` (and ``gnnstream score``'s JSON), one model or several."""
 _NUMBERS = frozenset((int, float))
 _BINARY = bytes((BINARY_MAGIC,))
+_PACKED = bytes((PACKED_MAGIC,))
 _VALUE, _TOPIC, _HEADERS = operator.attrgetter("value"), operator.attrgetter("topic"), operator.attrgetter("headers")
 _QUANTILES = (("p10", 0.1), ("p50", 0.5), ("p90", 0.9))
 
@@ -397,9 +399,55 @@ class FraudScorer:
             producer.flush(30.0)
 
     def _score_poll(self, records: Sequence[Record], send: Any) -> None:
-        """Score, publish and count one poll, its updates batched per topic. A tombstone is handled where it
-        comes unless the batch pending holds an update of its node: that batch is scored first, so a node's
-        messages keep their order."""
+        """Score, publish and count one poll: packed frames one at a time, the messages between them as
+        :meth:`_score_messages` does, in the poll's order."""
+        if not any(v is not None and v[:1] == _PACKED for v in map(_VALUE, records)):
+            self._score_messages(records, send)
+            return
+        run: list[Record] = []
+        for r in records:
+            if r.value is not None and r.value[:1] == _PACKED:
+                self._score_messages(run, send)
+                run = []
+                self._score_frame(r, send)
+            else:
+                run.append(r)
+        self._score_messages(run, send)
+
+    def _score_frame(self, record: Record, send: Any) -> None:
+        """Score the rows of a packed frame in order, a tombstone row passed on where it comes."""
+        try:
+            c = decode_packed_columns(record.value)
+        except InvalidUpdate as exc:
+            self._skip_invalid(record, exc.reason, exc.detail)
+            return
+        live = len(c) - int(c.deleted.sum())
+        head = self._head_of(c.model)
+        if live and head is None:
+            self.other_model += live - 1
+            self._count_other_model(c.model, record.topic)
+        elif live and len(head.weights) != c.rows.shape[1]:
+            self.invalid += live - 1
+            self._skip_invalid(record, "bad_dim", f"embeddings of {c.rows.shape[1]} values, the fraud head of "
+                                                  f"{c.model} takes {len(head.weights)}")
+        scorable = live and head is not None and len(head.weights) == c.rows.shape[1]
+        versions, times = c.versions.tolist(), c.event_ts.tolist()
+        start = 0
+        for stop in [*np.flatnonzero(c.deleted).tolist(), len(c)]:
+            if scorable and stop > start:
+                cols = DecodedUpdates(c.ids[start:stop], versions[start:stop], [c.model] * (stop - start),
+                                      times[start:stop], c.rows[start:stop])
+                self._score(cols, [record] * (stop - start), send)
+            if stop < len(c):
+                self._tombstone(record._replace(key=c.ids[stop].encode(), value=None), send)
+            start = stop + 1
+
+    def _score_messages(self, records: Sequence[Record], send: Any) -> None:
+        """Score, publish and count messages of one update each, batched per topic. A tombstone is handled
+        where it comes unless the batch pending holds an update of its node: that batch is scored first, so a
+        node's messages keep their order."""
+        if not records:
+            return
         if None not in map(_VALUE, records):  # no tombstone: the updates of each topic in one batch
             topics = set(map(_TOPIC, records))
             if len(topics) == 1:

@@ -20,7 +20,7 @@ from gnnstream.stream.backends import DEFAULT_KAFKA_CLIENT, open_consumer, open_
 from gnnstream.stream.clients import ConsumerClient
 from gnnstream.stream.kafka import ensure_topics, topic_names
 from gnnstream.stream.exceptions import InvalidUpdate, StreamError
-from gnnstream.stream.updates import decode_update
+from gnnstream.stream.updates import PACKED_MAGIC, EmbeddingUpdate, decode_packed, decode_update
 from gnnstream.workers.offline.jobs import progress_bar
 
 __all__ = ["produce_file", "tail_embeddings", "iter_file_messages", "wait_for_topic"]
@@ -83,11 +83,23 @@ def produce_file(bootstrap: str, path: str, *, topic: str = "graph-events", fmt:
             "events_per_s": round(len(messages) / seconds, 1) if seconds else None}
 
 
+_PACKED = bytes((PACKED_MAGIC,))
+
+
+def _line(u: EmbeddingUpdate) -> str:
+    """The tail's line of an update (of a tombstone row of a packed frame: ``<id> deleted v<version>``)."""
+    if u.deleted:
+        return f"{u.id} deleted v{u.version}"
+    head = ", ".join(f"{x:+.4f}" for x in list(u.embedding)[:4])
+    return f"{u.id} v{u.version} {u.mode} {u.model} dim={len(u.embedding)} [{head}, …] event_ts={u.event_ts:.0f}"
+
+
 def tail_embeddings(bootstrap: str, *, topic: str = "node-embeddings", from_beginning: bool = False,
                     max_messages: int = 0, idle_s: float = 0.0, out: Any = None,
                     kafka_client: str = DEFAULT_KAFKA_CLIENT) -> int:
     """Print updates as ``id v<version> <mode> dim=<d> [first values] event_ts=…``; returns the count.
 
+    A packed frame prints one line per row (each counts), a tombstone row ``<id> deleted v<version>``.
     A deleted node prints ``<key> deleted``; a message that is not an update prints
     ``<key> invalid <topic>/<partition>@<offset> <reason>: <detail>``. Both count. ``idle_s`` stops the
     tail after that many seconds without a message, counted once the consumer has partitions assigned
@@ -126,17 +138,20 @@ def tail_embeddings(bootstrap: str, *, topic: str = "node-embeddings", from_begi
             for r in records:
                 node = (r.key or b"").decode(errors="replace")
                 if r.value is None:
-                    print(f"{node} deleted", file=out)
+                    lines = [f"{node} deleted"]
                 else:
                     try:
-                        u = decode_update(r.value)
+                        if r.value[:1] == _PACKED:
+                            lines = list(map(_line, decode_packed(r.value)))
+                        else:
+                            lines = [_line(decode_update(r.value))]
                     except InvalidUpdate as exc:
-                        print(f"{node or '-'} invalid {r.topic}/{r.partition}@{r.offset} {exc}", file=out)
-                    else:
-                        head = ", ".join(f"{x:+.4f}" for x in list(u.embedding)[:4])
-                        print(f"{u.id} v{u.version} {u.mode} {u.model} dim={len(u.embedding)} [{head}, …] "
-                              f"event_ts={u.event_ts:.0f}", file=out)
-                count += 1
+                        lines = [f"{node or '-'} invalid {r.topic}/{r.partition}@{r.offset} {exc}"]
+                for line in lines:
+                    print(line, file=out)
+                    count += 1
+                    if max_messages and count >= max_messages:
+                        break
                 if max_messages and count >= max_messages:
                     break
     except KeyboardInterrupt:
