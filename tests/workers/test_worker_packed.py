@@ -10,18 +10,25 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from gnnstream.stream.backends import KAFKA_CLIENTS
 from gnnstream.stream.broker import EmbeddedBroker
 from gnnstream.stream.kafka import ensure_topics
 from gnnstream.stream.partitioning import partition_for
 from gnnstream.stream.updates import decode_packed
-from tests.support import PARTITIONS, Names, event_messages, fold, high_watermarks, produce, read_topic
+from tests.support import (JOIN_TIMEOUT_S, PARTITIONS, Names, event_messages, fold, health, produce, read_topic,
+                           running_worker, stop_worker, wait_for, worker_cmd)
 from tests.workers.reference import assert_embeddings_close, reference_embeddings
-from tests.workers.test_worker_kafka import kafka_client, run_until_applied  # noqa: F401 (a fixture)
 
 pytestmark = [pytest.mark.broker, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
 
-def test_packed_output_reads_back_exact(kafka_client: str, broker: EmbeddedBroker, events: list,  # noqa: F811
+@pytest.fixture(params=KAFKA_CLIENTS)
+def kafka_client(request: pytest.FixtureRequest) -> str:
+    """The worker's (and the tail's) ``--kafka-client``: the test runs once per backend."""
+    return request.param
+
+
+def test_packed_output_reads_back_exact(kafka_client: str, broker: EmbeddedBroker, events: list,
                                         model_dir: str, tmp_path: Path) -> None:
     from gnnstream.fraud.scorer import FraudScorer
     from gnnstream.model.head import ScoreHead
@@ -29,9 +36,13 @@ def test_packed_output_reads_back_exact(kafka_client: str, broker: EmbeddedBroke
     from gnnstream.workers.offline.replay import tail_embeddings
     n = Names(tmp_path)
     ensure_topics(broker.bootstrap, {n.events: PARTITIONS, n.output: PARTITIONS, n.dlq: 1})
-    high_watermarks(produce(broker.bootstrap, n.events, event_messages(events)), n.events)
-    summary, _, _ = run_until_applied(broker.bootstrap, n, model_dir, tmp_path, len(events), 0,
-                                      "--output-format", "packed", client=kafka_client)
+    produce(broker.bootstrap, n.events, event_messages(events))
+    log = tmp_path / "worker.log"
+    with running_worker(lambda port: worker_cmd(broker.bootstrap, n, model_dir, port, "--output-format", "packed",
+                                                client=kafka_client), log) as (proc, port):
+        wait_for(lambda: (h := health(port)) and h["applied"] >= len(events), JOIN_TIMEOUT_S,
+                 f"{len(events)} applied events", proc, log)
+        summary = stop_worker(proc, log)
     assert summary["applied"] == len(events)
     records = read_topic(broker.bootstrap, n.output, PARTITIONS)
     assert records, "nothing was published"
