@@ -9,6 +9,7 @@ partitions assigned to it, so it computes the same function here.
 from __future__ import annotations
 
 import struct
+from functools import lru_cache
 from typing import Iterable
 
 import numpy as np
@@ -51,6 +52,15 @@ def partition_for(key: bytes, partitions: int) -> int:
     return (murmur2(key) & 0x7FFFFFFF) % partitions
 
 
+@lru_cache(maxsize=1 << 18)
+def _id_hash(node_id: str) -> int:
+    """The positive murmur2 hash of a node id (UTF-8), remembered for the ids seen most recently: a node's
+    updates go out again and again, and the hash is pure Python."""
+    return murmur2(node_id.encode()) & 0x7FFFFFFF
+
+
 def partitions_for(names: Iterable[str], partitions: int) -> np.ndarray:
     """:func:`partition_for` of each node id (UTF-8 encoded), as an int32 array."""
-    return np.fromiter((partition_for(n.encode(), partitions) for n in names), dtype=np.int32)
+    if partitions < 1:
+        raise ValueError(f"Expected at least one partition (got {partitions})")
+    return np.fromiter((_id_hash(n) % partitions for n in names), dtype=np.int32)
