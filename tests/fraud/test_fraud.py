@@ -30,6 +30,12 @@ from gnnstream.model.head import ScoreHead, load_head
 DATA = BITCOIN_OTC
 
 
+def _decoded(scorer, records):
+    """The scorable updates of ``records``, all of one embedding size."""
+    (chunk, _), = scorer._decode_rows(records)
+    return chunk
+
+
 def _otc() -> Path:
     return DATA
 
@@ -164,20 +170,20 @@ def test_scorer_decode_skips_bad_and_other_model_updates(caplog) -> None:
     scorer = FraudScorer("unused:9092", head, in_topic="emb")
     good = _updates(6)
     # a clean poll stays on the batch path and keeps everything
-    cols = scorer._decode(_records([encode_update(u) for u in good]))
+    cols = _decoded(scorer, _records([encode_update(u) for u in good]))
     assert cols.ids == [u.id for u in good]
     np.testing.assert_array_equal(cols.rows, np.stack([u.embedding for u in good]))
     # one well-formed update of another model: dropped from the batch, counted
     other = _updates(1, model="m:2")[0]
     values = [encode_update(u) for u in good[:3]] + [encode_update(other)] + [encode_update(u) for u in good[3:]]
-    cols = scorer._decode(_records(values))
+    cols = _decoded(scorer, _records(values))
     assert cols.ids == [u.id for u in good] and cols.rows.shape == (6, 3)
     assert (scorer.invalid, scorer.other_model) == (0, 1)
     # poison, another model, a wrong size and a binary update in one poll: decoded message by message
     values = [encode_update(good[0]), b'{"hello":1}', encode_update(other), encode_update(_updates(1, dim=5)[0]),
               encode_update(good[1], "binary"), b"\x00junk"]
     with caplog.at_level(logging.WARNING, logger="gnnstream.fraud.scorer"):
-        cols = scorer._decode(_records(values))
+        cols = _decoded(scorer, _records(values))
     assert cols.ids == ["n0", "n1"] and cols.versions == [1, 2] and cols.models == ["m:1", "m:1"]
     np.testing.assert_array_equal(cols.rows, np.stack([good[0].embedding, good[1].embedding]))
     assert (scorer.invalid, scorer.other_model) == (3, 2)
@@ -187,7 +193,7 @@ def test_scorer_decode_skips_bad_and_other_model_updates(caplog) -> None:
     assert any("emb partition 1 offset 105 (" in w for w in warnings)
     # a head without a model tag (trained before it was recorded) scores every model of its size
     untagged = FraudScorer("unused:9092", ScoreHead((0.5, -1.0, 0.25), 0.1), in_topic="emb")
-    cols = untagged._decode(_records([encode_update(good[0]), encode_update(other)]))
+    cols = _decoded(untagged, _records([encode_update(good[0]), encode_update(other)]))
     assert cols.models == ["m:1", "m:2"] and untagged.other_model == 0
 
 

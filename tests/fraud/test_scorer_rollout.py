@@ -19,7 +19,8 @@ from gnnstream.stream.kafka import EventConsumer, Producer, ensure_topics
 from gnnstream.stream.rollout import SERVING_HEADER, version_topic
 from gnnstream.stream.updates import encode_update, encode_updates, tombstone, EmbeddingUpdate
 from tests.workers.reference import run_gnnstream
-from gnnstream.fraud.scorer import SUMMARY_KEYS, FraudScorer, canary_mask, compare_scores, ks_statistic
+from gnnstream.fraud.canary import canary_mask, compare_scores, ks_statistic
+from gnnstream.fraud.scorer import SUMMARY_KEYS, FraudScorer
 from gnnstream.fraud.train import otc_labels, train_fraud_model
 from gnnstream.stream.snap import read_snap
 from gnnstream.model.head import ScoreHead, load_head
