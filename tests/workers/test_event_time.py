@@ -260,3 +260,46 @@ def test_expiry_reads_only_the_edges_that_expire(tmp_path: Path) -> None:
         r = store.apply([NodeUpsert("x", 225.45, (0.0,) * DIM)])  # threshold 215.45: c0..c4 expire
         assert r.expired_edges == 5
         assert len(seen) <= 6  # the five expired and the first that stays
+
+
+@pytest.mark.parametrize("name", ["sage", "gcn_staged", "gat_staged", "sage_staged"])
+@pytest.mark.parametrize("seed", [4, 5])
+def test_what_if_follows_the_window_and_the_stages(models: dict[str, Path], name: str, seed: int) -> None:
+    """A what-if on a windowed state equals the reference of the base events plus the what-if's, whether its
+    events move stream time (expiring edges and firing stages in the overlay only) or not; nothing is written."""
+    from gnnstream.workers.query.state import QueryState
+    model_dir = models[name]
+    events = random_stream(seed, 200)
+    rnd = random.Random(seed)
+    base, extra = events[:160], events[160:]
+    late = [e for e in base[100:] if isinstance(e, EdgeUpsert)][:3]  # old times again: late on arrival
+    quiet = [EdgeUpsert(e.src, e.dst, e.ts - 2 * TTL) for e in late] + \
+        [NodeUpsert(base[-1].src if isinstance(base[-1], EdgeUpsert) else "n1", 0.0, (0.1, 0.2, 0.3, 0.4))]
+    with fast_tempdir() as tmp:
+        with GraphStore(Path(tmp) / "s", seed=SEED, edge_ttl=TTL) as store:
+            engine = Engine(store, load_model_dir(model_dir))
+            for batch in _batches(base, rnd):
+                store.apply(batch)
+                engine.recompute()
+            engine.drain()
+            view = QueryState(store.path, model_dir, Path(tmp) / "q")
+            try:
+                view.refresh()
+                for what_if in (extra, quiet):
+                    fold = GraphFold(TTL)
+                    for ev in base + what_if:
+                        fold.apply_event(ev)
+                    before = store.stream_time
+                    ids = sorted(fold.nodes)
+                    got = view.infer(what_if, ids)
+                    assert store.stream_time == before
+                    assert_embeddings_close(got["embeddings"], fold_embeddings(fold, model_dir), what="what-if")
+                    modes = expected_modes(fold, model_dir)
+                    assert got["modes"] == {v: modes[v] for v in ids}
+                base_fold = GraphFold(TTL)
+                for ev in base:
+                    base_fold.apply_event(ev)
+                assert_embeddings_close(_stored(engine), fold_embeddings(base_fold, model_dir),
+                                        what="stored after the what-ifs")
+            finally:
+                view.close()
