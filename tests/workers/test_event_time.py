@@ -303,3 +303,46 @@ def test_what_if_follows_the_window_and_the_stages(models: dict[str, Path], name
                                         what="stored after the what-ifs")
             finally:
                 view.close()
+
+
+def _jsonl(path: Path, events: list) -> Path:
+    from gnnstream.stream.events import encode_event
+    path.write_bytes(b"".join(encode_event(ev) + b"\n" for ev in events))
+    return path
+
+
+def test_load_backfill_apply_in_runs_and_verify_from_the_command_line(models: dict[str, Path], tmp_path: Path) -> None:
+    """``graph load --edge-ttl`` (bulk), ``backfill``, ``apply`` of two more files, ``verify``: the stored
+    embeddings are the reference's at the final stream time; another window is refused in one line."""
+    from tests.workers.reference import run_gnnstream
+    import json
+    model_dir = models["gcn_staged"]
+    events = random_stream(7, 300)
+    state = tmp_path / "state"
+    parts = [_jsonl(tmp_path / f"part{i}.jsonl", events[a:b]) for i, (a, b) in enumerate([(0, 120), (120, 210),
+                                                                                             (210, 300)])]
+    deletes = [i for i, ev in enumerate(events[:120]) if isinstance(ev, NodeDelete)]
+    done = run_gnnstream("graph", "load", "--state", state, "--model", model_dir, "--edge-ttl", TTL, parts[0])
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout)
+    assert summary["edge_ttl"] == TTL and summary["bulk_events"] == (deletes[0] if deletes else 120)
+    done = run_gnnstream("backfill", "--state", state, "--model", model_dir)
+    assert done.returncode == 0, done.stderr
+    expired = 0
+    for part in parts[1:]:
+        done = run_gnnstream("apply", "--state", state, part)
+        assert done.returncode == 0, done.stderr
+        expired += json.loads(done.stdout)["edges_expired"]
+    assert expired > 0
+    done = run_gnnstream("verify", "--state", state)
+    assert done.returncode == 0, done.stdout + done.stderr
+    done = run_gnnstream("embeddings", "--state", state, "--out", "-")
+    got = {row["id"]: row["embedding"] for row in map(json.loads, done.stdout.splitlines())}
+    fold = GraphFold(TTL)
+    for ev in events:
+        fold.apply_event(ev)
+    assert_embeddings_close(got, fold_embeddings(fold, model_dir))
+    refused = run_gnnstream("apply", "--state", state, "--edge-ttl", 10, parts[2])
+    assert refused.returncode != 0
+    line, = [ln for ln in refused.stderr.splitlines() if ln.strip()]
+    assert "created with --edge-ttl 30, not 10" in line
