@@ -89,6 +89,7 @@ class EventApplier:
         edges, stored, times = batch.edges, batch.stored_edges.get, batch.edge_time
         put, family, pack_edge, edge_key = batch.wb.put, batch.handles["edges"], keys.EDGE_RECORD.pack, keys.edge_key
         add_nbr, degree_changed = self._nbrs.add, result.degree_changed
+        put_expiry, delete_expiry, expiry = batch.wb.put, batch.wb.delete, batch.handles["expiry"]
         max_ts = result.max_ts
         ttl = self.edge_ttl
         now = -np.inf if self.stream_time is None else self.stream_time
@@ -112,11 +113,11 @@ class EventApplier:
                 self._touch(ev.dst, ev.ts, batch, result)
                 result.late_events += 1
                 continue
-            if ttl or ev.op != "edge_upsert" or (s := iid_of(ev.src)) is None or (d := iid_of(ev.dst)) is None \
+            if ev.op != "edge_upsert" or (s := iid_of(ev.src)) is None or (d := iid_of(ev.dst)) is None \
                     or (sn := node_of(s)) is None or (dn := node_of(d)) is None:
                 handlers[ev.op](ev, batch, result)
                 continue
-            # both endpoints exist and are read, no window: _touch and _put_edge without the lookups they repeat
+            # both endpoints exist and are read: _touch and _put_edge without the lookups they repeat
             if ts > sn.last_ts:
                 sn.last_ts = float(ts)
             if ts < sn.first_ts:
@@ -130,12 +131,17 @@ class EventApplier:
             key = edge_key(s, d)
             existed = exists(key)
             t = float(ts)
+            old = None
             if existed:
                 old = times.get(key)
                 if old is None:
                     old = self._edge_time(batch, key)
                 if old > t:
                     t = old
+            if ttl and t != old:
+                if old is not None:
+                    delete_expiry(keys.expiry_key(old, s, d), expiry)
+                put_expiry(keys.expiry_key(t, s, d), b"", expiry)
             put(key, pack_edge(float(ev.weight), t), family)
             edges[key] = True
             times[key] = t
@@ -157,18 +163,41 @@ class EventApplier:
         due: list[tuple[int, int]] = []
         stop = keys.time_key(threshold)
         family = self._columns.families["expiry"]
+        stored, times, written = batch.stored_edges, batch.edge_time, batch.edges
         for key in family.keys():
             if key[:8] > stop:
                 break
-            _, s, d = keys.decode_expiry_key(key)
-            if keys.edge_key(s, d) not in batch.edges:  # an edge this batch wrote is judged below
+            t, s, d = keys.decode_expiry_key(key)
+            edge = keys.edge_key(s, d)
+            if edge not in written:  # an edge this batch wrote is judged below
                 due.append((s, d))
-        for key, present in batch.edges.items():
-            if present and batch.edge_time[key] <= threshold:
+                stored[edge] = True
+                times[edge] = t
+        for key, present in written.items():
+            if present and times[key] <= threshold:
                 due.append(keys.decode_edge_key(key))
+        if not due:
+            return
+        # what removing them reads, with one multi-get each: the reverse edges, the names and node records
+        reverse = [k for k in {keys.edge_key(d, s) for s, d in due} if k not in written and k not in stored]
+        if reverse:
+            for k, raw in zip(reverse, self._columns.views["edges"].get(reverse)):
+                stored[k] = raw is not None
+                if raw is not None:
+                    times[k] = keys.EDGE_RECORD.unpack(raw)[1]
+        ends = {i for pair in due for i in pair}
+        unnamed = [i for i in ends if i not in self._ids.name_of]
+        if unnamed:
+            for i, raw in zip(unnamed, self._columns.views["names"].get([keys.encode_iid(i) for i in unnamed])):
+                if raw is not None:
+                    self._ids.name_of[i] = raw.decode()
+        cold = [i for i in ends if i not in self._nodes.records]
+        if cold:
+            self._nodes.read(cold)
         for s, d in due:
             self._remove_edge(s, d, batch, result)
         result.expired_edges += len(due)
+
     # ------------------------------------------------------------------ one event
     def _touch(self, name: str, ts: float, batch: Batch, result: ApplyResult) -> tuple[int, Node]:
         iid = self._ids.intern(name, batch)
