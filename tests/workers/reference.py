@@ -11,6 +11,7 @@ run layer by layer on one sampled edge list per layer (in float64).
 
 from __future__ import annotations
 
+import heapq
 import json
 import os
 import subprocess
@@ -100,6 +101,7 @@ class GraphFold:
         self.first: dict[str, float] = {}
         self.late = 0
         self.expired = 0
+        self._times: list[tuple[float, tuple[str, str]]] = []  # a heap of (t(e), e), stale entries skipped
 
     def _name(self, node: str, ts: float) -> None:
         if node not in self.nodes:
@@ -110,12 +112,12 @@ class GraphFold:
 
     def _tick(self, ts: float) -> None:
         self.T = ts if self.T is None else max(self.T, ts)
-        if self.ttl:
-            gone = {e for e in self.edges if self.edge_time[e] <= self.T - self.ttl}
-            self.expired += len(gone)
-            for e in gone:
+        while self.ttl and self._times and self._times[0][0] <= self.T - self.ttl:
+            t, e = heapq.heappop(self._times)
+            if e in self.edges and self.edge_time[e] == t:  # the edge's present time: it falls out
                 self.edges.discard(e)
                 del self.edge_time[e]
+                self.expired += 1
 
     def edge_upsert(self, src: str, dst: str, ts: float = 0) -> None:
         self._name(src, ts)
@@ -123,8 +125,10 @@ class GraphFold:
         if self.ttl and self.T is not None and ts <= self.T - self.ttl:
             self.late += 1
         else:
-            self.edge_time[(src, dst)] = max(ts, self.edge_time.get((src, dst), ts))
+            self.edge_time[(src, dst)] = t = max(ts, self.edge_time.get((src, dst), ts))
             self.edges.add((src, dst))
+            if self.ttl:
+                heapq.heappush(self._times, (t, (src, dst)))
         self._tick(ts)
 
     def edge_delete(self, src: str, dst: str, ts: float = 0) -> None:

@@ -107,3 +107,43 @@ def test_a_windowed_staged_worker_killed_mid_stream_ends_exact(kafka_client: str
         assert published[v].version == row["version"] and published[v].mode == row["mode"]
         np.testing.assert_allclose(published[v].embedding, row["embedding"], rtol=0, atol=1e-5)
     assert {r["mode"] for r in stored.values()} >= {"full", "expanded"}
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("scale-out")  # several workers at once: one such test at a time
+def test_three_windowed_staged_workers_publish_exactly(broker: EmbeddedBroker, events: list, staged_model: str,
+                                                       tmp_path: Path, procs: list) -> None:
+    """A group of three workers, each on its own windowed state: the newest output of every node is the
+    reference's at the final stream time, and deleted nodes end on a tombstone."""
+    from gnnstream.stream.events import NodeDelete
+    from tests.support import produce_events
+    from tests.workers.test_scaleout import PARTS, Group, Output
+    n = Names(tmp_path)
+    ensure_topics(broker.bootstrap, {n.events: PARTS, n.output: PARTS, n.dlq: 1})
+    (tmp_path / "empty.jsonl").write_text("")
+    for name in ("w1", "w2", "w3"):
+        made = run_gnnstream("graph", "load", "--state", tmp_path / f"state-{name}", "--model", staged_model,
+                             "--edge-ttl", TTL, tmp_path / "empty.jsonl")
+        assert made.returncode == 0, made.stderr
+    group = Group(broker.bootstrap, n, staged_model, tmp_path, procs)
+    out = Output(broker.bootstrap, n.output)
+    try:
+        for name in ("w1", "w2", "w3"):
+            group.start(name)
+        group.stable(3)
+        produce_events(broker.bootstrap, n.events, events)
+        group.applied(len(events))
+        fold = GraphFold(TTL)
+        for ev in events:
+            fold.apply_event(ev)
+        gone = sorted(fold.nodes)[::97][:12]
+        deletes = [NodeDelete(v, fold.T) for v in gone]
+        produce_events(broker.bootstrap, n.events, deletes)
+        group.applied(len(events) + len(deletes))
+        for ev in deletes:
+            fold.apply_event(ev)
+        want = fold_embeddings(fold, staged_model)
+        group.wait(lambda: out.mismatch(want, set(gone)) is None, "the newest output of every node to be exact")
+        assert fold.expired > 500
+    finally:
+        out.close()
