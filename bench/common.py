@@ -396,8 +396,10 @@ def make_graph(nodes: int = FULL_NODES, edges: int = FULL_EDGES, *, dim: int = F
 
 
 # ---------------------------------------------------------------------- loading
-def graph_events(graph: SyntheticGraph, batch: int = 10_000, ts0: int = 1_700_000_000) -> Iterator[list[Any]]:
-    """The graph as event batches: a ``node_upsert`` per node, then an ``edge_upsert`` per edge."""
+def graph_events(graph: SyntheticGraph, batch: int = 10_000, ts0: int = 1_700_000_000,
+                 edge_seconds: bool = False) -> Iterator[list[Any]]:
+    """The graph as event batches: a ``node_upsert`` per node, then an ``edge_upsert`` per edge (a second apart
+    with ``edge_seconds``, else a second per batch)."""
     name = graph.name
     ts = ts0
     for start in range(0, graph.num_nodes, batch):
@@ -406,7 +408,7 @@ def graph_events(graph: SyntheticGraph, batch: int = 10_000, ts0: int = 1_700_00
     ts += 1
     src, dst = graph.src.tolist(), graph.dst.tolist()
     for start in range(0, len(src), batch):
-        yield [EdgeUpsert(name(s), name(d), ts + (start + i) // batch, 1.0)
+        yield [EdgeUpsert(name(s), name(d), ts + (start + i if edge_seconds else (start + i) // batch), 1.0)
                for i, (s, d) in enumerate(zip(src[start:start + batch], dst[start:start + batch]))]
 
 
@@ -432,7 +434,8 @@ def bulk_load_graph(store: GraphStore, graph: SyntheticGraph, fanouts: tuple[int
             "edges_per_second": round(graph.num_edges / seconds, 1), "bulk": True, **counts}
 
 
-def load_graph(store: GraphStore, graph: SyntheticGraph, *, batch: int = 10_000) -> dict[str, float]:
+def load_graph(store: GraphStore, graph: SyntheticGraph, *, batch: int = 10_000,
+               edge_seconds: bool = False) -> dict[str, float]:
     """Apply the whole graph to ``store`` through :meth:`GraphStore.apply` in batches.
 
     Returns:
@@ -445,7 +448,7 @@ def load_graph(store: GraphStore, graph: SyntheticGraph, *, batch: int = 10_000)
     node_s = edge_s = 0.0
     events = 0
     with GcTimer() as gct:
-        for chunk in graph_events(graph, batch):
+        for chunk in graph_events(graph, batch, edge_seconds=edge_seconds):
             t = time.perf_counter()
             store.apply(chunk)
             dt = time.perf_counter() - t
@@ -473,8 +476,13 @@ def _store_code_hash() -> str:
 
 def open_loaded_store(path: str | os.PathLike[str], graph: SyntheticGraph, *, dim: int, batch: int = 10_000,
                       cache_dir: str | os.PathLike[str] | None = None,
-                      bulk_fanouts: tuple[int, ...] | None = None) -> tuple[GraphStore, dict[str, Any]]:
+                      bulk_fanouts: tuple[int, ...] | None = None,
+                      edge_ttl: int | None = None) -> tuple[GraphStore, dict[str, Any]]:
     """A store at ``path`` holding ``graph``, closed after loading and reopened.
+
+    With ``edge_ttl`` (0: no window) the store is created with that edge window and the edges are loaded a
+    second of event time apart (:func:`graph_events` with ``edge_seconds``), so that a window expires them
+    one by one as stream time moves on.
 
     The store is loaded through :func:`load_graph` (with ``bulk_fanouts``, through
     :func:`bulk_load_graph` with those fanouts), closed, and opened again, as
@@ -488,7 +496,7 @@ def open_loaded_store(path: str | os.PathLike[str], graph: SyntheticGraph, *, di
     path = Path(path)
     key = (f"graph-n{graph.num_nodes}-e{graph.num_edges}-g{graph.gamma}-s{graph.seed}-d{dim}"
            f"-b{'bulk' + '.'.join(map(str, bulk_fanouts)) if bulk_fanouts is not None else batch}"
-           f"-{_store_code_hash()}")
+           f"{'' if edge_ttl is None else f'-ttl{edge_ttl}'}-{_store_code_hash()}")
     cached = Path(cache_dir) / key if cache_dir else None
     if cached is not None and (cached / "load.json").exists():
         t = time.perf_counter()
@@ -497,9 +505,9 @@ def open_loaded_store(path: str | os.PathLike[str], graph: SyntheticGraph, *, di
         info.update(from_cache=True, cache=str(cached), copy_seconds=round(time.perf_counter() - t, 3))
         log(f"copied the loaded store from {cached} ({info['copy_seconds']}s)")
     else:
-        store = GraphStore(path, seed=0, feature_dim=dim)
+        store = GraphStore(path, seed=0, feature_dim=dim, edge_ttl=edge_ttl)
         try:
-            info = load_graph(store, graph, batch=batch) if bulk_fanouts is None else \
+            info = load_graph(store, graph, batch=batch, edge_seconds=edge_ttl is not None) if bulk_fanouts is None else \
                 bulk_load_graph(store, graph, bulk_fanouts)
         finally:
             store.close()

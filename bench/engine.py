@@ -27,6 +27,14 @@ After loading and backfilling:
    The target passes only with the hub at 1,000,000 neighbours or more and all
    work timed in its own batch (no hub propagation deferred, none pending after).
 
+``--window`` runs a third measurement instead of the two above: two stores of
+the same graph, its edges loaded a second of event time apart, one without an
+edge window and one with a window as long as the load, so that the same
+stream (one second of event time per event) expires one loaded edge per event
+in the second, about as many as its upserts add. Reported side by side:
+updates/s of each, their ratio (target >= 0.8), the edges expired, and the
+exactness check of both.
+
 ``--hub-store separate`` runs part 2 on a separate, smaller store (the graph of
 ``--hub-graph-nodes`` / ``--hub-graph-edges``) instead of the main one.
 
@@ -37,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import dataclasses
 import io
 import pstats
 import sys
@@ -65,6 +74,7 @@ TARGET_UPDATES_GOAL = 56_000
 TARGET_BACKFILL_OVER_P50 = 20.0
 TARGET_HUB_RATIO = 2.0
 TARGET_HUB_DEGREE = 1_000_000  # the hub of the issue's target has this many neighbours
+TARGET_WINDOW_RATIO = 0.8  # updates/s with an edge window over those of the same stream without one
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -84,6 +94,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--hub-batches", type=int, default=20, help="measured batches per target")
     p.add_argument("--hub-batch", type=int, default=1_000, help="events per measured hub / degree-10 batch")
     p.add_argument("--hub-window", type=int, default=5, help="leaves kept attached by the rolling upsert/delete")
+    p.add_argument("--window", action="store_true",
+                   help="measure the same stream with and without an edge window that expires an edge per event")
     p.add_argument("--no-verify", action="store_true", help="skip the from-scratch exactness check after the stream")
     p.add_argument("--verify-hub", action="store_true",
                    help="also check exactness after the hub test (a from-scratch pass over 1.1 M nodes, ~1 min)")
@@ -262,10 +274,11 @@ def _profile_report(prof: cProfile.Profile | None, title: str, dump: str | None 
 
 
 def open_loaded(work: Path, name: str, graph: SyntheticGraph, loaded_model: Any, load_batch: int,
-                dim: int, cache: str | None) -> tuple[GraphStore, Engine, dict[str, Any]]:
+                dim: int, cache: str | None, edge_ttl: int | None = None) -> tuple[GraphStore, Engine, dict[str, Any]]:
     """A fresh store holding ``graph``, an engine on it, and the backfill done; with timings."""
     log(f"loading the graph into store {name!r}")
-    store, load = open_loaded_store(work / name, graph, dim=dim, batch=load_batch, cache_dir=cache)
+    store, load = open_loaded_store(work / name, graph, dim=dim, batch=load_batch, cache_dir=cache,
+                                    edge_ttl=edge_ttl)
     t = time.perf_counter()
     engine = Engine(store, loaded_model)
     init_s = time.perf_counter() - t
@@ -282,6 +295,50 @@ def open_loaded(work: Path, name: str, graph: SyntheticGraph, loaded_model: Any,
                            "backfill_seconds": round(backfill_s, 3), "backfill_cpu_seconds": round(backfill_cpu, 3),
                            "backfill_runs_seconds": [round(r[0], 3) for r in runs],
                            "backfill_nodes": st.recomputed[0] if st.recomputed else 0}
+
+
+# ---------------------------------------------------------------------- windowed
+def window_test(work: Path, graph: SyntheticGraph, loaded_model: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """The same stream on a store without a window and on one whose window expires an edge per event."""
+    load_end = 1_700_000_001 + graph.num_edges - 1  # the last loaded edge's time (graph_events, edge_seconds)
+    ttl = graph.num_edges + 1  # the whole load fits; each later second of stream time expires one loaded edge
+    events, counts = stream_events(graph, args.events, np.random.default_rng(args.seed + 1), args.p_upsert,
+                                   args.p_delete, 0, args.batch)
+    events = [dataclasses.replace(ev, ts=load_end + 1 + i) for i, ev in enumerate(events)]
+    out: dict[str, Any] = {"edge_ttl": ttl, "event_counts": counts,
+                           "stream_seconds_per_event": 1, "loaded_edge_seconds_apart": 1}
+    for name, window in (("no_window", 0), ("window", ttl)):
+        store, engine, setup = open_loaded(work, f"state-{name}", graph, loaded_model, args.load_batch, args.dim,
+                                           args.store_cache, edge_ttl=window)
+        try:
+            log(f"stream on {name}: {len(events)} events")
+            stream = BatchLog(engine.num_layers)
+            expired = late = 0
+            bar = Progress(f"stream {name}", len(events))
+            with GcTimer() as gct:
+                for start in range(0, len(events), args.batch):
+                    chunk = events[start:start + args.batch]
+                    c0, t0 = time.process_time(), time.perf_counter()
+                    res = store.apply(chunk)
+                    t1 = time.perf_counter()
+                    st = engine.recompute(event_ts=res.max_ts)
+                    stream.add(len(chunk), t1 - t0, time.perf_counter() - t1, time.process_time() - c0, st)
+                    expired += res.expired_edges
+                    late += res.late_events
+                    bar.update(len(chunk))
+            bar.close()
+            summary = stream.summary()
+            summary.update(gc_seconds=round(gct.seconds, 3), edges_expired=expired, late_events=late,
+                           edges_after=sum(1 for _ in store.column("edges").keys()), setup=setup)
+            if not args.no_verify:
+                summary["verify"] = verify(store, engine)
+                log(f"verify {name}: {summary['verify']}")
+            out[name] = summary
+        finally:
+            store.close()
+    base, windowed = out["no_window"]["updates_per_second"], out["window"]["updates_per_second"]
+    out["updates_per_second_ratio"] = round(windowed / base, 3) if base else None
+    return out
 
 
 # ---------------------------------------------------------------------- hub test
@@ -390,6 +447,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         graph = make_graph(args.nodes, args.edges, dim=args.dim, gamma=args.gamma, seed=args.seed)
         result["graph"] = graph.stats()
         loaded_model = model_dir(work / "model", dim=args.dim, fanouts=FANOUTS, seed=0)
+        if args.window:
+            result["window"] = found = window_test(work, graph, loaded_model, args)
+            ratio = found["updates_per_second_ratio"] or 0.0
+            result["targets"] = {"window_over_no_window_updates_per_second": ratio,
+                                 "window_target": TARGET_WINDOW_RATIO, "window_pass": ratio >= TARGET_WINDOW_RATIO}
+            if not args.no_verify:
+                result["targets"]["exact_after_updates_pass"] = all(found[n]["verify"]["ok"]
+                                                                     for n in ("no_window", "window"))
+            return result
         store, engine, setup = open_loaded(work, "state", graph, loaded_model, args.load_batch, args.dim,
                                              args.store_cache)
         try:

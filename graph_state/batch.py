@@ -78,6 +78,10 @@ class ApplyResult:
         degree_changed: iids whose neighbour count changed.
         created / deleted: iids of nodes that came into / went out of existence.
         max_ts: the latest event time in the batch (0 for an empty batch).
+        stream_time: stream time ``T`` after the batch when the batch moved it, else None.
+        expired_edges: edges removed because they fell out of the edge window.
+        late_events: edge upserts that arrived at or before ``T - ttl`` (endpoints touched, edge not).
+        age_changed: iids of existing nodes whose ``first(v)`` moved back (an upsert older than any before).
         phases: seconds spent per phase (validate, prefetch, events, finish, write, caches).
     """
 
@@ -89,6 +93,10 @@ class ApplyResult:
     created: set[int] = field(default_factory=set)
     deleted: set[int] = field(default_factory=set)
     max_ts: float = 0.0
+    stream_time: float | None = None
+    expired_edges: int = 0
+    late_events: int = 0
+    age_changed: set[int] = field(default_factory=set)
     phases: dict[str, float] = field(default_factory=dict)
     rows_written: int = 0  # puts and deletes in the batch's WriteBatch
 
@@ -113,8 +121,11 @@ class Batch:
         self.stored_edges: dict[bytes, bool] = {}  # prefetched: does the edge exist before the batch
         self.marks: tuple[np.ndarray, np.ndarray] | None = None  # dirty marks written, for the in-memory mirror
         self.nodes: set[int] = set()
-        # the records of ``nodes`` as written, column by column (iid, degree or -1, flags, last ts)
-        self.node_columns: tuple[list[int], list[int], list[int], list[float]] = ([], [], [], [])
+        # the records of ``nodes`` as written, column by column (iid, degree or -1, flags, last ts, first ts)
+        self.node_columns: tuple[list[int], list[int], list[int], list[float], list[float]] = ([], [], [], [], [])
+        self.edge_time: dict[bytes, float] = {}  # t(e) of the edges read or written (edge key -> ts), windowed only
+        self.born: dict[int, float | None] = {}  # first(v) of the nodes created, re-timed or deleted (None: gone)
+        self.born_before: dict[int, float] = {}  # their stored first(v) before the batch (absent: none)
         self.sampled_removed: dict[int, np.ndarray] = {}  # u << 32 | v pairs per fanout
         self.sampled_added: dict[int, np.ndarray] = {}
         self.sampled_changes = 0  # records of the batch's sampled-by delta

@@ -21,7 +21,8 @@ __all__ = ["BulkLoad"]
 
 _EDGE_RECORD = np.dtype([("weight", ">f8"), ("ts", ">f8")])
 _PAIR_KEY = np.dtype([("src", ">u8"), ("dst", ">u8")])
-_NODE = np.dtype([("degree", ">u4"), ("flags", "u1"), ("last_ts", ">f8")])
+_NODE = np.dtype([("degree", ">u4"), ("flags", "u1"), ("last_ts", ">f8"), ("first_ts", ">f8")])
+_SIGN = np.uint64(1 << 63)
 _CHUNK = 1 << 20  # events gathered in Python lists before they become arrays
 _RANK_SLICE = 1 << 20  # neighbour entries ranked and sorted at a time
 
@@ -40,6 +41,12 @@ def _distinct_sorted(values: np.ndarray) -> np.ndarray:
     """The distinct ``values``, ascending (a sort, then a pass: faster than ``np.unique``'s hashing at 10 M)."""
     values = np.sort(values)
     return values[np.append(True, values[1:] != values[:-1])] if len(values) else values
+
+
+def _time_keys(t: np.ndarray) -> np.ndarray:
+    """:func:`graph_state.keys.time_key` of many times, as big-endian uint64 (byte order is numeric order)."""
+    bits = (np.asarray(t, dtype=np.float64) + 0.0).view(np.uint64)
+    return np.where(bits & _SIGN, ~bits, bits | _SIGN)
 
 
 def _last_per_key(keys_: np.ndarray, seq: np.ndarray) -> np.ndarray:
@@ -185,23 +192,62 @@ class BulkLoad:
             cols[1][where] = [self.ids.get(d, -1) for _, _, d in self._late]
         return tuple(cols)
 
+    def _stream_times(self, edges: tuple[np.ndarray, ...]) -> np.ndarray:
+        """Stream time ``T`` before each event, by event number (``-inf`` before the first)."""
+        times = np.full(self.events, -np.inf)
+        times[edges[5]] = edges[3]
+        self._flush_nodes()
+        for _, ts, _, seq in self._nodes:
+            times[seq] = ts
+        before = np.empty(self.events)
+        if self.events:
+            before[0] = -np.inf
+            before[1:] = np.maximum.accumulate(times)[:-1]
+        return before
+
     def _final_edges(self, edges: tuple[np.ndarray, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """``(src, dst, weight, ts)`` of every directed edge the events (:meth:`_edge_columns`) leave, sorted by
-        (src, dst): the last event of each pair decides."""
+        """``(src, dst, weight, t(e))`` of every directed edge the events (:meth:`_edge_columns`) leave, sorted by
+        (src, dst): the last event of each pair that is not a late upsert decides; ``t(e)`` is the largest ``ts``
+        of the pair's upserts since its last delete; with a window, the edges with ``t(e) <= T - ttl`` at the
+        load's final ``T`` are left out."""
         src, dst, weight, ts, upsert, seq = edges
         named = (src >= 0) & (dst >= 0)
+        ttl = float(self.store.edge_ttl)
+        if ttl:
+            before = self._stream_times(edges)
+            named &= ~(upsert & (ts <= before[seq] - ttl))
         src, dst, weight, ts, upsert, seq = (c[named] for c in (src, dst, weight, ts, upsert, seq))
-        last = _last_per_key(src * max(len(self.ids), 1) + dst, seq)
+        code = src * max(len(self.ids), 1) + dst
+        pairs, pair = np.unique(code, return_inverse=True)
+        last_delete = np.full(len(pairs), -1, dtype=np.int64)
+        np.maximum.at(last_delete, pair[~upsert], seq[~upsert])
+        since = upsert & (seq > last_delete[pair])
+        newest = np.full(len(pairs), -np.inf)
+        np.maximum.at(newest, pair[since], ts[since])
+        last = _last_per_key(code, seq)
         last = last[upsert[last]]
-        return src[last], dst[last], weight[last], ts[last]
+        t = newest[pair[last]]
+        if ttl and self.events:
+            keep = t > self.final_time() - ttl
+            last, t = last[keep], t[keep]
+        return src[last], dst[last], weight[last], t
 
-    def _node_columns(self, edges: tuple[np.ndarray, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``(last_ts, has_features, features)`` by iid; features only of the nodes that have them."""
+    def final_time(self) -> float:
+        """Stream time ``T`` once every event taken is applied."""
+        self._flush_edges()
+        self._flush_nodes()
+        ends = [part[3] for part in self._edges] + [part[1] for part in self._nodes]
+        return max((float(p.max()) for p in ends if len(p)), default=-np.inf)
+
+    def _node_columns(self, edges: tuple[np.ndarray, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """``(last_ts, first_ts, has_features, features)`` by iid; features only of the nodes that have them."""
         n = len(self.ids)
         last_ts = np.full(n, -np.inf)
+        first_ts = np.full(n, np.inf)
         e_src, e_dst, _, e_ts, e_upsert, _ = edges
-        np.maximum.at(last_ts, e_src[e_upsert], e_ts[e_upsert])
-        np.maximum.at(last_ts, e_dst[e_upsert], e_ts[e_upsert])
+        for ends in (e_src[e_upsert], e_dst[e_upsert]):
+            np.maximum.at(last_ts, ends, e_ts[e_upsert])
+            np.minimum.at(first_ts, ends, e_ts[e_upsert])
         self._flush_nodes()
         has = np.zeros(n, dtype=bool)
         dim = self.dim or 0
@@ -209,10 +255,11 @@ class BulkLoad:
         if self._nodes:
             iids, ts, feats, seq = (np.concatenate(part) for part in zip(*self._nodes))
             np.maximum.at(last_ts, iids, ts)
+            np.minimum.at(first_ts, iids, ts)
             last = _last_per_key(iids, seq)  # a node's last upsert
             features[iids[last]] = feats[last]
             has[iids] = True
-        return last_ts, has, features
+        return last_ts, first_ts, has, features
 
     # ------------------------------------------------------------------ writing
     def finish(self, progress: Callable[[str], None] | None = None) -> dict[str, int]:
@@ -227,7 +274,7 @@ class BulkLoad:
         n = len(names)
         edges = self._edge_columns()
         src, dst, weight, ts = self._final_edges(edges)
-        last_ts, has, features = self._node_columns(edges)
+        last_ts, first_ts, has, features = self._node_columns(edges)
         if progress:
             progress("graph worked out")
         # N(v): the distinct pairs either way, self-loops left out
@@ -257,7 +304,12 @@ class BulkLoad:
             table("names", zip(iid_keys, encoded))
             node = np.empty(n, dtype=_NODE)
             node["degree"], node["flags"], node["last_ts"] = degree, np.where(has, keys.FLAG_HAS_FEATURES, 0), last_ts
+            node["first_ts"] = first_ts
             table("nodes", zip(iid_keys, node.view(f"V{_NODE.itemsize}").tolist()))
+            born = np.empty(n, dtype=[("t", ">u8"), ("iid", ">u8")])
+            born["t"], born["iid"] = _time_keys(first_ts), np.arange(n)
+            born.sort(order=["t", "iid"])
+            table("born", ((key, b"") for key in born.view("V16").tolist()))
             if has.any():
                 with_features = np.flatnonzero(has)
                 rows = np.ascontiguousarray(features[with_features]).view(f"V{features.shape[1] * 4}").ravel()
@@ -267,6 +319,11 @@ class BulkLoad:
             edge_vals = np.empty(len(src), dtype=_EDGE_RECORD)
             edge_vals["weight"], edge_vals["ts"] = weight, ts
             table("edges", zip(edge_keys.view("V16").tolist(), edge_vals.view("V16").tolist()))
+            if store.edge_ttl:
+                expiry = np.empty(len(src), dtype=[("t", ">u8"), ("src", ">u8"), ("dst", ">u8")])
+                expiry["t"], expiry["src"], expiry["dst"] = _time_keys(ts), src, dst
+                expiry.sort(order=["t", "src", "dst"])
+                table("expiry", ((key, b"") for key in expiry.view("V24").tolist()))
             table("nbrs", itertools.chain.from_iterable(  # puts u in index order
                 self._neighbour_index(v, u, names, encoded, iid_keys, by_name)))
             if progress:
@@ -275,7 +332,8 @@ class BulkLoad:
                 table("sampled", self._snapshot(v, u, n))
             if progress:
                 progress("tables written")
-            store.ingest(files, next_iid=n, feature_dim=self.dim, fanouts=self.fanouts)
+            store.ingest(files, next_iid=n, feature_dim=self.dim, fanouts=self.fanouts,
+                         stream_time=self.final_time() if self.events else None)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
         return {"events": self.events, "nodes": n, "edges": int(len(src)), "neighbour_entries": int(len(v))}

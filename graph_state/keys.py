@@ -10,9 +10,12 @@ Column families and layouts::
     meta      name (ascii)                         -> json / struct value (the META_* names below)
     ids       node id (utf-8)                      -> iid            >Q
     names     iid >Q                               -> node id (utf-8)
-    nodes     iid >Q                               -> degree >I, flags >B, last_ts >d
+    nodes     iid >Q                               -> degree >I, flags >B, last_ts >d, first_ts >d
+                                                      (first_ts: first(v), the smallest ts of the upserts
+                                                      naming the node since it was created)
     feats     iid >Q                               -> float32[dim] (little-endian)
-    edges     src iid >Q, dst iid >Q               -> weight >d, ts >d
+    edges     src iid >Q, dst iid >Q               -> weight >d, ts >d (ts: t(e), the largest ts of the
+                                                      edge's upserts since it was created)
     nbrs      v iid >Q, rank >Q, u id (utf-8)      -> u iid >Q
     sampled   0xff 0xfe, k >H, chunk >I             -> snapshot of the sampled-by relation of fanout k:
                                                       sorted u << 32 | v pairs (int64 little-endian),
@@ -31,6 +34,13 @@ Column families and layouts::
     layerpages layer >B, page seq >Q               -> a page of h^layer rows (1 <= layer < L), laid out as
                                                       embpages (version, event_ts and mode unused)
     outbox    seq >Q                               -> encoded outbox entry
+    born      first_ts (time key), iid >Q          -> empty: every node by first(v), for the stage timers
+    expiry    t(e) (time key), src >Q, dst >Q      -> empty: every present edge by t(e), kept only while the
+                                                      state has an edge window (edge_ttl > 0)
+
+A *time key* is a float64 event time as 8 bytes whose byte order is numeric order
+(:func:`time_key`): the IEEE bits big-endian with the sign bit flipped, all bits
+flipped for a negative time.
 """
 
 from __future__ import annotations
@@ -61,6 +71,14 @@ __all__ = [
     "SAMPLED_DELTA_PREFIX",
     "sampled_snapshot_key",
     "sampled_delta_key",
+    "time_key",
+    "decode_time_key",
+    "born_key",
+    "decode_born_key",
+    "expiry_key",
+    "decode_expiry_key",
+    "META_STREAM_TIME",
+    "META_EDGE_TTL",
     "META_LAYOUT",
     "META_SEED",
     "META_FEATURE_DIM",
@@ -77,7 +95,7 @@ __all__ = [
     "META_ROLLOUT",
 ]
 
-LAYOUT = 5
+LAYOUT = 6
 """The layout of the state this version writes and reads (recorded in ``meta`` as ``layout``); a state of
 another layout is refused with :class:`~gnnstream.graph_state.exceptions.StateLayoutError`."""
 
@@ -87,6 +105,8 @@ META_SEED = "seed"  # the sampling seed
 META_FEATURE_DIM = "feature_dim"  # the node feature length, once known
 META_FANOUTS = "fanouts"  # the fanouts whose sampled-by relation and dirty marks are kept
 META_NEXT_IID = "next_iid"  # the next interned id to hand out
+META_STREAM_TIME = "stream_time"  # T: the largest ts of any event applied so far (absent: none yet)
+META_EDGE_TTL = "edge_ttl"  # the edge window in seconds, fixed when the state is created (0: no window)
 META_BULK_LOAD = "bulk_load_in_progress"  # set while a bulk load's table files are being ingested
 META_CALLER = "caller:"  # prefix of the records callers keep with GraphStore.apply(meta=...)
 # The workers' records hold raw bytes and are named as stored.
@@ -100,7 +120,7 @@ META_ROLLOUT = b"rollout"  # the number of that marker
 
 COLUMN_FAMILIES = (
     "meta", "ids", "names", "nodes", "feats", "edges", "nbrs", "sampled",
-    "offsets", "dirty", "embpages", "layerpages", "outbox",
+    "offsets", "dirty", "embpages", "layerpages", "outbox", "born", "expiry",
 )
 
 U64 = struct.Struct(">Q")
@@ -108,8 +128,11 @@ _QQ = struct.Struct(">QQ")
 _HI = struct.Struct(">HI")
 _I32 = struct.Struct(">I")
 
-NODE_RECORD = struct.Struct(">IBd")  # degree, flags, last event ts
-EDGE_RECORD = struct.Struct(">dd")  # weight, ts
+NODE_RECORD = struct.Struct(">IBdd")  # degree, flags, last event ts, first(v)
+EDGE_RECORD = struct.Struct(">dd")  # weight, t(e)
+_D = struct.Struct(">d")
+_SIGN = 1 << 63
+_ALL = (1 << 64) - 1
 FLAG_HAS_FEATURES = 1
 
 # The fixed-width keys as numpy records, to pack or unpack thousands at once.
@@ -165,3 +188,33 @@ def decode_offset_key(key: bytes) -> tuple[str, int]:
 def dirty_block_key(seq: int) -> bytes:
     """Key of a block of packed dirty marks (9 bytes)."""
     return b"\xff" + U64.pack(seq)
+
+
+def time_key(t: float) -> bytes:
+    """An event time as 8 bytes whose byte order is numeric order (-0.0 is stored as 0.0)."""
+    bits = U64.unpack(_D.pack(float(t) + 0.0))[0]
+    return U64.pack(bits ^ _ALL if bits & _SIGN else bits | _SIGN)
+
+
+def decode_time_key(data: bytes) -> float:
+    bits = U64.unpack(data[:8])[0]
+    return _D.unpack(U64.pack(bits & ~_SIGN & _ALL if bits & _SIGN else bits ^ _ALL))[0]
+
+
+def born_key(first_ts: float, iid: int) -> bytes:
+    """Key of node ``iid`` in the ``born`` index (16 bytes)."""
+    return time_key(first_ts) + U64.pack(iid)
+
+
+def decode_born_key(key: bytes) -> tuple[float, int]:
+    return decode_time_key(key[:8]), U64.unpack(key[8:16])[0]
+
+
+def expiry_key(t: float, src: int, dst: int) -> bytes:
+    """Key of edge ``src -> dst`` with time ``t`` in the ``expiry`` index (24 bytes)."""
+    return time_key(t) + _QQ.pack(src, dst)
+
+
+def decode_expiry_key(key: bytes) -> tuple[float, int, int]:
+    src, dst = _QQ.unpack(key[8:24])
+    return decode_time_key(key[:8]), src, dst

@@ -116,6 +116,31 @@ class NeighbourIndex:
             check_iterator(it, self._columns.path)
         return n
 
+    def _scan_merged(self, it: Any, v: int, changes: dict[bytes, int | None], ranks: list[bytes],
+                     values: list[bytes]) -> int:
+        """:meth:`_scan_prefix` with the open batch's ``changes`` to ``v``'s list merged in (as :meth:`iter`
+        gives them, with the iterator ``it`` shared by many nodes); returns how many entries were appended."""
+        prefix = _PACK_U64(v)
+        take = self.width
+        stored: list[tuple[bytes, bytes]] = []
+        it.seek(prefix)
+        while len(stored) < take and it.valid():
+            key = it.key()
+            if key[:8] != prefix:
+                break
+            if key not in changes:
+                stored.append((key, it.value()))
+            it.next()
+        else:
+            if not it.valid():  # the end of the family, or a read error
+                check_iterator(it, self._columns.path)
+        added = [(key, _PACK_U64(u)) for key, u in changes.items() if u is not None]
+        merged = sorted(stored + added)[:take] if added else stored
+        for key, value in merged:
+            ranks.append(key[8:16])
+            values.append(value)
+        return len(merged)
+
     def prefix_ids(self, v: int) -> list[int]:
         """``v``'s prefix ids: the table's row, or read from RocksDB when it is not loaded (leaving the table
         alone; rows are loaded many at a time, by :meth:`sample_matrix` and batches)."""
@@ -140,11 +165,9 @@ class NeighbourIndex:
         it = self._columns.views["nbrs"].iter()
         try:
             for row, v in enumerate(iids.tolist()):
-                if v in pending:  # the open batch changed this list: merge its changes
-                    raw, held = self.read_prefix(v)
-                    ranks += raw
-                    values += map(_PACK_U64, held)
-                    counts[row] = len(held)
+                changes = pending.get(v)
+                if changes is not None:  # the open batch changed this list: merge its changes
+                    counts[row] = self._scan_merged(it, v, changes, ranks, values)
                 else:
                     counts[row] = self._scan_prefix(it, v, ranks, values)
         finally:

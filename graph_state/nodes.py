@@ -139,9 +139,10 @@ class NodeRecords:
         inside = ids < len(dense.known)
         mirrored[inside] = dense.known[ids[inside]]
         hit = ids[mirrored]
-        for iid, degree, flags, last_ts in zip(hit.tolist(), dense.degree[hit].tolist(), dense.flags[hit].tolist(),
-                                               dense.last_ts[hit].tolist()):
-            self.records[iid] = None if degree < 0 else Node(degree, flags, last_ts)
+        for iid, degree, flags, last_ts, first_ts in zip(hit.tolist(), dense.degree[hit].tolist(),
+                                                         dense.flags[hit].tolist(), dense.last_ts[hit].tolist(),
+                                                         dense.first_ts[hit].tolist()):
+            self.records[iid] = None if degree < 0 else Node(degree, flags, last_ts, first_ts)
         cold = ids[~mirrored].tolist()
         if cold:
             for iid, raw in zip(cold, self._columns.views["nodes"].get([keys.encode_iid(i) for i in cold])):
@@ -160,6 +161,13 @@ class NodeRecords:
                 dense.set(iid, self.get(iid))
         return dense.degree[iids], dense.flags[iids], dense.last_ts[iids]
 
+    def first_ts(self, iids: np.ndarray) -> np.ndarray:
+        """``first(v)`` of many nodes (0 where a node is absent)."""
+        iids = np.asarray(iids, dtype=np.int64)
+        if len(iids):
+            self.arrays(iids)  # fills the columns of nodes not held yet
+        return self.dense.first_ts[iids]
+
     def encode(self, batch: Batch) -> None:
         """Write the records the batch touched into its WriteBatch, and keep them as columns for
         :meth:`committed`."""
@@ -174,12 +182,13 @@ class NodeRecords:
         degree = [node.degree for node in records]
         flags = [node.flags for node in records]
         last_ts = [node.last_ts for node in records]
-        columns = zip(touched, degree, flags, last_ts)
+        first_ts = [node.first_ts for node in records]
+        columns = zip(touched, degree, flags, last_ts, first_ts)
         if gone:  # the deleted ones were deleted above
             columns = (column for column, node in zip(columns, records) if node is not GONE)
-        for iid, deg, flag, ts in columns:
-            put(pack_key(iid), pack_node(deg, flag, ts), family)
-        batch.node_columns = touched, degree, flags, last_ts
+        for iid, deg, flag, ts, first in columns:
+            put(pack_key(iid), pack_node(deg, flag, ts, first), family)
+        batch.node_columns = touched, degree, flags, last_ts, first_ts
 
     def committed(self, batch: Batch) -> None:
         """The batch is written: its records join the dense columns."""

@@ -17,6 +17,7 @@ class Node:
     degree: int
     flags: int
     last_ts: float
+    first_ts: float  # first(v): the smallest ts of the upserts naming the node since it was created
 
     @classmethod
     def decode(cls, raw: bytes | None) -> "Node | None":
@@ -24,7 +25,7 @@ class Node:
         return None if raw is None else cls(*keys.NODE_RECORD.unpack(raw))
 
 
-GONE = Node(-1, 0, 0.0)  # stands for a deleted node's record in the columns written at the end of a batch
+GONE = Node(-1, 0, 0.0, 0.0)  # stands for a deleted node's record in the columns written at the end of a batch
 
 
 class PrefixTable:
@@ -122,22 +123,24 @@ class DenseNodes:
         self.degree = np.zeros(0, dtype=np.int64)
         self.flags = np.zeros(0, dtype=np.uint8)
         self.last_ts = np.zeros(0, dtype=np.float64)
+        self.first_ts = np.zeros(0, dtype=np.float64)
         self.known = np.zeros(0, dtype=bool)
 
     def grow(self, size: int) -> None:
-        grow_columns(self, ("degree", "flags", "last_ts", "known"), size)
+        grow_columns(self, ("degree", "flags", "last_ts", "first_ts", "known"), size)
 
     def set(self, iid: int, node: "Node | None") -> None:
         if iid >= len(self.known):
             self.grow(iid + 1)
         if node is None:
-            self.degree[iid], self.flags[iid], self.last_ts[iid] = -1, 0, 0.0
+            self.degree[iid], self.flags[iid], self.last_ts[iid], self.first_ts[iid] = -1, 0, 0.0, 0.0
         else:
             self.degree[iid], self.flags[iid], self.last_ts[iid] = node.degree, node.flags, node.last_ts
+            self.first_ts[iid] = node.first_ts
         self.known[iid] = True
 
     def set_many(self, iids: Sequence[int], degree: Sequence[int], flags: Sequence[int],
-                 last_ts: Sequence[float]) -> None:
+                 last_ts: Sequence[float], first_ts: Sequence[float]) -> None:
         """:meth:`set` for many nodes, given column by column (degree -1 for an absent node), with one numpy
         assignment per column."""
         if not len(iids):
@@ -145,6 +148,7 @@ class DenseNodes:
         idx = np.fromiter(iids, dtype=np.int64, count=len(iids))
         self.grow(int(idx.max()) + 1)
         self.degree[idx], self.flags[idx], self.last_ts[idx] = degree, flags, last_ts
+        self.first_ts[idx] = first_ts
         self.known[idx] = True
 
 

@@ -50,6 +50,8 @@ class GraphStore:
         cache_nodes: bound on the number of nodes held in the in-memory caches.
         lock_timeout: seconds to keep retrying when another process holds the
             database lock.
+        edge_ttl: the edge window in seconds (0: none, every edge is kept); fixed when the store is created
+            (None: the stored one).
         follow: a directory of this reader's own: open the store read-only
             beside the process that writes it (a RocksDB secondary instance,
             which needs no lock), seeing its writes as of the last
@@ -62,6 +64,7 @@ class GraphStore:
         *,
         seed: int | None = None,
         feature_dim: int | None = None,
+        edge_ttl: int | None = None,
         cache_nodes: int = 2_000_000,
         lock_timeout: float = 10.0,
         follow: str | os.PathLike[str] | None = None,
@@ -82,6 +85,13 @@ class GraphStore:
             self._meta.check_layout()
             self.seed = self._meta.init_int(keys.META_SEED, seed, default=0)
             self.feature_dim = self._meta.init_int(keys.META_FEATURE_DIM, feature_dim, default=None)
+            held_ttl = self._meta.get(keys.META_EDGE_TTL)
+            if edge_ttl is not None and held_ttl is not None and edge_ttl != held_ttl:
+                raise StoreConfigError(
+                    f"state {self.path!r} was created with --edge-ttl {held_ttl}, not {edge_ttl}; a state's edge "
+                    f"window is fixed when it is created: leave out --edge-ttl, or rebuild the state in a new "
+                    f"directory with `gnnstream graph load --edge-ttl {edge_ttl}` and `gnnstream backfill`")
+            self.edge_ttl = self._meta.init_int(keys.META_EDGE_TTL, edge_ttl, default=0)
         except BaseException:
             self.close()  # release the lock so a corrected retry can open it
             raise
@@ -91,6 +101,8 @@ class GraphStore:
         self._sampled = SampledBy(columns, lambda: this._fold_sampled())
         self._marks = MarkLog(columns)
         self._events = EventApplier(columns, self._ids, self._nodes, self._nbrs, self._sampled, self._marks)
+        self._events.edge_ttl = float(self.edge_ttl)
+        self._events.stream_time = self._meta.get(keys.META_STREAM_TIME)
         self.fanouts = self._meta.fanouts()
 
     # ------------------------------------------------------------------ open/close and hooks
@@ -208,6 +220,31 @@ class GraphStore:
         self._sampled.fanouts = ks
         self._nbrs.set_width(max(_MIN_TOP, max(ks, default=0)))
 
+    @property
+    def stream_time(self) -> float | None:
+        """Stream time ``T``: the largest ``ts`` of any event applied so far (None before the first)."""
+        return self._events.stream_time
+
+    def born_between(self, low: float, high: float) -> np.ndarray:
+        """Interned ids of the nodes with ``low < first(v) <= high``, from the ``born`` index (the cost is that
+        of the nodes found)."""
+        found: list[int] = []
+        if not high > low:
+            return np.zeros(0, dtype=np.int64)
+        start, stop = keys.time_key(low), keys.time_key(high)
+        family = self._families["born"]
+        for key in family.keys(from_key=start):
+            head = key[:8]
+            if head > stop:
+                break
+            if head > start:
+                found.append(keys.U64.unpack(key[8:16])[0])
+        return np.asarray(found, dtype=np.int64)
+
+    def first_ts(self, iids: np.ndarray) -> np.ndarray:
+        """``first(v)`` of many nodes (0 where a node is absent)."""
+        return self._nodes.first_ts(iids)
+
     # ------------------------------------------------------------------ ids
     def warm_ids(self) -> int:
         """Read the name <-> iid map into memory, up to the node cache bound; return how many were read.
@@ -264,6 +301,8 @@ class GraphStore:
             self._events.run(events, batch, result)
             t = result.lap("events", t)
             self._events.finish(batch, result)
+            if result.stream_time is not None:
+                self._meta_put(keys.META_STREAM_TIME, result.stream_time, batch)
             for (topic, partition), off in (offsets or {}).items():
                 batch.put("offsets", keys.offset_key(topic, partition), keys.U64.pack(off))
             for name, value in (meta or {}).items():
@@ -326,9 +365,10 @@ class GraphStore:
         return write_table(family, path, items)
 
     def ingest(self, files: Mapping[str, Sequence[str]], *, next_iid: int, feature_dim: int | None,
-               fanouts: Sequence[int] = ()) -> None:
+               fanouts: Sequence[int] = (), stream_time: float | None = None) -> None:
         """Move the table files of :meth:`write_table` into their families (a bulk load into an empty state),
-        then record ``next_iid``, ``feature_dim`` and the ``fanouts`` whose sampled-by snapshot came with them.
+        then record ``next_iid``, ``feature_dim``, the ``fanouts`` whose sampled-by snapshot came with them and
+        the stream time of the events loaded.
 
         A marker written first and removed with the last records makes a load
         cut short by a crash refuse to open, rather than pass for a smaller graph.
@@ -349,6 +389,8 @@ class GraphStore:
                 self._meta_put(keys.META_FEATURE_DIM, feature_dim, batch)
             if fanouts:
                 self._meta_put(keys.META_FANOUTS, list(fanouts), batch)
+            if stream_time is not None:
+                self._meta_put(keys.META_STREAM_TIME, stream_time, batch)
             batch.delete("meta", keys.META_BULK_LOAD.encode())
             self._write(batch.wb)
         finally:
@@ -365,6 +407,7 @@ class GraphStore:
         self._marks.drop()
         self._ids.next_iid = self._meta.next_iid()
         self.feature_dim = self._meta.get(keys.META_FEATURE_DIM)
+        self._events.stream_time = self._meta.get(keys.META_STREAM_TIME)
 
     def _trim_caches(self) -> None:
         if self._nbrs.prefixes.count > self._cache_nodes:

@@ -15,10 +15,17 @@ A policy is built from the ``cold_start`` object of a model's
 ``degree`` is always ``|N(v)|``, the size of the node's full (unsampled)
 neighbourhood, so the decision is the same at every layer and fanout.
 
+A policy also names each node's *stage* (:meth:`ColdStartPolicy.stages`):
+``STAGE_NONE`` (an empty sample at every layer), ``STAGE_EXPANDED`` (the
+two-hop sample of docs/design.md, "Staged cold start") or ``STAGE_FULL`` (the
+plain sample). Only the staged policy reads a node's age ``T - first(v)``.
+
 Policies::
 
     {"policy": "plain"}                              # the default: the docs/design.md contract
     {"policy": "feature_only", "min_neighbours": 3}  # ignore neighbours below 3
+    {"policy": "staged", "feature_only_s": 86400, "expand_s": 259200, "min_neighbours": 3}
+                                                     # by age: features only, then two hops while sparse, then full
 """
 
 from __future__ import annotations
@@ -39,6 +46,11 @@ __all__ = [
     "ColdStartPolicy",
     "PlainPolicy",
     "FeatureOnlyPolicy",
+    "StagedPolicy",
+    "MODE_EXPANDED",
+    "STAGE_NONE",
+    "STAGE_EXPANDED",
+    "STAGE_FULL",
     "policy_from_config",
     "POLICIES",
 ]
@@ -48,12 +60,28 @@ logger = logging.getLogger(__name__)
 MODE_FULL = "full"
 MODE_COLD_START = "cold_start"
 MODE_FEATURE_ONLY = "feature_only"
+MODE_EXPANDED = "expanded"
+STAGE_NONE, STAGE_EXPANDED, STAGE_FULL = 0, 1, 2
 
 
 class ColdStartPolicy(ABC):
     """Base class of cold-start policies."""
 
     name: ClassVar[str]
+    by_age: ClassVar[bool] = False  # whether stages depend on a node's age (the staged policy)
+
+    @property
+    def age_marks(self) -> tuple[float, ...]:
+        """The ages at which a node's stage can change with no event naming it (none unless :attr:`by_age`)."""
+        return ()
+
+    def stages(self, degree: np.ndarray, age: np.ndarray) -> np.ndarray:
+        """The stage of many nodes (``STAGE_*`` as int8) from ``|N(v)|`` and ``age(v)``."""
+        return np.where(self.uses_neighbours_many(np.asarray(degree)), STAGE_FULL, STAGE_NONE).astype(np.int8)
+
+    def stage_mode(self, has_features: bool, degree: int, stage: int) -> str:
+        """The ``mode`` of a node in ``stage`` (the stage decides it only for :attr:`by_age` policies)."""
+        return self.mode(has_features, degree)
 
     @abstractmethod
     def uses_neighbours(self, degree: int) -> bool:
@@ -140,9 +168,75 @@ class FeatureOnlyPolicy(ColdStartPolicy):
         return {"policy": self.name, "min_neighbours": self.min_neighbours}
 
 
+def _seconds(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value) or value < 0:
+        raise InvalidModelConfig(f"cold_start.{name} must be a number of seconds >= 0 (got {value!r})")
+    return value
+
+
+@dataclass(frozen=True)
+class StagedPolicy(ColdStartPolicy):
+    """Stages a node by its age ``T - first(v)`` (docs/design.md, "Staged cold start").
+
+    Below ``feature_only_s`` a node samples nothing; below ``expand_s`` and
+    with fewer than ``min_neighbours`` neighbours it is *expanded*: at each
+    layer it samples the bottom-k of its neighbours and their plain samples;
+    otherwise it follows the plain contract. ``mode`` is ``cold_start`` for a
+    node without features, else ``feature_only``, ``expanded`` or ``full``.
+
+    Args:
+        feature_only_s: the age up to which a node uses its own features only.
+        expand_s: the age up to which a sparse node is expanded (``>= feature_only_s``).
+        min_neighbours: the neighbour count from which a node is no longer expanded.
+    """
+
+    feature_only_s: float = 0
+    expand_s: float = 0
+    min_neighbours: int = 1
+    name: ClassVar[str] = "staged"
+    by_age: ClassVar[bool] = True
+
+    def __post_init__(self) -> None:
+        f, e = _seconds("feature_only_s", self.feature_only_s), _seconds("expand_s", self.expand_s)
+        if e < f:
+            raise InvalidModelConfig(f"cold_start.expand_s ({e}) must be >= cold_start.feature_only_s ({f})")
+        m = self.min_neighbours
+        if isinstance(m, bool) or not isinstance(m, int) or m < 0:
+            raise InvalidModelConfig(f"cold_start.min_neighbours must be an integer >= 0 (got {m!r})")
+
+    @property
+    def age_marks(self) -> tuple[float, ...]:
+        return (float(self.feature_only_s), float(self.expand_s))
+
+    def uses_neighbours(self, degree: int) -> bool:
+        """Whether some stage reads neighbours: always (the stage decides, :meth:`stages`)."""
+        return True
+
+    def stages(self, degree: np.ndarray, age: np.ndarray) -> np.ndarray:
+        degree, age = np.asarray(degree), np.asarray(age, dtype=np.float64)
+        out = np.full(len(degree), STAGE_FULL, dtype=np.int8)
+        out[(age < self.expand_s) & (degree < self.min_neighbours)] = STAGE_EXPANDED
+        out[age < self.feature_only_s] = STAGE_NONE
+        return out
+
+    def stage_mode(self, has_features: bool, degree: int, stage: int) -> str:
+        if not has_features:
+            return MODE_COLD_START
+        return (MODE_FEATURE_ONLY, MODE_EXPANDED, MODE_FULL)[stage]
+
+    def mode(self, has_features: bool, degree: int) -> str:
+        """The mode of a node past its first stages (its age decides the rest: :meth:`stage_mode`)."""
+        return MODE_FULL if has_features else MODE_COLD_START
+
+    def to_config(self) -> dict[str, Any]:
+        return {"policy": self.name, "feature_only_s": self.feature_only_s, "expand_s": self.expand_s,
+                "min_neighbours": self.min_neighbours}
+
+
 POLICIES: dict[str, type[ColdStartPolicy]] = {
     PlainPolicy.name: PlainPolicy,
     FeatureOnlyPolicy.name: FeatureOnlyPolicy,
+    StagedPolicy.name: StagedPolicy,
 }
 
 
@@ -173,6 +267,12 @@ def policy_from_config(config: Mapping[str, Any] | None) -> ColdStartPolicy:
         )
     if name == PlainPolicy.name:
         allowed: set[str] = set()
+    elif name == StagedPolicy.name:
+        allowed = {"feature_only_s", "expand_s", "min_neighbours"}
+        missing = sorted(allowed - set(options))
+        if missing:
+            raise InvalidModelConfig(f"cold_start policy 'staged' needs {missing}, e.g. {{\"policy\": \"staged\", "
+                                     f"\"feature_only_s\": 86400, \"expand_s\": 259200, \"min_neighbours\": 3}}")
     else:
         allowed = {"min_neighbours"}
     unknown = sorted(set(options) - allowed)

@@ -82,7 +82,7 @@ def _warn_invalid(summary: dict[str, Any], events: str) -> None:
 def _graph_load(args: argparse.Namespace) -> int:
     from gnnstream.workers.offline.jobs import load_events
     summary = load_events(args.state, _events_path(args.events), seed=args.seed, model_dir=args.model, batch=args.batch,
-                          report=args.report, dead_letters=args.dead_letters)
+                          report=args.report, dead_letters=args.dead_letters, edge_ttl=args.edge_ttl)
     _print(summary)
     _warn_invalid(summary, args.events)
     return 0
@@ -169,7 +169,8 @@ def _embeddings(args: argparse.Namespace) -> int:
 def _apply(args: argparse.Namespace) -> int:
     from gnnstream.workers.offline.jobs import apply_events
     summary = apply_events(args.state, args.model, _events_path(args.events), batch=args.batch, seed=args.seed,
-                           hub_bound=args.hub_bound, report=args.report, dead_letters=args.dead_letters)
+                           hub_bound=args.hub_bound, report=args.report, dead_letters=args.dead_letters,
+                           edge_ttl=args.edge_ttl)
     _print(summary)
     _warn_invalid(summary, args.events)
     return 0
@@ -296,6 +297,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "model's")
     p.add_argument("--batch", type=whole_number(1), default=1000,
                    help="events per atomic batch after the table files (default 1000)")
+    _edge_ttl_arg(p)
     _invalid_args(p)
     p.set_defaults(func=_graph_load)
     p = gsub.add_parser("show", help="print a node's neighbours, sample and features as JSON (read-only)")
@@ -413,6 +415,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=None, help="sampling seed; must be the model's (default: the model's)")
     p.add_argument("--hub-bound", type=whole_number(0), default=50_000,
                    help="dependents above which hub propagation is deferred and coalesced (default 50000)")
+    _edge_ttl_arg(p)
     _invalid_args(p)
     p.set_defaults(func=_apply)
 
@@ -474,6 +477,11 @@ def build_parser() -> argparse.ArgumentParser:
     for entry in entry_points(group="gnnstream.commands"):  # commands of packages built on this one
         entry.load()(sub)
     return parser
+
+
+def _edge_ttl_arg(p: argparse.ArgumentParser) -> None:
+    from gnnstream.workers.settings import add_worker_arguments
+    add_worker_arguments(p, only=("edge_ttl",))
 
 
 def _fraction(text: str) -> float:

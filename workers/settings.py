@@ -55,6 +55,7 @@ class WorkerSettings:
     on_offset_reset: str = "fail"
     drain_timeout_s: float = 20.0
     min_change: float = 0.0
+    edge_ttl: int | None = None
 
     def __post_init__(self) -> None:
         for name, allowed in _CHOICES.items():
@@ -64,13 +65,18 @@ class WorkerSettings:
                                  f"--{name.replace('_', '-')} or {_env_name(name)}")
         for name, (low, high, note) in _BOUNDS.items():
             value = getattr(self, name)
+            if value is None and name in _OPTIONAL:
+                continue
             if not _within(value, low, high):
-                kind = type(getattr(WorkerSettings, name))
+                kind = _OPTIONAL.get(name) or type(getattr(WorkerSettings, name))
                 raise ValueError(f"{name} must be {_describe(kind, low, high, note)} (got {value!r}); set "
                                  f"--{name.replace('_', '-')} or {_env_name(name)}")
 
 
 _HELP = {
+    "edge_ttl": "the edge window in seconds of event time: an edge is kept while its latest ts is within this of "
+                "the stream time; fixed when a state is created (0 = no window; default: as the state holds, no "
+                "window for a new one)",
     "bootstrap": "Kafka bootstrap servers host:port[,host:port]",
     "kafka_client": "Kafka client library: kafka-python (pure Python) or confluent (confluent-kafka, librdkafka)",
     "state": "graph state directory (RocksDB), the source of truth",
@@ -144,7 +150,9 @@ _BOUNDS: dict[str, tuple[float, float | None, str]] = {
     "broker_wait_s": (0, None, "0 = keep retrying"),
     "drain_timeout_s": (0, None, "0 = do not drain"),
     "min_change": (0, None, ""),
+    "edge_ttl": (0, None, "0 = no window"),
 }
+_OPTIONAL = {"edge_ttl": int}  # settings whose default None means "as the state holds", with their type
 
 
 def _within(value: float, low: float, high: float | None) -> bool:
@@ -237,7 +245,7 @@ def add_worker_arguments(parser: argparse.ArgumentParser, only: tuple[str, ...] 
         if only is not None and f.name not in only:
             continue
         env = _env_name(f.name)
-        kind = type(f.default) if f.default is not None else str
+        kind = _OPTIONAL.get(f.name) or (type(f.default) if f.default is not None else str)
         # a string default is parsed by argparse like the flag: a bad value is a usage error, not a traceback
         default: Any = f.default
         if env in os.environ:

@@ -67,7 +67,8 @@ def _model_seed(model_dir: str | os.PathLike[str]) -> int:
 
 
 def open_store(state: str | os.PathLike[str], *, create: bool, model_dir: str | None = None,
-               seed: int | None = None, read_only: bool = False, lock_timeout: float = 10.0) -> GraphStore:
+               seed: int | None = None, read_only: bool = False, lock_timeout: float = 10.0,
+               edge_ttl: int | None = None) -> GraphStore:
     """Open the graph state in ``state``, creating it only when ``create`` is true.
 
     Args:
@@ -77,6 +78,8 @@ def open_store(state: str | os.PathLike[str], *, create: bool, model_dir: str | 
             sampling seed, an existing one must have been created with it.
         seed: a sampling seed given on the command line: must agree with the
             model's; without a model it is the seed of a new state.
+        edge_ttl: ``--edge-ttl``: the edge window of a new state (None: none); an existing state must have been
+            created with it (None: whatever it holds).
         read_only: open RocksDB read-only under a shared lock (``verify``,
             ``embeddings``, ``graph show``): nothing is ever written.
         lock_timeout: seconds to wait while another process holds the state.
@@ -117,7 +120,7 @@ def open_store(state: str | os.PathLike[str], *, create: bool, model_dir: str | 
             f"state directory {path!r} does not exist and nothing gives its sampling seed; pass --model DIR "
             f"(the state takes the model's seed) to create it")
     try:
-        return GraphStore(path, seed=want, lock_timeout=lock_timeout)
+        return GraphStore(path, seed=want, lock_timeout=lock_timeout, edge_ttl=edge_ttl)
     except StoreConfigError:
         held = _stored_seed(path, lock_timeout) if want is not None else None
         if held is None or held == want:

@@ -48,7 +48,9 @@ class GraphModel:
             stale = {ev.id} | self.nbrs(ev.id)
         self._samples = {key: val for key, val in self._samples.items() if key[0] not in stale}
         if isinstance(ev, EdgeUpsert):
-            self.g.add_edge(ev.src, ev.dst, weight=float(ev.weight), ts=float(ev.ts))
+            # t(e): the largest ts of the edge's upserts since it was created
+            old = self.g.edges[ev.src, ev.dst]["ts"] if self.g.has_edge(ev.src, ev.dst) else float(ev.ts)
+            self.g.add_edge(ev.src, ev.dst, weight=float(ev.weight), ts=max(old, float(ev.ts)))
         elif isinstance(ev, EdgeDelete):
             if self.g.has_edge(ev.src, ev.dst):
                 self.g.remove_edge(ev.src, ev.dst)

@@ -159,7 +159,7 @@ def test_unknown_cold_start_policy(model_dir) -> None:
     rewrite_config(model_dir, cold_start={"policy": "neighbour_magic"})
     with pytest.raises(UnknownColdStartPolicy) as info:
         load_model_dir(model_dir)
-    assert "'neighbour_magic'" in str(info.value) and "['feature_only', 'plain']" in str(info.value)
+    assert "'neighbour_magic'" in str(info.value) and "['feature_only', 'plain', 'staged']" in str(info.value)
 
 
 def test_fanouts_length(model_dir) -> None:

@@ -11,6 +11,7 @@ run layer by layer on one sampled edge list per layer (in float64).
 
 from __future__ import annotations
 
+import heapq
 import json
 import os
 import subprocess
@@ -33,6 +34,8 @@ __all__ = [
     "layer_edge_lists",
     "reference_embeddings",
     "expected_modes",
+    "fold_embeddings",
+    "staged_stages",
     "assert_embeddings_close",
     "fast_tempdir",
     "gnnstream_command",
@@ -79,40 +82,88 @@ class GraphFold:
     A node exists from the first ``edge_upsert`` / ``node_upsert`` naming it
     until a ``node_delete``; ``edge_delete`` / ``node_delete`` never create a
     node; ``node_delete`` removes the node's features and every edge touching it.
+
+    Event time: ``T`` is the largest ``ts`` seen; with ``edge_ttl`` an edge
+    ``e`` is present only while ``t(e) > T - ttl`` (checked after every event),
+    ``t(e)`` being the largest ``ts`` of its upserts since it was last created,
+    and an upsert with ``ts <= T - ttl`` on arrival is late: it creates its
+    endpoints and nothing else. ``first[v]`` is the smallest ``ts`` of the
+    upserts naming ``v`` since it was last created.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, edge_ttl: float = 0) -> None:
         self.nodes: set[str] = set()
         self.edges: set[tuple[str, str]] = set()
         self.features: dict[str, np.ndarray] = {}
+        self.ttl = edge_ttl
+        self.T: float | None = None
+        self.edge_time: dict[tuple[str, str], float] = {}
+        self.first: dict[str, float] = {}
+        self.late = 0
+        self.expired = 0
+        self._times: list[tuple[float, tuple[str, str]]] = []  # a heap of (t(e), e), stale entries skipped
 
-    def edge_upsert(self, src: str, dst: str) -> None:
-        self.nodes.update((src, dst))
-        self.edges.add((src, dst))
+    def _name(self, node: str, ts: float) -> None:
+        if node not in self.nodes:
+            self.nodes.add(node)
+            self.first[node] = ts
+        else:
+            self.first[node] = min(self.first[node], ts)
 
-    def edge_delete(self, src: str, dst: str) -> None:
+    def _tick(self, ts: float) -> None:
+        self.T = ts if self.T is None else max(self.T, ts)
+        while self.ttl and self._times and self._times[0][0] <= self.T - self.ttl:
+            t, e = heapq.heappop(self._times)
+            if e in self.edges and self.edge_time[e] == t:  # the edge's present time: it falls out
+                self.edges.discard(e)
+                del self.edge_time[e]
+                self.expired += 1
+
+    def edge_upsert(self, src: str, dst: str, ts: float = 0) -> None:
+        self._name(src, ts)
+        self._name(dst, ts)
+        if self.ttl and self.T is not None and ts <= self.T - self.ttl:
+            self.late += 1
+        else:
+            self.edge_time[(src, dst)] = t = max(ts, self.edge_time.get((src, dst), ts))
+            self.edges.add((src, dst))
+            if self.ttl:
+                heapq.heappush(self._times, (t, (src, dst)))
+        self._tick(ts)
+
+    def edge_delete(self, src: str, dst: str, ts: float = 0) -> None:
         self.edges.discard((src, dst))
+        self.edge_time.pop((src, dst), None)
+        self._tick(ts)
 
-    def node_upsert(self, node: str, features: Iterable[float]) -> None:
-        self.nodes.add(node)
+    def node_upsert(self, node: str, features: Iterable[float], ts: float = 0) -> None:
+        self._name(node, ts)
         self.features[node] = np.asarray(list(features), dtype=np.float32)
+        self._tick(ts)
 
-    def node_delete(self, node: str) -> None:
+    def node_delete(self, node: str, ts: float = 0) -> None:
         self.nodes.discard(node)
         self.features.pop(node, None)
+        self.first.pop(node, None)
         self.edges = {(s, d) for s, d in self.edges if s != node and d != node}
+        self.edge_time = {e: t for e, t in self.edge_time.items() if e in self.edges}
+        self._tick(ts)
+
+    def ages(self) -> dict[str, float]:
+        """``age(v) = T - first(v)`` of every node."""
+        return {v: self.T - self.first[v] for v in self.nodes}
 
     def apply_obj(self, ev: Mapping[str, Any]) -> None:
         """Apply one event given as a JSON object (the JSONL schema)."""
-        op = ev["op"]
+        op, ts = ev["op"], ev.get("ts", 0)
         if op == "edge_upsert":
-            self.edge_upsert(_id(ev["src"]), _id(ev["dst"]))
+            self.edge_upsert(_id(ev["src"]), _id(ev["dst"]), ts)
         elif op == "edge_delete":
-            self.edge_delete(_id(ev["src"]), _id(ev["dst"]))
+            self.edge_delete(_id(ev["src"]), _id(ev["dst"]), ts)
         elif op == "node_upsert":
-            self.node_upsert(_id(ev["id"]), ev["features"])
+            self.node_upsert(_id(ev["id"]), ev["features"], ts)
         elif op == "node_delete":
-            self.node_delete(_id(ev["id"]))
+            self.node_delete(_id(ev["id"]), ts)
         else:
             raise ValueError(f"unknown op {op!r}")
 
@@ -120,13 +171,13 @@ class GraphFold:
         """Apply one event object with an ``op`` attribute (``stream.events`` dataclasses)."""
         op = ev.op
         if op == "edge_upsert":
-            self.edge_upsert(ev.src, ev.dst)
+            self.edge_upsert(ev.src, ev.dst, ev.ts)
         elif op == "edge_delete":
-            self.edge_delete(ev.src, ev.dst)
+            self.edge_delete(ev.src, ev.dst, ev.ts)
         elif op == "node_upsert":
-            self.node_upsert(ev.id, ev.features)
+            self.node_upsert(ev.id, ev.features, ev.ts)
         elif op == "node_delete":
-            self.node_delete(ev.id)
+            self.node_delete(ev.id, ev.ts)
         else:
             raise ValueError(f"unknown op {op!r}")
 
@@ -135,9 +186,9 @@ def _id(value: Any) -> str:
     return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
 
 
-def fold_jsonl(path: str | Path, limit: int | None = None) -> GraphFold:
+def fold_jsonl(path: str | Path, limit: int | None = None, edge_ttl: float = 0) -> GraphFold:
     """Fold (the first ``limit`` lines of) a JSONL event file."""
-    fold = GraphFold()
+    fold = GraphFold(edge_ttl)
     with open(path, "rb") as fh:
         for i, line in enumerate(fh):
             if limit is not None and i >= limit:
@@ -170,10 +221,12 @@ def bottom_k(seed: int, v: str, members: Iterable[str], k: int) -> list[str]:
 
 
 def layer_edge_lists(order: list[str], nbrs: Mapping[str, set[str]], seed: int, fanouts: Iterable[int],
-                     uses_neighbours: Any = None) -> list[torch.Tensor]:
-    """One ``[2, E]`` edge list ``u -> v`` (``u ∈ S_{k_l}(v)``) per layer over ``order``'s indices.
+                     uses_neighbours: Any = None, stages: Mapping[str, str] | None = None) -> list[torch.Tensor]:
+    """One ``[2, E]`` edge list ``u -> v`` (``u`` sampled by ``v`` at that layer) per layer over ``order``'s indices.
 
-    ``uses_neighbours(degree)`` False means the node aggregates nothing (cold-start policy).
+    ``uses_neighbours(degree)`` False means the node aggregates nothing (cold-start policy); ``stages`` (the
+    staged policy) names each node's stage: ``feature_only`` samples nothing, ``expanded`` samples the
+    bottom-k of ``X_k(v) = (N(v) ∪ ⋃_{u ∈ N(v)} S_k(u)) \\ {v}``, ``full`` samples ``S_k(v)``.
     """
     index = {v: i for i, v in enumerate(order)}
     ranked = {v: sorted(nbrs[v], key=lambda u: (rank(seed, v, u), u)) for v in order}
@@ -184,10 +237,31 @@ def layer_edge_lists(order: list[str], nbrs: Mapping[str, set[str]], seed: int, 
         for v in order:
             if uses_neighbours is not None and not uses_neighbours(len(nbrs[v])):
                 continue
-            for u in ranked[v][:k]:
+            stage = "full" if stages is None else stages[v]
+            if stage == "feature_only":
+                continue
+            if stage == "expanded":
+                pool = set(nbrs[v]).union(*(ranked[u][:k] for u in nbrs[v])) - {v}
+                sample = bottom_k(seed, v, pool, k)
+            else:
+                sample = ranked[v][:k]
+            for u in sample:
                 src.append(index[u])
                 dst.append(index[v])
         out.append(torch.tensor([src, dst], dtype=torch.long).reshape(2, -1))
+    return out
+
+
+def staged_stages(cfg: Mapping[str, Any], nbrs: Mapping[str, set[str]], ages: Mapping[str, float]) -> dict[str, str] | None:
+    """Each node's stage under a ``staged`` cold-start policy (None for another policy)."""
+    policy = cfg.get("cold_start") or {}
+    if policy.get("policy") != "staged":
+        return None
+    f, e, m = policy["feature_only_s"], policy["expand_s"], policy["min_neighbours"]
+    out = {}
+    for v, n in nbrs.items():
+        age = ages[v]
+        out[v] = "feature_only" if age < f else "expanded" if age < e and len(n) < m else "full"
     return out
 
 
@@ -205,7 +279,7 @@ def _read_model(model_dir: str | Path) -> tuple[dict[str, Any], torch.nn.Module]
 
 def _uses_neighbours(cfg: Mapping[str, Any]) -> Any:
     policy = (cfg.get("cold_start") or {"policy": "plain"})
-    if policy.get("policy", "plain") == "plain":
+    if policy.get("policy", "plain") in ("plain", "staged"):
         return None
     if policy["policy"] == "feature_only":
         m = int(policy.get("min_neighbours", 1))
@@ -215,7 +289,7 @@ def _uses_neighbours(cfg: Mapping[str, Any]) -> Any:
 
 def reference_embeddings(nodes: Iterable[str], edges: Iterable[tuple[str, str]],
                          features: Mapping[str, Any], model_dir: str | Path,
-                         seed: int | None = None) -> dict[str, np.ndarray]:
+                         seed: int | None = None, ages: Mapping[str, float] | None = None) -> dict[str, np.ndarray]:
     """Every existing node's final embedding, computed from scratch with PyG.
 
     Args:
@@ -224,6 +298,7 @@ def reference_embeddings(nodes: Iterable[str], edges: Iterable[tuple[str, str]],
         features: ``h^0`` of the nodes that have features (others get zeros).
         model_dir: a model directory (``config.json`` + ``weights.pt``).
         seed: the sampling seed (default: the model's).
+        ages: ``age(v)`` of every node, for a staged cold-start policy.
     """
     cfg, net = _read_model(model_dir)
     seed = cfg["seed"] if seed is None else seed
@@ -236,7 +311,8 @@ def reference_embeddings(nodes: Iterable[str], edges: Iterable[tuple[str, str]],
     for i, v in enumerate(order):
         if v in features:
             x[i] = torch.as_tensor(np.asarray(features[v], dtype=np.float32), dtype=torch.float64)
-    edge_lists = layer_edge_lists(order, nbrs, seed, cfg["fanouts"], _uses_neighbours(cfg))
+    stages = staged_stages(cfg, nbrs, ages) if ages is not None else None
+    edge_lists = layer_edge_lists(order, nbrs, seed, cfg["fanouts"], _uses_neighbours(cfg), stages)
     last = len(net.convs) - 1
     with torch.no_grad():
         for l, conv in enumerate(net.convs):
@@ -246,13 +322,23 @@ def reference_embeddings(nodes: Iterable[str], edges: Iterable[tuple[str, str]],
     return {v: x[i].numpy().astype(np.float64) for i, v in enumerate(order)}
 
 
+def fold_embeddings(fold: GraphFold, model_dir: str | Path) -> dict[str, np.ndarray]:
+    """:func:`reference_embeddings` of a folded graph at its stream time (ages included)."""
+    ages = fold.ages() if fold.T is not None else {v: 0.0 for v in fold.nodes}
+    return reference_embeddings(fold.nodes, fold.edges, fold.features, model_dir, ages=ages)
+
+
 def expected_modes(fold: GraphFold, model_dir: str | Path) -> dict[str, str]:
     """The ``mode`` each node's embedding should be published with."""
     cfg = json.loads((Path(model_dir) / "config.json").read_text())
     uses = _uses_neighbours(cfg)
     nbrs = neighbourhoods(fold.nodes, fold.edges)
+    stages = staged_stages(cfg, nbrs, fold.ages() if fold.T is not None else {v: 0.0 for v in fold.nodes})
     out = {}
     for v in fold.nodes:
+        if stages is not None:
+            out[v] = stages[v] if v in fold.features else "cold_start"
+            continue
         if uses is not None and not uses(len(nbrs[v])):
             out[v] = "feature_only"
         else:

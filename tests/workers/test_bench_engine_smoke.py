@@ -38,3 +38,24 @@ def test_engine_bench_quick_run(tmp_path: Path) -> None:
     assert targets["hub_deferred_or_pending_marks"] == 0
     assert targets["hub_over_degree10_cost_per_event"] > 0 and targets["hub_over_degree10_pass"] is False
     assert list(tmp_path.iterdir()) == [], "the temporary stores must be removed"
+
+
+def test_engine_bench_window_run(tmp_path: Path) -> None:
+    """``--window``: the same stream with and without an edge window, side by side, both exact; the window
+    expires about one loaded edge per event."""
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.engine", "--window", "--nodes", "2000", "--edges", "12000", "--dim", "16",
+         "--events", "2000", "--batch", "200", "--workdir", str(tmp_path)],
+        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=600,
+    )
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    window = result["window"]
+    assert window["no_window"]["edges_expired"] == 0
+    assert 0.9 * 2000 <= window["window"]["edges_expired"] <= 2000
+    ratio = window["window"]["updates_per_second"] / window["no_window"]["updates_per_second"]
+    assert abs(window["updates_per_second_ratio"] - ratio) < 1e-3
+    targets = result["targets"]
+    assert targets["window_pass"] == (targets["window_over_no_window_updates_per_second"] >= 0.8)
+    assert targets["exact_after_updates_pass"] is True
+    assert list(tmp_path.iterdir()) == [], "the temporary stores must be removed"

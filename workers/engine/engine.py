@@ -29,6 +29,7 @@ import glob
 import json
 import logging
 import os
+import struct
 import time
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
@@ -59,6 +60,9 @@ DELETED = "deleted"  # mode of a withdrawn embedding (its meta keeps the version
 DEFERRED_TAG = 0x8000  # dirty key tag 0x8000 + l: dependents of v at layer l are pending
 _ATOL = 1e-6
 _HEAD_COLUMNS = 8  # entries of a recomputed row compared first (one 32-byte read per held row)
+_STAGE_TIME = b"stage_time"  # >d: the stream time up to which stage timers have fired (the staged policy)
+_STAGE_NAMES = ("feature_only", "expanded", "full")
+_F64 = struct.Struct(">d")
 
 
 class Engine:
@@ -93,6 +97,7 @@ class Engine:
         self.gnn = model.model
         self.policy = model.cold_start
         self.plain = self.policy.name == "plain"
+        self.staged = bool(self.policy.by_age)
         self.chunk_nodes = chunk_nodes
         self.hub_bound = hub_bound
         self.max_deferred_age = max_deferred_age
@@ -128,6 +133,10 @@ class Engine:
         self._deleted_code = self.meta.code(DELETED)
         self._mode_of: dict[int, int] = {}  # mode code by degree * 2 + has features (the policy is fixed)
         self.outbox = Outbox(store)  # the nodes to publish, written with their rows
+        raw = store.column("meta").get(_STAGE_TIME)
+        self._stage_time: float | None = None if raw is None else _F64.unpack(raw)[0]
+        if self.staged:
+            self._watch_expanded()
         # by layer, nodes whose stored rows failed their check: the next recompute writes them whatever it finds
         self._damaged: dict[int, np.ndarray] = {}
         if not self.needs_backfill():  # a backfill rewrites every row anyway
@@ -158,6 +167,34 @@ class Engine:
             self.store.commit(tx)
             logger.warning("store %s: %d stored rows did not match their page records; the next apply or run "
                            "recomputes them", self.store.path, count)
+
+    # ------------------------------------------------------------------ stages (the staged cold-start policy)
+    def _watch_expanded(self) -> None:
+        """Work out the samples of the nodes expanded now, so that their readers are known (in memory only)
+        from the start: ``first(v)`` in ``(T - expand_s, T - feature_only_s]``, found in the ``born`` index."""
+        now = self.store.stream_time
+        if now is None:
+            return
+        f, e = self.policy.age_marks
+        young = self.store.born_between(now - e, now - f)
+        if len(young):
+            for k in set(self.fanouts):
+                self.layers.samples(young[self.store.node_arrays(young)[0] >= 0], k)
+
+    def _fired(self) -> np.ndarray:
+        """Nodes whose stage timer fired since the last recompute: ``first(v) + a`` in ``(T_r, T]`` for each age
+        mark ``a``, ``T_r`` being the stream time the last recompute (or backfill) reached."""
+        now = self.store.stream_time
+        if not self.staged or now is None or self._stage_time is None or now <= self._stage_time:
+            return np.zeros(0, dtype=np.int64)
+        found = [self.store.born_between(self._stage_time - a, now - a) for a in self.policy.age_marks]
+        return unique_ids(np.concatenate(found))
+
+    def _set_stage_time(self, tx: Transaction) -> None:
+        now = self.store.stream_time
+        if self.staged and now is not None:
+            tx.set_meta(_STAGE_TIME, _F64.pack(now))
+            self._stage_time = now
 
     def _out_dim(self, layer: int, in_dim: int) -> int:
         empty = torch.zeros(0, dtype=torch.int64)
@@ -322,6 +359,7 @@ class Engine:
         self._commit(tx)
         tx = Transaction()
         tx.set_meta(b"model", self.binding.encode())
+        self._set_stage_time(tx)
         self.shards.record_kept(tx, None if self.shards.every else self.shards.kept_set())
         tx.clear_marks()
         self.store.commit(tx)
@@ -388,10 +426,15 @@ class Engine:
         return targets, h
 
     # ------------------------------------------------------------------ outputs
-    def _mode_codes(self, degree: np.ndarray, flags: np.ndarray) -> np.ndarray:
+    def _mode_codes(self, iids: np.ndarray, degree: np.ndarray, flags: np.ndarray) -> np.ndarray:
         """The policy's mode of nodes with these records, as :class:`PageLog` codes (one policy call per
         distinct input)."""
-        combo = np.maximum(degree, 0) * 2 + ((flags & keys.FLAG_HAS_FEATURES) != 0)
+        has = (flags & keys.FLAG_HAS_FEATURES) != 0
+        if self.staged:  # the mode follows the stage, which follows the age
+            stage = self.layers.stages(iids).astype(np.int64)
+            names = [self.meta.code(self.policy.stage_mode(h, 0, s)) for s in range(3) for h in (False, True)]
+            return np.asarray(names, dtype=np.int16)[stage * 2 + has] if len(iids) else np.zeros(0, np.int16)
+        combo = np.maximum(degree, 0) * 2 + has
         combos = unique_ids(combo)
         inverse = np.searchsorted(combos, combo)
         known = self._mode_of
@@ -414,7 +457,7 @@ class Engine:
             degree, flags, last_ts = self.store.node_arrays(ids)
             versions = self.shards.next_versions(old_version)
             times = np.maximum(last_ts, event_ts or 0.0)
-            meta.set(ids, versions, times, self._mode_codes(degree, flags))
+            meta.set(ids, versions, times, self._mode_codes(ids, degree, flags))
             tx.add(meta.encode(ids, rows[start:start + chunk]))
             sent = ids if self.shards.publishes_all else ids[self.shards.published(ids)]
             if publish and len(sent):
@@ -432,8 +475,8 @@ class Engine:
         return {int(t): (iids[tags == t], flags[tags == t]) for t in unique_ids(tags).tolist()}
 
     def pending(self) -> int:
-        """Number of dirty marks waiting (0 when everything is up to date)."""
-        return self.store.dirty_count()
+        """Number of dirty marks and fired stage timers waiting (0 when everything is up to date)."""
+        return self.store.dirty_count() + len(self._fired())
 
     def _dependents(self, k: int, sources: np.ndarray, deferred: list[np.ndarray], allow_defer: bool) -> np.ndarray:
         deps, over = self.store.sampled_by_many(k, sources, self.hub_bound if allow_defer else None)
@@ -474,7 +517,13 @@ class Engine:
         t0 = time.perf_counter()
         stats = RecomputeStats()
         marks = self._read_marks()
-        if not marks:
+        fired = self._fired()
+        stats.stream_time = self.store.stream_time
+        if not marks and not len(fired):
+            if self.staged and stats.stream_time is not None and stats.stream_time != self._stage_time:
+                tx = Transaction()
+                self._set_stage_time(tx)
+                self.store.commit(tx)
             return stats
         t = stats.lap("marks", t0)
         store = self.store
@@ -489,6 +538,11 @@ class Engine:
         else:
             take_deferred = not has_deferred
         degree_changed = input_ids[(input_flags & DIRTY_DEGREE) != 0]
+        if len(fired):  # a stage change is handled as a change of degree: the node and what reads it
+            fired = fired[store.node_arrays(fired)[0] >= 0]
+            for stage, count in zip(*np.unique(self.layers.stages(fired), return_counts=True)):
+                stats.stage_changes[_STAGE_NAMES[int(stage)]] = int(count)
+            degree_changed = unique_ids(np.concatenate([degree_changed, fired]))
         changed = input_ids[(input_flags & DIRTY_INPUT) != 0]
         self.tables.invalidate(0, changed)
         tx = Transaction()
@@ -505,6 +559,12 @@ class Engine:
                 dirty.append(self._dependents(k, mark_ids[(mark_flags & DIRTY_COUNT) != 0], deferred, allow))
             if not self.plain:
                 dirty += [degree_changed, self._dependents(k, degree_changed, deferred, allow)]
+            if self.staged:  # expanded nodes whose neighbours' samples, or chosen members' rows, changed
+                readers = self.layers.readers_of(k, np.concatenate([mark_ids[(mark_flags & DIRTY_SAMPLE) != 0],
+                                                                    changed]))
+                dirty.append(readers)
+                if self.layers.uses_counts[layer]:  # their sample sizes may have changed
+                    dirty.append(self._dependents(k, readers, deferred, allow))
             if take_deferred:
                 dirty.append(self._dependents(k, deferred_now[layer], [], allow_defer=False))
             else:
@@ -539,7 +599,7 @@ class Engine:
             if layer == self.num_layers - 1:
                 final_iids, final_rows = moved, moved_rows
                 # a node whose mode changed is republished even if its vector did not move
-                touched = input_ids[(input_flags & (DIRTY_INPUT | DIRTY_DEGREE)) != 0]
+                touched = np.concatenate([input_ids[(input_flags & (DIRTY_INPUT | DIRTY_DEGREE)) != 0], fired])
                 touched = touched[self.shards.kept(touched)]
                 recheck = setdiff_ids(np.concatenate([targets[~diff], touched]), moved)
                 degree, flags, _ = store.node_arrays(recheck)
@@ -547,7 +607,7 @@ class Engine:
                 recheck = recheck[live]
                 if len(recheck):
                     _, _, stored_mode = self.meta.get(recheck)
-                    now_mode = self._mode_codes(degree[live], flags[live])
+                    now_mode = self._mode_codes(recheck, degree[live], flags[live])
                     again = recheck[stored_mode != now_mode]
                     if len(again):
                         current, present = self.tables.get(layer + 1, again)
@@ -562,6 +622,7 @@ class Engine:
         if sum(len(nodes) for _, nodes in waiting):
             tags, nodes = np.concatenate([t for t, _ in waiting]), np.concatenate([n for _, n in waiting])
             tx.add_marks(tags, nodes, np.ones(len(nodes), dtype=np.uint8))
+        self._set_stage_time(tx)
         t = stats.lap("outputs", t)
         # every mark was read above and nothing applies events meanwhile: clear them all at once
         tx.clear_marks()

@@ -9,7 +9,9 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
+from gnnstream.graph_state.sampler import seeded_rank_bytes
 from gnnstream.graph_state.store import GraphStore
+from gnnstream.model.coldstart import STAGE_EXPANDED, STAGE_NONE
 from gnnstream.workers.engine.device import threads_for
 from gnnstream.workers.engine.rows import Project, Rows
 
@@ -39,6 +41,13 @@ class LayerRunner:
         # a layer past the first whose inputs (the engine's own h^l) can be kept projected: see compute
         self.projects = [layer > 0 and gnn.projects(layer) for layer in range(len(fanouts))]
         self.capped = 0  # targets whose sample was capped by the fanout, since take_capped
+        self.staged = bool(policy.by_age)
+        self._rank = seeded_rank_bytes(store.seed)
+        # expanded nodes by fanout: what each one read last (its neighbours, whose samples it merged, and the
+        # members it chose), and the reverse, who read a node: the engine dirties those readers when a node's
+        # sample or row changes (the sampled-by index only covers plain samples)
+        self.reads: dict[int, dict[int, list[int]]] = {}
+        self.readers: dict[int, dict[int, set[int]]] = {}
 
     def take_capped(self) -> int:
         """The targets whose sample the fanout capped since the last call."""
@@ -57,24 +66,98 @@ class LayerRunner:
             self._device_table = None
             self.gnn.to(self.device)
 
+    def stages(self, targets: np.ndarray) -> np.ndarray:
+        """The cold-start stage of each target (``STAGE_*``) at the store's stream time."""
+        degree = np.maximum(self.store.node_arrays(targets)[0], 0)
+        if not self.staged:
+            return self.policy.stages(degree, None)
+        now = self.store.stream_time or 0.0
+        return self.policy.stages(degree, now - self.store.first_ts(targets))
+
     def samples(self, targets: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """``(S_k of every target as a [len(targets), k] iid matrix in rank order padded with -1, target degrees)``.
 
-        A node the cold-start policy keeps off its neighbours gets an empty sample.
+        A node the cold-start policy keeps off its neighbours gets an empty sample; an expanded node (the staged
+        policy) gets the bottom-k of its neighbours and their plain samples, and is recorded as their reader.
         """
         store = self.store
         mat = store.sample_matrix(k, targets)
         degree, _, _ = store.node_arrays(targets)
-        if not self.plain:
-            mat[~self.policy.uses_neighbours_many(np.maximum(degree, 0))] = -1
+        if self.plain:
+            return mat, degree
+        stage = self.stages(targets)
+        mat[stage == STAGE_NONE] = -1
+        if self.staged:
+            expanded = np.flatnonzero(stage == STAGE_EXPANDED)
+            held = self.reads.setdefault(k, {})
+            if held:
+                for v in targets[stage != STAGE_EXPANDED].tolist():
+                    if v in held:
+                        self._unwatch(k, v)
+            for row, (v, chosen, read) in zip(expanded.tolist(), self._expanded(targets[expanded], k)):
+                mat[row] = -1
+                mat[row, :len(chosen)] = chosen
+                self._unwatch(k, v)
+                held[v] = read
+                readers = self.readers.setdefault(k, {})
+                for w in read:
+                    readers.setdefault(w, set()).add(v)
         return mat, degree
+
+    def _unwatch(self, k: int, v: int) -> None:
+        read = self.reads.get(k, {}).pop(v, None)
+        if read:
+            readers = self.readers[k]
+            for w in read:
+                who = readers.get(w)
+                if who is not None:
+                    who.discard(v)
+                    if not who:
+                        del readers[w]
+
+    def readers_of(self, k: int, sources: np.ndarray) -> np.ndarray:
+        """The expanded nodes that read the sample or row of any of ``sources`` at fanout ``k``."""
+        readers = self.readers.get(k)
+        if not readers or not len(sources):
+            return np.zeros(0, dtype=np.int64)
+        found: set[int] = set()
+        for w in sources.tolist():
+            who = readers.get(w)
+            if who:
+                found |= who
+        return np.fromiter(found, np.int64, len(found))
+
+    def _expanded(self, targets: np.ndarray, k: int) -> list[tuple[int, list[int], list[int]]]:
+        """``(v, chosen, read)`` of each expanded target: the ``k`` members of ``X_k(v) = (N(v) ∪ ⋃_{u ∈ N(v)}
+        S_k(u)) \\ {v}`` with the smallest ``(r(v, w), w)``, and the nodes it read (``N(v)`` and ``chosen``).
+        ``N(v)`` has fewer than ``min_neighbours`` members, so this never reads a hub's list."""
+        store, rank, name = self.store, self._rank, self.store.name
+        out = []
+        for v in targets.tolist():
+            nbrs = [u for _, u in store.ranked_neighbours(v)]
+            pool = set(nbrs)
+            if nbrs and k:
+                mat = store.sample_matrix(k, np.asarray(nbrs, dtype=np.int64))
+                pool.update(mat[mat >= 0].tolist())
+            pool.discard(v)
+            v_name = name(v)
+            chosen = [w for _, _, w in sorted((rank(v_name, n), n, w) for w in pool for n in (name(w),))][:k]
+            out.append((v, chosen, sorted(set(nbrs) | set(chosen))))
+        return out
 
     def neighbour_counts(self, nbrs: np.ndarray, k: int) -> np.ndarray:
         """``|S_k(u)|`` of every neighbour row as the layer sees it (0 for a node kept off its neighbours)."""
         degree = np.maximum(self.store.node_arrays(nbrs)[0], 0)
         count = np.minimum(degree, k)
-        if not self.plain:
-            count[~self.policy.uses_neighbours_many(degree)] = 0
+        if self.plain:
+            return count
+        stage = self.stages(nbrs)
+        count[stage == STAGE_NONE] = 0
+        expanded = np.flatnonzero(stage == STAGE_EXPANDED)
+        if len(expanded):
+            distinct, inverse = np.unique(nbrs[expanded], return_inverse=True)
+            sizes = np.asarray([len(chosen) for _, chosen, _ in self._expanded(distinct, k)], dtype=count.dtype)
+            count[expanded] = sizes[inverse]
         return count
 
     def tensor(self, array: np.ndarray) -> torch.Tensor:

@@ -27,6 +27,8 @@ class RecomputeStats:
     phases: dict[str, float] = field(default_factory=dict)  # seconds per phase: marks, dirty, compute, rows, outputs, write
     rows_written: int = 0  # records in the recompute's WriteBatch
     final_seconds: float = 0.0  # of the dirty, compute and rows phases, the part spent on the final layer
+    stream_time: float | None = None  # stream time T the recompute brought the embeddings to
+    stage_changes: dict[str, int] = field(default_factory=dict)  # nodes whose stage timer fired, by the stage entered
 
     def lap(self, phase: str, since: float) -> float:
         """Add the time from ``since`` to now to ``phase``; return now."""

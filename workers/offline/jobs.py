@@ -230,8 +230,12 @@ class EventsFileChanged(ValueError):
 
 # ---------------------------------------------------------------------- commands
 def load_events(state: str, path: str, *, seed: int | None = None, model_dir: str | None = None,
-                batch: int = 1000, report: str | None = None, dead_letters: str | None = None) -> dict[str, Any]:
+                batch: int = 1000, report: str | None = None, dead_letters: str | None = None,
+                edge_ttl: int | None = None) -> dict[str, Any]:
     """``graph load``: apply a JSONL event file to the graph store (no embeddings).
+
+    ``edge_ttl`` is the edge window of a new state (``--edge-ttl``; an existing
+    state must hold the same one); the bulk part applies it at its final stream time.
 
     A new state takes its seed from ``model_dir`` when given, else ``seed``,
     else 0; with a model, features must have its ``in_dim``, and the state
@@ -256,7 +260,7 @@ def load_events(state: str, path: str, *, seed: int | None = None, model_dir: st
     t0 = time.perf_counter()
     applied = 0
     bulk_events = 0
-    with open_store(state, create=True, model_dir=model_dir, seed=seed) as store, \
+    with open_store(state, create=True, model_dir=model_dir, seed=seed, edge_ttl=edge_ttl) as store, \
             progress_bar(_count_lines(path), "load") as bar:
         if config is not None:
             other = other_model_error(store, model_dir, config, held_identity(store))
@@ -298,8 +302,9 @@ def load_events(state: str, path: str, *, seed: int | None = None, model_dir: st
         invalid.flush()
         nodes = store.num_nodes()
         seed_used = store.seed
+        window = {"edge_ttl": store.edge_ttl, "stream_time": store.stream_time}
     return {"events": applied, "bulk_events": bulk_events, **invalid.summary(report, dead_letters), "nodes": nodes,
-            "seed": seed_used, "seconds": round(time.perf_counter() - t0, 3)}
+            "seed": seed_used, **window, "seconds": round(time.perf_counter() - t0, 3)}
 
 
 def backfill(state: str, model_dir: str, *, publish: bool = False, device: str = "cpu") -> dict[str, Any]:
@@ -317,7 +322,7 @@ def backfill(state: str, model_dir: str, *, publish: bool = False, device: str =
 
 def apply_events(state: str, model_dir: str | None, path: str, *, batch: int = 1000,
                  seed: int | None = None, hub_bound: int = 50_000, report: str | None = None,
-                 dead_letters: str | None = None) -> dict[str, Any]:
+                 dead_letters: str | None = None, edge_ttl: int | None = None) -> dict[str, Any]:
     """``apply``: apply events and recompute incrementally; resumable after a crash.
 
     The file position reached is stored with each batch, so rerunning the same
@@ -330,7 +335,7 @@ def apply_events(state: str, model_dir: str | None, path: str, *, batch: int = 1
     t0 = time.perf_counter()
     report = report or default_report_path(state, path)
     # without a model the state must exist and name its own
-    with open_store(state, create=model_dir is not None, model_dir=model_dir, seed=seed) as store:
+    with open_store(state, create=model_dir is not None, model_dir=model_dir, seed=seed, edge_ttl=edge_ttl) as store:
         engine = open_engine(store, model_dir, hub_bound=hub_bound)
         if engine.needs_backfill():
             engine.backfill()
@@ -344,7 +349,7 @@ def apply_events(state: str, model_dir: str | None, path: str, *, batch: int = 1
         position: dict[str, Any] = {"hash": stored["hash"]} if stored and stored.get("line") == done else {}
         invalid = _InvalidLines(path, report, dead_letters, keep_through=done)
         total = _count_lines(path)
-        applied = published = 0
+        applied = published = expired = late = 0
         recomputed = [0] * engine.num_layers
         with progress_bar(total, "apply") as bar:
             bar.update(done)
@@ -357,6 +362,8 @@ def apply_events(state: str, model_dir: str | None, path: str, *, batch: int = 1
                                      meta={fingerprint: {"line": end, "hash": position["hash"]}})
                 stats = engine.recompute(event_ts=result.max_ts)
                 applied += len(chunk)
+                expired += result.expired_edges
+                late += result.late_events
                 published += stats.published
                 for i, n in enumerate(stats.recomputed):
                     recomputed[i] += n
@@ -370,6 +377,7 @@ def apply_events(state: str, model_dir: str | None, path: str, *, batch: int = 1
         published += stats.published
         return {"events": applied, **invalid.summary(report, dead_letters), "published": published,
                 "recomputed_per_layer": recomputed, "pending": engine.pending(),
+                "stream_time": store.stream_time, "edges_expired": expired, "late_events": late,
                 "seconds": round(time.perf_counter() - t0, 3)}
 
 

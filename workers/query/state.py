@@ -25,6 +25,14 @@ values only when the worker left nothing dirty; while it has dirty marks
 (between committing a batch's graph changes and its recompute, or with hub
 work deferred) the whole tree is computed from the features, so the
 answer is exact either way.
+
+Event time follows the store: the events move the overlay's stream time
+``T'``; an upsert at or before ``T' - ttl`` is late (its endpoints only),
+and every edge with ``t(e) <= T' - ttl`` leaves the overlay (the stored ones
+found in the ``expiry`` index, the cost of those that expire). Under the
+staged cold-start policy each node's stage is taken at ``T'``; a what-if
+that moves stream time, in a windowed state or under the staged policy, is
+computed from the features (stages and expiry can reach anything).
 """
 
 from __future__ import annotations
@@ -39,6 +47,7 @@ import numpy as np
 import orjson
 import torch
 
+from gnnstream.graph_state import keys
 from gnnstream.graph_state.sampler import seeded_rank_bytes
 from gnnstream.graph_state.exceptions import StateNoEmbeddings, StoreConfigError
 from gnnstream.graph_state.store import GraphStore
@@ -49,6 +58,7 @@ from gnnstream.stream.partitioning import partition_for
 from gnnstream.workers.engine import kept_partitions
 from gnnstream.workers.state import MODEL_DIR_META
 from gnnstream.graph_state.page_log import FrameReused, PageLog
+from gnnstream.model.coldstart import STAGE_EXPANDED, STAGE_NONE
 from gnnstream.model.head import HEAD_FILE, ScoreHead, load_head
 
 __all__ = ["QueryState", "QueryError", "load_infer_body", "MAX_EVENTS", "MAX_IDS"]
@@ -137,7 +147,11 @@ class _Overlay:
         self.added: dict[int, dict[int, bytes]] = {}  # v -> {u: order key} in N'(v), not in the stored N(v)
         self.removed: dict[int, set[int]] = {}  # v -> stored members of N(v) no longer in N'(v)
         self.inputs: set[int] = set()  # nodes whose h^0 the events changed (features, existence)
-        self.nbrs: set[int] = set()  # nodes whose neighbour set the events changed
+        self.nbrs: set[int] = set()  # nodes whose neighbour set (or age) the events changed
+        self.ttl = float(store.edge_ttl)
+        self.stream_time: float | None = store.stream_time  # T' (None: no event yet)
+        self._edge_time: dict[tuple[int, int], float] = {}  # t(e) of the edges the events wrote
+        self._first: dict[int, float] = {}  # first(v) of the nodes the events named or created
 
     # ---------------------------------------------------------------- ids
     def node(self, name: str, create: bool = False) -> int | None:
@@ -175,6 +189,24 @@ class _Overlay:
     def degree(self, v: int) -> int:
         stored = self.store.degree_iid(v) if v >= 0 else 0
         return stored + len(self.added.get(v, ())) - len(self.removed.get(v, ()))
+
+    def first(self, v: int) -> float:
+        got = self._first.get(v)
+        if got is not None:
+            return got
+        return float(self.store.first_ts(np.asarray([v]))[0]) if v >= 0 else 0.0
+
+    def age(self, v: int) -> float:
+        """``T' - first'(v)``."""
+        return (self.stream_time or 0.0) - self.first(v)
+
+    def edge_time(self, s: int, d: int) -> float | None:
+        if not self.edge(s, d):
+            return None
+        got = self._edge_time.get((s, d))
+        if got is None:
+            got = self.store.edge(self.name(s), self.name(d))[1]
+        return got
 
     def has_features(self, v: int) -> bool:
         if v in self.features:
@@ -217,20 +249,38 @@ class _Overlay:
         else:
             self.removed.setdefault(v, set()).add(u)
 
-    def _touch(self, name: str) -> int:
+    def _touch(self, name: str, ts: float) -> int:
         v = self.node(name, create=True)
         if not self.alive(v):
             self.exists[v] = True
             self.features[v] = None  # a node brought back by an edge has no features
             self.inputs.add(v)
+            self._first[v] = float(ts)
+        elif ts < self.first(v):
+            self._first[v] = float(ts)
+            self.nbrs.add(v)  # its age, so its stage, may change
         return v
+
+    def _remove(self, s: int, d: int) -> None:
+        self._edges[(s, d)] = False
+        self._edge_time.pop((s, d), None)
+        if s != d and not self.edge(d, s):
+            self._unlink(s, d)
+            self._unlink(d, s)
 
     def apply(self, ev: Event) -> None:
         """Fold one event in, as :meth:`GraphStore.apply` would apply it."""
+        now = -np.inf if self.stream_time is None else self.stream_time
+        if ev.ts > now:
+            self.stream_time = float(ev.ts)
         if isinstance(ev, EdgeUpsert):
-            s, d = self._touch(ev.src), self._touch(ev.dst)
-            was = self.edge(s, d) or self.edge(d, s)
+            s, d = self._touch(ev.src, ev.ts), self._touch(ev.dst, ev.ts)
+            if self.ttl and ev.ts <= now - self.ttl:  # late: the endpoints only
+                return
+            old = self.edge_time(s, d)
+            was = old is not None or self.edge(d, s)
             self._edges[(s, d)] = True
+            self._edge_time[(s, d)] = float(ev.ts) if old is None else max(old, float(ev.ts))
             if s != d and not was:
                 self._link(s, d)
                 self._link(d, s)
@@ -238,12 +288,9 @@ class _Overlay:
             s, d = self.node(ev.src), self.node(ev.dst)
             if s is None or d is None or not self.edge(s, d):
                 return
-            self._edges[(s, d)] = False
-            if s != d and not self.edge(d, s):
-                self._unlink(s, d)
-                self._unlink(d, s)
+            self._remove(s, d)
         elif isinstance(ev, NodeUpsert):
-            v = self._touch(ev.id)
+            v = self._touch(ev.id, ev.ts)
             self.features[v] = np.asarray(ev.features, dtype=np.float32)
             self.inputs.add(v)
         elif isinstance(ev, NodeDelete):
@@ -256,7 +303,26 @@ class _Overlay:
                 self._unlink(u, v)
             self._edges[(v, v)] = False
             self.exists[v], self.features[v] = False, None
+            self._first.pop(v, None)
             self.inputs.add(v)
+
+    def expire(self) -> int:
+        """Remove the edges with ``t(e) <= T' - ttl`` (after the events); return how many."""
+        if not self.ttl or self.stream_time is None:
+            return 0
+        threshold = self.stream_time - self.ttl
+        stop = keys.time_key(threshold)
+        due = []
+        for key in self.store.column("expiry").keys():
+            if key[:8] > stop:
+                break
+            _, s, d = keys.decode_expiry_key(key)
+            if (s, d) not in self._edge_time and self._edges.get((s, d)) is not False:
+                due.append((s, d))
+        due += [e for e, t in self._edge_time.items() if t <= threshold]
+        for s, d in due:
+            self._remove(s, d)
+        return len(due)
 
     def feature_rows(self, nodes: Sequence[int], dim: int) -> np.ndarray:
         rows = np.zeros((len(nodes), dim), dtype=np.float32)
@@ -374,9 +440,10 @@ class QueryState:
         if iid is None or not self.store.exists_iid(iid):
             raise QueryError(404, f"no node {name!r}")
         degree = self.store.degree_iid(iid)
-        uses = self.policy.uses_neighbours(degree)
-        layers = [{"layer": l, "fanout": k, "sample": [self.store.name(u) for u in self.store.sample_iids(iid, k)]
-                   if uses else []} for l, k in enumerate(self.fanouts)]
+        evaluation = _Evaluation(self, _Overlay(self.store, self.model.config.seed), False)
+        uses = evaluation.stage(iid) != STAGE_NONE
+        layers = [{"layer": l, "fanout": k, "sample": [self.store.name(u) for u in evaluation.sample(l, iid)]}
+                  for l, k in enumerate(self.fanouts)]
         return {"id": name, "degree": degree, "uses_neighbours": uses, "layers": layers}
 
     # ---------------------------------------------------------------- what-if
@@ -445,6 +512,7 @@ class QueryState:
         overlay = _Overlay(self.store, self.model.config.seed)
         for ev in events:
             overlay.apply(ev)
+        overlay.expire()
         targets = []
         for name in dict.fromkeys(ids):
             v = overlay.node(name)
@@ -453,15 +521,19 @@ class QueryState:
             targets.append(v)
         # stored rows are the contract's values when the worker left nothing dirty: reuse those of nodes
         # whose computation tree the events do not reach
-        clean = self.store.dirty_count() == 0 and all(self.kept(overlay.name(v)) is None for v in targets)
-        rows = _Evaluation(self, overlay, clean).final(targets)
+        moved = overlay.stream_time != self.store.stream_time and (self.policy.by_age or overlay.ttl)
+        clean = self.store.dirty_count() == 0 and all(self.kept(overlay.name(v)) is None for v in targets) \
+            and not moved
+        evaluation = _Evaluation(self, overlay, clean)
+        rows = evaluation.final(targets)
         if rows is None:  # a stored row missing: compute everything from the features
             rows = _Evaluation(self, overlay, False).final(targets)
         names = [overlay.name(v) for v in targets]
         out: dict[str, Any] = {
             "model": self.model_tag,
             "embeddings": {n: rows[i] for i, n in enumerate(names)},
-            "modes": {n: self.policy.mode(overlay.has_features(v), overlay.degree(v)) for n, v in zip(names, targets)},
+            "modes": {n: self.policy.stage_mode(overlay.has_features(v), overlay.degree(v), evaluation.stage(v))
+                      for n, v in zip(names, targets)},
         }
         if self.head is not None:
             scores = self.head.score(rows)
@@ -488,14 +560,34 @@ class _Evaluation:
         self._changed: list[dict[int, bool]] = [{} for _ in range(len(self.fanouts) + 1)]
         self.counts = state.model.model.uses_neighbour_counts  # layers read neighbours' sample sizes (GCN)
 
+    def stage(self, v: int) -> int:
+        """``v``'s cold-start stage in the overlay (``STAGE_*``), at its stream time."""
+        ov = self.overlay
+        return int(self.state.policy.stages(np.asarray([ov.degree(v)]), np.asarray([ov.age(v)]))[0])
+
     def sample(self, l: int, v: int) -> list[int]:
-        """``S'_{k_l}(v)`` as layer ``l`` reads it (empty for a node that does not use its neighbours)."""
+        """``S'_{k_l}(v)`` as layer ``l`` reads it (empty for a node that does not use its neighbours, two hops
+        for an expanded one)."""
         got = self._samples[l].get(v)
         if got is None:
-            ov = self.overlay
-            got = ov.sample(v, self.fanouts[l]) if self.state.policy.uses_neighbours(ov.degree(v)) else []
+            ov, k = self.overlay, self.fanouts[l]
+            stage = self.stage(v)
+            if stage == STAGE_NONE:
+                got = []
+            elif stage == STAGE_EXPANDED:
+                got = self._expanded(v, k)
+            else:
+                got = ov.sample(v, k)
             self._samples[l][v] = got
         return got
+
+    def _expanded(self, v: int, k: int) -> list[int]:
+        """The ``k`` members of ``(N'(v) ∪ ⋃_{u ∈ N'(v)} S'_k(u)) \\ {v}`` with the smallest ``(r(v, w), w)``."""
+        ov = self.overlay
+        nbrs = [u for _, u in ov.neighbours(v)]
+        pool = set(nbrs).union(*(ov.sample(u, k) for u in nbrs)) - {v}
+        rank, name = ov._rank, ov.name(v)
+        return [w for _, _, w in sorted((rank(name, n), n, w) for w in pool for n in (ov.name(w),))][:k]
 
     def changed(self, l: int, v: int) -> bool:
         if not self.clean:
@@ -507,6 +599,8 @@ class _Evaluation:
                 got = v in ov.inputs
             else:
                 got = v in ov.nbrs or self.changed(l - 1, v)
+                if not got and self.stage(v) == STAGE_EXPANDED:  # it merges its neighbours' samples
+                    got = any(u in ov.nbrs for _, u in ov.neighbours(v))
                 # below layer 1 only features and existence count: without any, no sample need be read
                 if not got and (l > 1 or ov.inputs or (self.counts and ov.nbrs)):
                     sample = self.sample(l - 1, v)
@@ -554,8 +648,7 @@ class _Evaluation:
         return table[[at[v] for v in targets]].numpy()
 
     def _sample_size(self, v: int, k: int) -> int:
-        degree = self.overlay.degree(v)
-        return min(k, degree) if self.state.policy.uses_neighbours(degree) else 0
+        return len(self.sample(self.fanouts.index(k), v))
 
     def _stored_rows(self, layer: int, nodes: list[int]) -> np.ndarray | None:
         log = self.state.logs[layer]
