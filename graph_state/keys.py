@@ -89,6 +89,7 @@ __all__ = [
     "META_MODEL",
     "META_MODEL_DIR",
     "META_OUTBOX_SEQ",
+    "META_STAGE_TIME",
     "META_KEPT_PARTITIONS",
     "META_HIGHEST_EPOCH",
     "META_SERVING",
@@ -117,6 +118,7 @@ META_KEPT_PARTITIONS = b"kept_partitions"  # JSON {"count", "kept"}: output part
 META_HIGHEST_EPOCH = b"highest_epoch"  # the highest epoch the state has owned partitions at >Q
 META_SERVING = b"serving"  # the serving model version as of the last rollout marker passed
 META_ROLLOUT = b"rollout"  # the number of that marker
+META_STAGE_TIME = b"stage_time"  # >d: the stream time up to which stage timers have fired (staged policy)
 
 COLUMN_FAMILIES = (
     "meta", "ids", "names", "nodes", "feats", "edges", "nbrs", "sampled",

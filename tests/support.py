@@ -39,8 +39,15 @@ from hypothesis import strategies as st
 from gnnstream.stream.broker import free_port, listening_on
 from gnnstream.stream.clients import Record
 from gnnstream.stream.events import EdgeDelete, EdgeUpsert, NodeDelete, NodeUpsert, encode_event, event_key
+from gnnstream.stream.updates import VERSION_HEADER, decode_update
+from gnnstream.workers.settings import WorkerSettings
+from tests.workers.reference import ATOL, gnnstream_command
 
 __all__ = [
+    "Group",
+    "Output",
+    "GROUP_PARTITIONS",
+    "version_of",
     "Client",
     "answers",
     "GNNSTREAM", "JOIN_TIMEOUT_S", "PARTITIONS", "DEADLINE_S", "free_port", "closed_port", "descendants",
@@ -532,3 +539,118 @@ def answers(client: Client) -> bool:
         return client.request("GET", "/v1/health")[0] == 200
     except OSError:
         return False
+
+
+GROUP_PARTITIONS = 6  # of the output topic (and the events topic) of a Group
+GROUP_DEADLINE_S = 240.0
+
+
+# ---------------------------------------------------------------------- a group of workers
+class Group:
+    """Workers of one group: ``gnnstream run`` processes with their own states and health ports."""
+
+    def __init__(self, bootstrap: str, n: Names, model: str, tmp_path: Path, procs: list[Proc],
+                 client: str = WorkerSettings.kafka_client):
+        self.bootstrap, self.n, self.model, self.tmp_path, self.procs = bootstrap, n, model, tmp_path, procs
+        self.client = client
+        self.workers: dict[str, tuple[Proc, int, str]] = {}  # name -> (process, health port, state)
+
+    def start(self, name: str, state: str | None = None, query: bool = False) -> int | None:
+        """Start worker ``name``; with ``query``, with a query API too, on the port returned."""
+        state = state or str(self.tmp_path / f"state-{name}")
+
+        def cmd(port: int, query_port: int | None = None) -> list[Any]:
+            return gnnstream_command("run", "--bootstrap", self.bootstrap, "--state", state, "--model", self.model,
+                                     "--events-topic", self.n.events, "--output-topic", self.n.output,
+                                     "--dlq-topic", self.n.dlq, "--group", self.n.group, "--worker-id", name,
+                                     "--partitions", GROUP_PARTITIONS, "--metrics-port", port, "--batch-size", "200",
+                                     "--kafka-client", self.client,
+                                     *(("--query-port", query_port) if query_port else ()))
+        proc, ports = Proc.on_ports(cmd, self.tmp_path / f"{name}.log", 2 if query else 1)
+        self.procs.append(proc)
+        self.workers[name] = (proc, ports[0], state)
+        return ports[1] if query else None
+
+    def health(self, name: str) -> dict[str, Any]:
+        proc, port, _ = self.workers[name]
+        got = healthz(port)
+        if proc.proc.poll() is not None:
+            pytest.fail(f"worker {name} exited with {proc.proc.returncode}:\n{proc.tail()}")
+        return got[1] if got else {}
+
+    def owners(self) -> dict[int, str] | None:
+        """``{partition: worker}`` once the running workers own every partition exactly once."""
+        owned: dict[int, str] = {}
+        for name in self.workers:
+            for p in self.health(name).get("owned_partitions", []):
+                if p in owned:
+                    return None
+                owned[p] = name
+        return owned if len(owned) == GROUP_PARTITIONS else None
+
+    def wait(self, cond: Any, what: str) -> Any:
+        return wait_for_workers(cond, what, {name: proc for name, (proc, _, _) in self.workers.items()}, GROUP_DEADLINE_S)
+
+    def stable(self, size: int) -> dict[int, str]:
+        """Wait until ``size`` workers share the partitions, each owning some."""
+        return self.wait(lambda: (o := self.owners()) and len(set(o.values())) == size and o,
+                         f"{size} workers sharing {GROUP_PARTITIONS} partitions")
+
+    def applied(self, position: int) -> None:
+        self.wait(lambda: all(self.health(name).get("position", -1) >= position for name in self.workers),
+                  f"every worker at position {position}")
+
+    def kill(self, name: str) -> None:
+        proc, _, _ = self.workers.pop(name)
+        proc.proc.send_signal(signal.SIGKILL)
+        proc.proc.communicate()
+
+
+class Output:
+    """Every message of the output topic so far, read incrementally from the start of each partition."""
+
+    def __init__(self, bootstrap: str, topic: str):
+        from kafka import KafkaConsumer, TopicPartition
+        self.consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None,
+                                      auto_offset_reset="earliest", client_id="test-output")
+        tps = [TopicPartition(topic, p) for p in range(GROUP_PARTITIONS)]
+        self.consumer.assign(tps)
+        self.consumer.seek_to_beginning(*tps)
+        self.records: list = []
+        self.latest: dict[str, tuple[int, Any]] = {}  # node -> (version, record)
+
+    def poll(self) -> None:
+        for msgs in self.consumer.poll(timeout_ms=200, max_records=20_000).values():
+            for r in msgs:
+                self.records.append(r)
+                version = version_of(r)
+                node = r.key.decode()
+                if node not in self.latest or version > self.latest[node][0]:
+                    self.latest[node] = (version, r)
+
+    def mismatch(self, want: dict[str, np.ndarray], gone: set[str]) -> str | None:
+        """None when the newest message of every node is its reference embedding (or, deleted, a tombstone)."""
+        self.poll()
+        for v, emb in want.items():
+            if v not in self.latest:
+                return f"nothing published for {v}"
+            r = self.latest[v][1]
+            if r.value is None:
+                return f"{v}: newest message is a tombstone"
+            got = np.asarray(decode_update(r.value).embedding, dtype=np.float64)
+            if not np.allclose(got, emb, rtol=0, atol=ATOL):
+                return f"{v}: newest version differs by {np.abs(got - emb).max():.3g}"
+        for v in gone:
+            if v in self.latest and self.latest[v][1].value is not None:
+                return f"{v} was deleted but its newest message is an embedding"
+        return None
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+def version_of(r: Any) -> int:
+    """The version of an output record: the update's, or a tombstone's header."""
+    if r.value is not None:
+        return decode_update(r.value).version
+    return int(dict(r.headers)[VERSION_HEADER])

@@ -44,8 +44,8 @@ from gnnstream.workers.engine import Engine
 __all__ = ["open_store", "open_engine", "model_identity", "held_identity", "other_model_error", "bind_model_dir",
            "holds_state", "ReadOnlyStore", "MODEL_DIR_META", "BINDING_META"]
 
-MODEL_DIR_META = b"model_dir"  # meta: the model directory the state uses (default of --model)
-BINDING_META = b"model"  # meta: what the stored embeddings were computed with (written by Engine.backfill)
+MODEL_DIR_META = keys.META_MODEL_DIR  # the model directory the state uses (default of --model)
+BINDING_META = keys.META_MODEL  # what the stored embeddings were computed with (written by Engine.backfill)
 # the binding's fields that say which model it is
 _IDENTITY = ("model", "arch", "weights_sha256", "fanouts", "cold_start")
 _BLOCK_CACHE_BYTES = 64 << 20

@@ -117,7 +117,7 @@ def test_three_windowed_staged_workers_publish_exactly(broker: EmbeddedBroker, e
     reference's at the final stream time, and deleted nodes end on a tombstone."""
     from gnnstream.stream.events import NodeDelete
     from tests.support import produce_events
-    from tests.workers.test_scaleout import PARTS, Group, Output
+    from tests.support import GROUP_PARTITIONS as PARTS, Group, Output
     n = Names(tmp_path)
     ensure_topics(broker.bootstrap, {n.events: PARTS, n.output: PARTS, n.dlq: 1})
     (tmp_path / "empty.jsonl").write_text("")

@@ -60,7 +60,6 @@ DELETED = "deleted"  # mode of a withdrawn embedding (its meta keeps the version
 DEFERRED_TAG = 0x8000  # dirty key tag 0x8000 + l: dependents of v at layer l are pending
 _ATOL = 1e-6
 _HEAD_COLUMNS = 8  # entries of a recomputed row compared first (one 32-byte read per held row)
-_STAGE_TIME = b"stage_time"  # >d: the stream time up to which stage timers have fired (the staged policy)
 _STAGE_NAMES = ("feature_only", "expanded", "full")
 _F64 = struct.Struct(">d")
 
@@ -133,7 +132,7 @@ class Engine:
         self._deleted_code = self.meta.code(DELETED)
         self._mode_of: dict[int, int] = {}  # mode code by degree * 2 + has features (the policy is fixed)
         self.outbox = Outbox(store)  # the nodes to publish, written with their rows
-        raw = store.column("meta").get(_STAGE_TIME)
+        raw = store.column("meta").get(keys.META_STAGE_TIME)
         self._stage_time: float | None = None if raw is None else _F64.unpack(raw)[0]
         if self.staged:
             self._watch_expanded()
@@ -193,7 +192,7 @@ class Engine:
     def _set_stage_time(self, tx: Transaction) -> None:
         now = self.store.stream_time
         if self.staged and now is not None:
-            tx.set_meta(_STAGE_TIME, _F64.pack(now))
+            tx.set_meta(keys.META_STAGE_TIME, _F64.pack(now))
             self._stage_time = now
 
     def _out_dim(self, layer: int, in_dim: int) -> int:
@@ -287,7 +286,7 @@ class Engine:
 
     # ------------------------------------------------------------------ binding
     def needs_backfill(self) -> bool:
-        return self.store.column("meta").get(b"model") != self.binding.encode()
+        return self.store.column("meta").get(keys.META_MODEL) != self.binding.encode()
 
     # ------------------------------------------------------------------ one layer
     @property
@@ -358,7 +357,7 @@ class Engine:
             tx.add(log.compact())
         self._commit(tx)
         tx = Transaction()
-        tx.set_meta(b"model", self.binding.encode())
+        tx.set_meta(keys.META_MODEL, self.binding.encode())
         self._set_stage_time(tx)
         self.shards.record_kept(tx, None if self.shards.every else self.shards.kept_set())
         tx.clear_marks()

@@ -22,8 +22,8 @@ from gnnstream.stream.partitioning import partitions_for
 
 __all__ = ["OutputShards", "kept_partitions", "KEPT_META", "EPOCH_META", "EPOCH_SHIFT"]
 
-KEPT_META = b"kept_partitions"  # {"count", "kept"}: the output partitions whose final rows are current
-EPOCH_META = b"highest_epoch"  # the highest epoch this state has owned partitions at
+KEPT_META = keys.META_KEPT_PARTITIONS  # {"count", "kept"}: the output partitions whose final rows are current
+EPOCH_META = keys.META_HIGHEST_EPOCH  # the highest epoch this state has owned partitions at
 EPOCH_SHIFT = 32  # a version is (the owner's epoch << 32) + a count within it
 
 

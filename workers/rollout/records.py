@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Iterable
 import numpy as np
 import orjson
 
+from gnnstream.graph_state import keys
 from gnnstream.graph_state.transaction import Transaction
 from gnnstream.stream.rollout import Marker
 
@@ -23,8 +24,8 @@ if TYPE_CHECKING:
 
 __all__ = ["SERVING_META", "ROLLOUT_META", "stored_rollout", "record_rollout", "WorkerProgress", "worker_report"]
 
-SERVING_META = b"serving"  # meta: the serving version as of the last marker passed
-ROLLOUT_META = b"rollout"  # meta: the number of that marker
+SERVING_META = keys.META_SERVING  # the serving version as of the last marker passed
+ROLLOUT_META = keys.META_ROLLOUT  # the number of that marker
 _LATENCY_WINDOW_S = 60.0  # the latency a worker reports: batches published within this window
 
 
