@@ -176,3 +176,41 @@ def test_consumer_lag_is_what_the_partition_holds_past_the_position(
         assert [r.offset for r in got] == list(range(4, 10))
         worker._report_lag(consumer)
         assert _value(worker, "gnnstream_consumer_lag", partition="0") == 0
+
+
+def test_event_time_metrics_move_with_the_window_and_the_stages(tmp_path: Path) -> None:
+    """A window of 100 s and a staged policy (features only below 10 s of age, expanded below 20 s): stream
+    time, expired edges, late upserts and stage changes are exported as the store and engine count them."""
+    staged = {"policy": "staged", "feature_only_s": 10, "expand_s": 20, "min_neighbours": 5}
+    init_model_dir(str(tmp_path / "model"), arch="sage", in_dim=2, hidden=4, out_dim=2, layers=1, fanouts=[2],
+                   seed=0, cold_start=staged)
+    worker = Worker(WorkerSettings(state=str(tmp_path / "state"), metrics_port=0))
+    store = GraphStore(str(tmp_path / "state"), seed=0, edge_ttl=100)
+    try:
+        engine = Engine(store, load_model_dir(str(tmp_path / "model")))
+        if engine.needs_backfill():
+            engine.backfill()
+
+        def batch(events: list[Event]) -> dict[str, float | None]:
+            worker._applied(store.apply(events))
+            worker._recompute(engine, None, None)
+            return {"T": _value(worker, "gnnstream_stream_time_seconds"),
+                    "expired": _value(worker, "gnnstream_edges_expired_total"),
+                    "late": _value(worker, "gnnstream_late_events_total"),
+                    "expanded": _value(worker, "gnnstream_stage_changes_total", stage="expanded"),
+                    "full": _value(worker, "gnnstream_stage_changes_total", stage="full")}
+
+        # a and b are born at 1000 with one edge; c and d at 1005
+        got = batch([NodeUpsert("a", 1000.0, (1.0, 0.0)), EdgeUpsert("a", "b", 1000.0),
+                     NodeUpsert("c", 1005.0, (0.0, 1.0)), EdgeUpsert("c", "d", 1005.0)])
+        assert got == {"T": 1005.0, "expired": 0, "late": 0, "expanded": None, "full": None}
+        # T = 1012: a and b (age 12) enter the expanded stage; c and d (age 7) do not yet
+        got = batch([EdgeUpsert("e", "f", 1012.0)])
+        assert got == {"T": 1012.0, "expired": 0, "late": 0, "expanded": 2, "full": None}
+        # T = 1101: a->b (t = 1000 <= 1101 - 100) expires; a late upsert (ts 1001) neither adds nor refreshes;
+        # it still creates x and y, born at 1001. A timer (first(v) + 10 or + 20) fires in (1012, 1101] for a, b,
+        # c, d, e, f and x, y; each is counted once, by the stage it is in at 1101: full
+        got = batch([EdgeUpsert("g", "h", 1101.0), EdgeUpsert("x", "y", 1001.0)])
+        assert got == {"T": 1101.0, "expired": 1, "late": 1, "expanded": 2, "full": 8}
+    finally:
+        store.close()

@@ -566,10 +566,13 @@ class Engine:
                     dirty.append(self._dependents(k, readers, deferred, allow))
             if take_deferred:
                 dirty.append(self._dependents(k, deferred_now[layer], [], allow_defer=False))
+                carried = np.zeros(0, dtype=np.int64)
             else:
-                deferred.append(deferred_now[layer])
+                carried = deferred_now[layer]
+                deferred.append(carried)
             new_deferred[layer] = unique_ids(np.concatenate(deferred))
             stats.deferred += len(new_deferred[layer])
+            stats.newly_deferred += len(setdiff_ids(new_deferred[layer], carried))
             final_from = t if layer == self.num_layers - 1 else None
             dirty_ids = unique_ids(np.concatenate(dirty))
             if layer == self.num_layers - 1 and not self.shards.every:  # the final layer: kept nodes only

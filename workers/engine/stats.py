@@ -20,7 +20,8 @@ class RecomputeStats:
     changed: list[int] = field(default_factory=list)
     published: int = 0
     deleted: int = 0
-    deferred: int = 0
+    deferred: int = 0  # hub propagations deferred after it (per layer and hub)
+    newly_deferred: int = 0  # of those, the ones this recompute deferred (not carried over from before)
     sampled_neighbours: int = 0
     fanout_capped: int = 0
     seconds: float = 0.0

@@ -127,6 +127,14 @@ class WorkerMetrics:
         self.staleness = Gauge("gnnstream_deferred_staleness_seconds", "Age of the oldest deferred propagation",
                                registry=r)
         self.batches = Counter("gnnstream_batches", "Micro-batches processed", registry=r)
+        self.stream_time = Gauge("gnnstream_stream_time_seconds", "Stream time T: the largest event ts applied "
+                                 "(seconds since the epoch)", registry=r)
+        self.edges_expired = Counter("gnnstream_edges_expired", "Edges removed because they fell out of the edge "
+                                     "window (--edge-ttl)", registry=r)
+        self.late_events = Counter("gnnstream_late_events", "Edge upserts that arrived at or before T - edge ttl "
+                                   "(endpoints created, the edge not)", registry=r)
+        self.stage_changes = Counter("gnnstream_stage_changes", "Nodes whose stage of the staged cold-start "
+                                     "policy changed with stream time, by the stage entered", ["stage"], registry=r)
         self.errors = Counter("gnnstream_errors", "Errors by kind: transient ones, retried (poll, publish, "
                               "dead_letter, consumer, kafka_setup), offset_reset (a stored offset past the end of "
                               "its partition) and dead_letter_<error kind> (a dead letter the topic refused even "

@@ -151,7 +151,6 @@ class Worker:
         self._outbox: OutboxReader | None = None
         self._letters: DeadLetters | None = None
         self._query: Any = None  # the query API process (query.server.QueryProcess), told of every commit
-        self._deferred_keys = np.zeros(0, dtype=np.int64)  # deferred hub marks after the last recompute
         self._idle = False  # the last poll brought nothing: publishing waits for delivery (nothing to overlap)
         self._batch_target = s.batch_size  # records asked of the next poll (dynamic micro-batching)
         self._last_report = 0.0
@@ -243,7 +242,6 @@ class Worker:
         self.markers = MarkerBarrier(rollout)
         self.offsets = Offsets(store, s.on_offset_reset, self.errors)
         self.group.restore(engine)  # nothing is published before the group's assignment
-        self._deferred_keys = self._deferred_marks(store)
         if engine.needs_backfill():
             self.health.set_status("backfill", f"running backfill of model {engine.model_tag} over state {s.state}")
             engine.backfill(publish=False)
@@ -416,6 +414,7 @@ class Worker:
             self._letters.queue(letters)
         t0 = time.perf_counter()
         result = self.store.apply(good, offsets, self._letters.stored())
+        self._applied(result)
         self.offsets.applied(offsets)
         self.markers.stored(offsets)
         self.health.spent("apply", time.perf_counter() - t0)
@@ -429,10 +428,16 @@ class Worker:
         self.metrics.batches.inc()
         self._recompute(engine, result.max_ts if good else None, min(r.timestamp_ms for r in records) / 1000.0)
 
+    def _applied(self, result: Any) -> None:
+        """The event-time metrics of an applied batch (``GraphStore.apply``'s result)."""
+        self.metrics.late_events.inc(result.late_events)
+        self.metrics.edges_expired.inc(result.expired_edges)
+        if result.stream_time is not None:
+            self.metrics.stream_time.set(result.stream_time)
+
     def _recompute(self, engine: Engine, event_ts: float | None, oldest_record_s: float | None,
                    drain: bool = False, publish: bool = True) -> None:
         t0 = time.perf_counter()
-        had_deferred = len(self._deferred_keys) > 0
         stats = engine.recompute(event_ts=event_ts, publish=publish, drain=drain)
         self.metrics.recompute_seconds.observe(time.perf_counter() - t0)
         write = stats.phases.get("outputs", 0.0) + stats.phases.get("write", 0.0)
@@ -449,27 +454,16 @@ class Worker:
         self.metrics.subgraph_edges.observe(stats.sampled_neighbours + sum(stats.recomputed))
         self.metrics.fanout_capped.inc(stats.fanout_capped)
         self.metrics.deferred.set(stats.deferred)
-        # count each (layer, hub) propagation once when it becomes deferred, not again at every recompute
-        # that carries it: the deferred marks now, less those carried over (all were caught up when the
-        # engine took them this time, which restarts its deferral clock)
-        now = self._deferred_marks(engine.store) if stats.deferred else np.zeros(0, dtype=np.int64)
-        taken = drain or (had_deferred and engine.deferred_age() == 0.0)
-        new = now if taken else np.setdiff1d(now, self._deferred_keys, assume_unique=True)
-        self._deferred_keys = now
-        self.metrics.deferred_total.inc(len(new))
+        self.metrics.deferred_total.inc(stats.newly_deferred)  # each propagation once, when it is deferred
+        for stage, count in stats.stage_changes.items():
+            self.metrics.stage_changes.labels(stage).inc(count)
+        if stats.stream_time is not None:
+            self.metrics.stream_time.set(stats.stream_time)
         self.metrics.staleness.set(engine.deferred_age())
         if self.publisher is not None:
             self.publisher.made_from(oldest_record_s)
         if self._query is not None:
             self._query.notify()
-
-    @staticmethod
-    def _deferred_marks(store: GraphStore) -> np.ndarray:
-        """The deferred hub marks in the store, as sorted ``tag << 32 | iid`` keys."""
-        from gnnstream.workers.engine import DEFERRED_TAG
-        tags, iids, _ = store.dirty_mark_arrays()
-        sel = tags >= DEFERRED_TAG
-        return np.unique((tags[sel] << 32) | iids[sel])
 
     def _new_publisher(self, outbox: OutboxReader, delivery: Delivery | DeliveryProcess) -> Publisher:
         """A publisher (its thread started) that reports to this worker's metrics, ``/healthz`` and errors."""
