@@ -346,3 +346,13 @@ def test_load_backfill_apply_in_runs_and_verify_from_the_command_line(models: di
     assert refused.returncode != 0
     line, = [ln for ln in refused.stderr.splitlines() if ln.strip()]
     assert "created with --edge-ttl 30, not 10" in line
+
+
+def test_a_state_of_the_layout_without_event_time_is_refused_with_how_to_rebuild(tmp_path: Path) -> None:
+    from gnnstream.graph_state.exceptions import StateLayoutError
+    with GraphStore(tmp_path / "s") as store:
+        store.column("meta")[b"layout"] = b"5"  # as a state written before event time records it
+    with pytest.raises(StateLayoutError) as info:
+        GraphStore(tmp_path / "s")
+    message = str(info.value)
+    assert "\n" not in message and "layout 5" in message and "gnnstream graph load --state NEW" in message
