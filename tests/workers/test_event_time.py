@@ -169,9 +169,11 @@ def test_staged_streams_match_the_reference(models: dict[str, Path], name: str, 
 
 
 @pytest.mark.parametrize("name", ["sage_staged", "gcn_staged", "gat_staged"])
-def test_staged_stages_follow_age_and_degree(models: dict[str, Path], name: str) -> None:
+@pytest.mark.parametrize("restart", [False, True])
+def test_staged_stages_follow_age_and_degree(models: dict[str, Path], name: str, restart: bool) -> None:
     """Each stage by hand: feature-only while young, expanded while sparse, full after; the timers move a node
-    on without an event naming it, and an expanded node samples two hops."""
+    on without an event naming it, and an expanded node samples two hops. With ``restart`` a new engine takes
+    over each step: it works out what the expanded nodes read when it starts."""
     f = (0.5, -0.25, 1.0, 0.0)
     events = [NodeUpsert("hub", 0, f)] + [EdgeUpsert("hub", f"l{i}", 0) for i in range(6)] + \
         [NodeUpsert(f"l{i}", 0, f) for i in range(6)] + [NodeUpsert("new", 100, f), EdgeUpsert("new", "hub", 100)]
@@ -192,6 +194,10 @@ def test_staged_stages_follow_age_and_degree(models: dict[str, Path], name: str)
                 store.apply(ev)
                 for e in ev:
                     fold.apply_event(e)
+                if restart:
+                    store.close()
+                    store = GraphStore(Path(tmp) / "s")
+                    engine = Engine(store, load_model_dir(model_dir))
                 stats = engine.recompute()
                 if t is not None:
                     assert stats.stage_changes.get(t, 0) >= 1, stats.stage_changes
