@@ -169,9 +169,11 @@ def test_staged_streams_match_the_reference(models: dict[str, Path], name: str, 
 
 
 @pytest.mark.parametrize("name", ["sage_staged", "gcn_staged", "gat_staged"])
-def test_staged_stages_follow_age_and_degree(models: dict[str, Path], name: str) -> None:
+@pytest.mark.parametrize("restart", [False, True])
+def test_staged_stages_follow_age_and_degree(models: dict[str, Path], name: str, restart: bool) -> None:
     """Each stage by hand: feature-only while young, expanded while sparse, full after; the timers move a node
-    on without an event naming it, and an expanded node samples two hops."""
+    on without an event naming it, and an expanded node samples two hops. With ``restart`` a new engine takes
+    over each step: it works out what the expanded nodes read when it starts."""
     f = (0.5, -0.25, 1.0, 0.0)
     events = [NodeUpsert("hub", 0, f)] + [EdgeUpsert("hub", f"l{i}", 0) for i in range(6)] + \
         [NodeUpsert(f"l{i}", 0, f) for i in range(6)] + [NodeUpsert("new", 100, f), EdgeUpsert("new", "hub", 100)]
@@ -192,6 +194,10 @@ def test_staged_stages_follow_age_and_degree(models: dict[str, Path], name: str)
                 store.apply(ev)
                 for e in ev:
                     fold.apply_event(e)
+                if restart:
+                    store.close()
+                    store = GraphStore(Path(tmp) / "s")
+                    engine = Engine(store, load_model_dir(model_dir))
                 stats = engine.recompute()
                 if t is not None:
                     assert stats.stage_changes.get(t, 0) >= 1, stats.stage_changes
@@ -237,6 +243,25 @@ def test_the_window_is_fixed_when_a_state_is_created(tmp_path: Path) -> None:
     GraphStore(tmp_path / "plain").close()
     with pytest.raises(StoreConfigError, match="created with --edge-ttl 0, not 30"):
         GraphStore(tmp_path / "plain", edge_ttl=30)
+
+
+def test_run_creates_its_state_with_the_window_it_is_given(tmp_path: Path) -> None:
+    """``gnnstream run --edge-ttl`` on a new state: the state is created with that window (the worker then
+    stops, Kafka being unreachable), and a run with another window is refused."""
+    from tests.support import closed_port
+    from tests.workers.reference import run_gnnstream
+    init_model_dir(str(tmp_path / "model"), arch="sage", in_dim=DIM, hidden=4, out_dim=2, layers=1, fanouts=[2],
+                   seed=0)
+    state = tmp_path / "state"
+    with closed_port() as port:
+        common = ("run", "--bootstrap", f"127.0.0.1:{port}", "--broker-wait-s", "1", "--metrics-port", "0",
+                  "--state", state, "--model", tmp_path / "model")
+        res = run_gnnstream(*common, "--edge-ttl", "3600")
+        assert res.returncode == 2 and "Kafka" in res.stderr, res.stderr
+        with GraphStore(state) as store:
+            assert store.edge_ttl == 3600
+        res = run_gnnstream(*common, "--edge-ttl", "60")
+        assert res.returncode == 2 and "created with --edge-ttl 3600, not 60" in res.stderr, res.stderr
 
 
 def test_expiry_reads_only_the_edges_that_expire(tmp_path: Path) -> None:
@@ -346,3 +371,13 @@ def test_load_backfill_apply_in_runs_and_verify_from_the_command_line(models: di
     assert refused.returncode != 0
     line, = [ln for ln in refused.stderr.splitlines() if ln.strip()]
     assert "created with --edge-ttl 30, not 10" in line
+
+
+def test_a_state_of_the_layout_without_event_time_is_refused_with_how_to_rebuild(tmp_path: Path) -> None:
+    from gnnstream.graph_state.exceptions import StateLayoutError
+    with GraphStore(tmp_path / "s") as store:
+        store.column("meta")[b"layout"] = b"5"  # as a state written before event time records it
+    with pytest.raises(StateLayoutError) as info:
+        GraphStore(tmp_path / "s")
+    message = str(info.value)
+    assert "\n" not in message and "layout 5" in message and "gnnstream graph load --state NEW" in message

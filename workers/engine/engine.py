@@ -29,7 +29,6 @@ import glob
 import json
 import logging
 import os
-import struct
 import time
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
@@ -50,6 +49,7 @@ from gnnstream.workers.engine.device import check_device, threads_for
 from gnnstream.workers.engine.layers import LayerRunner
 from gnnstream.workers.engine.rows import CachedRows, DenseRows, Rows
 from gnnstream.workers.engine.shards import OutputShards
+from gnnstream.workers.engine.stages import STAGE_NAMES, StageClock
 from gnnstream.workers.engine.stats import EngineError, RecomputeStats
 
 __all__ = ["Engine", "RecomputeStats", "EngineError", "DEFERRED_TAG", "DELETED"]
@@ -60,8 +60,6 @@ DELETED = "deleted"  # mode of a withdrawn embedding (its meta keeps the version
 DEFERRED_TAG = 0x8000  # dirty key tag 0x8000 + l: dependents of v at layer l are pending
 _ATOL = 1e-6
 _HEAD_COLUMNS = 8  # entries of a recomputed row compared first (one 32-byte read per held row)
-_STAGE_NAMES = ("feature_only", "expanded", "full")
-_F64 = struct.Struct(">d")
 
 
 class Engine:
@@ -132,8 +130,7 @@ class Engine:
         self._deleted_code = self.meta.code(DELETED)
         self._mode_of: dict[int, int] = {}  # mode code by degree * 2 + has features (the policy is fixed)
         self.outbox = Outbox(store)  # the nodes to publish, written with their rows
-        raw = store.column("meta").get(keys.META_STAGE_TIME)
-        self._stage_time: float | None = None if raw is None else _F64.unpack(raw)[0]
+        self.stages = StageClock(store, self.policy)  # when the staged policy's timers fired last
         if self.staged:
             self._watch_expanded()
         # by layer, nodes whose stored rows failed their check: the next recompute writes them whatever it finds
@@ -169,31 +166,12 @@ class Engine:
 
     # ------------------------------------------------------------------ stages (the staged cold-start policy)
     def _watch_expanded(self) -> None:
-        """Work out the samples of the nodes expanded now, so that their readers are known (in memory only)
-        from the start: ``first(v)`` in ``(T - expand_s, T - feature_only_s]``, found in the ``born`` index."""
-        now = self.store.stream_time
-        if now is None:
-            return
-        f, e = self.policy.age_marks
-        young = self.store.born_between(now - e, now - f)
+        """Work out the samples of the nodes that may be expanded now, so that what they read is known (in
+        memory only) from the start."""
+        young = self.stages.young()
         if len(young):
             for k in set(self.fanouts):
-                self.layers.samples(young[self.store.node_arrays(young)[0] >= 0], k)
-
-    def _fired(self) -> np.ndarray:
-        """Nodes whose stage timer fired since the last recompute: ``first(v) + a`` in ``(T_r, T]`` for each age
-        mark ``a``, ``T_r`` being the stream time the last recompute (or backfill) reached."""
-        now = self.store.stream_time
-        if not self.staged or now is None or self._stage_time is None or now <= self._stage_time:
-            return np.zeros(0, dtype=np.int64)
-        found = [self.store.born_between(self._stage_time - a, now - a) for a in self.policy.age_marks]
-        return unique_ids(np.concatenate(found))
-
-    def _set_stage_time(self, tx: Transaction) -> None:
-        now = self.store.stream_time
-        if self.staged and now is not None:
-            tx.set_meta(keys.META_STAGE_TIME, _F64.pack(now))
-            self._stage_time = now
+                self.layers.samples(young, k)
 
     def _out_dim(self, layer: int, in_dim: int) -> int:
         empty = torch.zeros(0, dtype=torch.int64)
@@ -358,7 +336,7 @@ class Engine:
         self._commit(tx)
         tx = Transaction()
         tx.set_meta(keys.META_MODEL, self.binding.encode())
-        self._set_stage_time(tx)
+        self.stages.reach(tx)
         self.shards.record_kept(tx, None if self.shards.every else self.shards.kept_set())
         tx.clear_marks()
         self.store.commit(tx)
@@ -475,7 +453,7 @@ class Engine:
 
     def pending(self) -> int:
         """Number of dirty marks and fired stage timers waiting (0 when everything is up to date)."""
-        return self.store.dirty_count() + len(self._fired())
+        return self.store.dirty_count() + len(self.stages.fired())
 
     def _dependents(self, k: int, sources: np.ndarray, deferred: list[np.ndarray], allow_defer: bool) -> np.ndarray:
         deps, over = self.store.sampled_by_many(k, sources, self.hub_bound if allow_defer else None)
@@ -516,12 +494,12 @@ class Engine:
         t0 = time.perf_counter()
         stats = RecomputeStats()
         marks = self._read_marks()
-        fired = self._fired()
+        fired = self.stages.fired()
         stats.stream_time = self.store.stream_time
         if not marks and not len(fired):
-            if self.staged and stats.stream_time is not None and stats.stream_time != self._stage_time:
+            if self.stages.behind():
                 tx = Transaction()
-                self._set_stage_time(tx)
+                self.stages.reach(tx)
                 self.store.commit(tx)
             return stats
         t = stats.lap("marks", t0)
@@ -540,7 +518,7 @@ class Engine:
         if len(fired):  # a stage change is handled as a change of degree: the node and what reads it
             fired = fired[store.node_arrays(fired)[0] >= 0]
             for stage, count in zip(*np.unique(self.layers.stages(fired), return_counts=True)):
-                stats.stage_changes[_STAGE_NAMES[int(stage)]] = int(count)
+                stats.stage_changes[STAGE_NAMES[int(stage)]] = int(count)
             degree_changed = unique_ids(np.concatenate([degree_changed, fired]))
         changed = input_ids[(input_flags & DIRTY_INPUT) != 0]
         self.tables.invalidate(0, changed)
@@ -624,7 +602,7 @@ class Engine:
         if sum(len(nodes) for _, nodes in waiting):
             tags, nodes = np.concatenate([t for t, _ in waiting]), np.concatenate([n for _, n in waiting])
             tx.add_marks(tags, nodes, np.ones(len(nodes), dtype=np.uint8))
-        self._set_stage_time(tx)
+        self.stages.reach(tx)
         t = stats.lap("outputs", t)
         # every mark was read above and nothing applies events meanwhile: clear them all at once
         tx.clear_marks()

@@ -213,7 +213,7 @@ class Worker:
         try:
             from gnnstream.workers.state import open_store  # imports torch: after /healthz is up
             # a new state takes the model's sampling seed; an existing one must have been created with it
-            self.store = store = open_store(s.state, create=True, model_dir=s.model)
+            self.store = store = open_store(s.state, create=True, model_dir=s.model, edge_ttl=s.edge_ttl)
             try:
                 self._run(store, max_idle_s)
             finally:
