@@ -44,7 +44,7 @@ import numpy as np
 
 import bench.engine as engine_bench
 from bench.common import code_fingerprint, emit, log, machine_load
-from bench.e2e import base_state
+from bench.e2e_matrix import base_state
 from bench.scaleout import Member, _wait, add_worker_args
 from gnnstream.stream.backends import open_consumer, open_producer
 from gnnstream.stream.broker import EmbeddedBroker

@@ -53,7 +53,8 @@ import numpy as np
 
 import bench.engine as engine_bench
 from bench.common import FEATURE_DIM, FULL_EDGES, FULL_NODES, code_fingerprint, emit, log, machine_load
-from bench.e2e import base_state, clone_state, produce
+from bench.e2e_matrix import base_state, clone_state
+from bench.kafka_run import produce
 from gnnstream.stream.backends import KAFKA_CLIENTS
 from gnnstream.stream.broker import EmbeddedBroker
 from gnnstream.stream.events import encode_event, event_key
