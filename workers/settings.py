@@ -10,6 +10,7 @@ import argparse
 import logging
 import math
 import os
+import stat
 from dataclasses import dataclass, fields
 from typing import Any, Callable
 
@@ -17,7 +18,7 @@ from gnnstream.stream.backends import DEFAULT_KAFKA_CLIENT, KAFKA_CLIENTS
 from gnnstream.stream.clients import MAX_MESSAGE_BYTES
 
 __all__ = ["WorkerSettings", "add_worker_arguments", "settings_from_args", "ENV_PREFIX", "whole_number",
-           "fanout_list", "model_name", "model_version", "LOG_FORMAT", "configure_logging",
+           "fanout_list", "model_name", "model_version", "LOG_FORMAT", "configure_logging", "events_path",
            "finite_number", "port_number"]
 
 ENV_PREFIX = "GNNSTREAM_"
@@ -233,6 +234,20 @@ LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 def configure_logging(level: int) -> None:
     """Log records of ``level`` and above on stderr, in the one format of every gnnstream process."""
     logging.basicConfig(level=level, format=LOG_FORMAT)
+
+
+def events_path(path: str) -> str:
+    """Refuse an events path that exists but is no regular file (a directory, a device, a pipe)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return path  # a missing file is reported by the command, before it creates anything
+    if not stat.S_ISREG(mode):
+        kind = ("a directory" if stat.S_ISDIR(mode) else "a named pipe" if stat.S_ISFIFO(mode)
+                else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "no regular file")
+        raise ValueError(f"events file {path!r} is {kind}; name a regular file of JSON lines, one event each")
+    return path
+
 
 
 def _env_name(field_name: str) -> str:

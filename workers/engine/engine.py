@@ -1,26 +1,8 @@
-"""Exact incremental recompute: only the embeddings an event can change.
+"""The incremental engine: exact recompute, layer by layer, of only the embeddings an event can change.
 
-The graph store leaves durable dirty marks with every applied batch:
-
-* ``(0, v)`` with ``DIRTY_INPUT``: ``h^0_v`` changed (features set, node created
-  or deleted); ``DIRTY_DEGREE``: ``v``'s neighbour count changed.
-* ``(k, v)`` with ``DIRTY_SAMPLE``: ``S_k(v)`` changed; ``DIRTY_COUNT``: ``|S_k(v)|``
-  changed (GCN normalises by the sample sizes of a node's neighbours).
-
-:meth:`Engine.recompute` turns them into a wavefront. Layer ``l`` (fanout
-``k = k_l``) recomputes
-
-    D_l = {v : S_k(v) changed}  ∪  C_{l-1}  ∪  sampled_by_k(C_{l-1})
-          [∪ sampled_by_k({u : |S_k(u)| changed}) for GCN]
-
-where ``C_{l-1}`` are the nodes whose ``h^{l-1}`` really changed; a node whose
-new embedding equals the old one stops propagating. Dependents come from the
-store's reverse sampled-by index, never from scanning neighbours. A node whose
-change would reach more than ``hub_bound`` dependents has that propagation
-deferred under a durable mark and coalesced; :meth:`Engine.drain` (or the next
-recompute once ``max_deferred_age`` passes) catches it up, so the result
-converges to the contract. New embeddings, their metadata, outbox entries and
-the removal of the consumed marks go into one WriteBatch.
+:meth:`Engine.recompute` walks the store's dirty marks as a wavefront (docs/design.md, "What a change
+recomputes"); :meth:`Engine.backfill` computes every node from scratch and :meth:`Engine.from_scratch` does
+so in memory for ``verify``; :meth:`Engine.own` and :meth:`Engine.take_over` shard the final layer in a group.
 """
 
 from __future__ import annotations
@@ -47,6 +29,7 @@ from gnnstream.graph_state.page_log import PageLog, layer_logs_from
 from gnnstream.graph_state.row_cache import EmbeddingTables
 from gnnstream.workers.engine.device import check_device, threads_for
 from gnnstream.workers.engine.layers import LayerRunner
+from gnnstream.workers.engine.outputs import DELETED, FinalOutputs
 from gnnstream.workers.engine.rows import CachedRows, DenseRows, Rows
 from gnnstream.workers.engine.shards import OutputShards
 from gnnstream.workers.engine.stages import STAGE_NAMES, StageClock
@@ -56,10 +39,10 @@ __all__ = ["Engine", "RecomputeStats", "EngineError", "DEFERRED_TAG", "DELETED"]
 
 logger = logging.getLogger(__name__)
 
-DELETED = "deleted"  # mode of a withdrawn embedding (its meta keeps the version floor)
 DEFERRED_TAG = 0x8000  # dirty key tag 0x8000 + l: dependents of v at layer l are pending
 _ATOL = 1e-6
 _HEAD_COLUMNS = 8  # entries of a recomputed row compared first (one 32-byte read per held row)
+_FINAL_CHUNK = 50_000  # final rows a backfill writes per WriteBatch
 
 
 class Engine:
@@ -127,10 +110,10 @@ class Engine:
         self.layers = LayerRunner(store, self.gnn, self.policy, self.fanouts, self.tables.dims, chunk_nodes)
         self._deferred_since: float | None = None
         self.shards = OutputShards(store)  # whose final rows are kept and published (see own)
-        self._deleted_code = self.meta.code(DELETED)
-        self._mode_of: dict[int, int] = {}  # mode code by degree * 2 + has features (the policy is fixed)
         self.outbox = Outbox(store)  # the nodes to publish, written with their rows
         self.stages = StageClock(store, self.policy)  # when the staged policy's timers fired last
+        self.outputs = FinalOutputs(store, self.meta, self.tables, self.shards, self.outbox, self.policy,
+                                    self.layers)
         if self.staged:
             self._watch_expanded()
         # by layer, nodes whose stored rows failed their check: the next recompute writes them whatever it finds
@@ -254,7 +237,7 @@ class Engine:
         stats.recomputed = [sum(stats.recomputed)]
         tx = Transaction()
         self.tables.set(self.num_layers, gone, None)
-        self._outputs_for_deleted(gone, tx, True, stats, again=True)
+        self.outputs.withdraw(gone, tx, True, stats, again=True)
         stored = self.shards.stored()
         self.shards.record_kept(tx, (stored[1] if stored and stored[0] == self.shards.count else set()) | partitions)
         tx.add(self.meta.compact())
@@ -328,7 +311,7 @@ class Engine:
             stale = setdiff_ids(log.held_iids(), targets)
             self.tables.set(layer, stale, None)
             if layer == self.num_layers:
-                self._outputs_for_deleted(stale[self.shards.kept(stale)], tx, publish, stats)
+                self.outputs.withdraw(stale[self.shards.kept(stale)], tx, publish, stats)
             else:
                 tx.add(log.put_rows(stale, None))
         for log in self.logs.values():
@@ -403,47 +386,23 @@ class Engine:
         return targets, h
 
     # ------------------------------------------------------------------ outputs
-    def _mode_codes(self, iids: np.ndarray, degree: np.ndarray, flags: np.ndarray) -> np.ndarray:
-        """The policy's mode of nodes with these records, as :class:`PageLog` codes (one policy call per
-        distinct input)."""
-        has = (flags & keys.FLAG_HAS_FEATURES) != 0
-        if self.staged:  # the mode follows the stage, which follows the age
-            stage = self.layers.stages(iids).astype(np.int64)
-            names = [self.meta.code(self.policy.stage_mode(h, 0, s)) for s in range(3) for h in (False, True)]
-            return np.asarray(names, dtype=np.int16)[stage * 2 + has] if len(iids) else np.zeros(0, np.int16)
-        combo = np.maximum(degree, 0) * 2 + has
-        combos = unique_ids(combo)
-        inverse = np.searchsorted(combos, combo)
-        known = self._mode_of
-        for c in combos.tolist():
-            if c not in known:
-                known[c] = self.meta.code(self.policy.mode(bool(c & 1), c >> 1))
-        return np.fromiter(map(known.__getitem__, combos.tolist()), np.int16, len(combos))[inverse]
-
     def _write_final(self, iids: np.ndarray, rows: np.ndarray, *, publish: bool, stats: RecomputeStats,
                      event_ts: float | None, force: bool, tx: Transaction | None = None) -> Transaction:
-        """Metadata (versions, modes) and outbox entries of final-layer rows, added to ``tx`` (a new one when
-        None) and returned; with ``force`` committed a chunk at a time (the one returned is then empty)."""
+        """:meth:`FinalOutputs.write` into ``tx`` (a new one when None), returned; with ``force`` committed
+        :data:`_FINAL_CHUNK` rows at a time (the one returned is then empty)."""
         tx = Transaction() if tx is None else tx
-        now = time.time()
-        chunk = 50_000
-        meta = self.meta
-        for start in range(0, len(iids), chunk):
-            ids = iids[start:start + chunk]
-            old_version, _, _ = meta.get(ids)
-            degree, flags, last_ts = self.store.node_arrays(ids)
-            versions = self.shards.next_versions(old_version)
-            times = np.maximum(last_ts, event_ts or 0.0)
-            meta.set(ids, versions, times, self._mode_codes(ids, degree, flags))
-            tx.add(meta.encode(ids, rows[start:start + chunk]))
-            sent = ids if self.shards.publishes_all else ids[self.shards.published(ids)]
-            if publish and len(sent):
-                self.outbox.append(tx, sent, now)
-                stats.published += len(sent)
+        step = _FINAL_CHUNK if force else max(len(iids), 1)
+        for start in range(0, len(iids), step):
+            self.outputs.write(iids[start:start + step], rows[start:start + step], tx, publish=publish,
+                               stats=stats, event_ts=event_ts)
             if force:
                 self._commit(tx)
                 tx = Transaction()
         return tx
+
+    def outbox_columns(self, iids: np.ndarray, computed_at: float) -> UpdateColumns:
+        """:meth:`FinalOutputs.columns`: what to publish for the nodes of an outbox record."""
+        return self.outputs.columns(iids, computed_at)
 
     # ------------------------------------------------------------------ incremental
     def _read_marks(self) -> dict[int, tuple[np.ndarray, np.ndarray]]:
@@ -587,14 +546,14 @@ class Engine:
                 recheck = recheck[live]
                 if len(recheck):
                     _, _, stored_mode = self.meta.get(recheck)
-                    now_mode = self._mode_codes(recheck, degree[live], flags[live])
+                    now_mode = self.outputs.mode_codes(recheck, degree[live], flags[live])
                     again = recheck[stored_mode != now_mode]
                     if len(again):
                         current, present = self.tables.get(layer + 1, again)
                         final_iids = np.concatenate([final_iids, again[present]])
                         final_rows = np.concatenate([final_rows, current[present]])
                 stats.deleted = len(gone)
-                self._outputs_for_deleted(gone, tx, publish, stats)
+                self.outputs.withdraw(gone, tx, publish, stats)
         self._write_final(final_iids, final_rows, publish=publish, stats=stats, event_ts=event_ts, force=False, tx=tx)
         for log in self.logs.values():  # after the last encode of this WriteBatch
             tx.add(log.compact())
@@ -624,45 +583,6 @@ class Engine:
         for log in self.logs.values():  # frames of the pages this batch deleted may now be reused
             log.committed()
         return written
-
-    def _outputs_for_deleted(self, gone: np.ndarray, tx: Transaction, publish: bool, stats: RecomputeStats, *,
-                             again: bool = False) -> None:
-        """Withdraw the final embeddings of deleted nodes that have one (``again``: every one of ``gone``)."""
-        if not len(gone):
-            return
-        version, event_ts, mode = self.meta.get(gone)
-        # the meta stays as a version floor, so a re-created node keeps counting up
-        withdraw = np.ones(len(gone), dtype=bool) if again else (mode >= 0) & (mode != self._deleted_code)
-        ids, versions, times = gone[withdraw], self.shards.next_versions(version[withdraw]), event_ts[withdraw]
-        if not len(ids):
-            return
-        self.meta.set(ids, versions, times, np.full(len(ids), self._deleted_code, dtype=np.int16))
-        tx.add(self.meta.encode(ids, None))
-        sent = ids if self.shards.publishes_all else ids[self.shards.published(ids)]
-        if publish and len(sent):
-            self.outbox.append(tx, sent, time.time())
-            stats.published += len(sent)
-
-    def outbox_columns(self, iids: np.ndarray, computed_at: float) -> UpdateColumns:
-        """What to publish for the nodes of an outbox record, as columns: their stored state now.
-
-        One metadata lookup and one :meth:`EmbeddingTables.get` for all of
-        them. A node without stored metadata (none was ever computed), or
-        whose final row is missing, is left out; a withdrawn node comes back
-        with mode ``deleted``, ``deleted`` set and a zero row.
-        """
-        iids = np.asarray(iids, dtype=np.int64)
-        version, event_ts, mode = self.meta.get(iids)
-        rows, present = self.tables.get(self.num_layers, iids)
-        deleted = mode == self._deleted_code
-        keep = (mode >= 0) & (deleted | present)
-        if not keep.all():
-            iids, version, event_ts, mode, rows, deleted = (
-                iids[keep], version[keep], event_ts[keep], mode[keep], rows[keep], deleted[keep])
-        names = self.meta.names
-        return UpdateColumns(list(map(self.store.name, iids.tolist())), version.astype(np.int64),
-                             event_ts.astype(np.float64), float(computed_at),
-                             [names[c] for c in mode.tolist()], rows, deleted, iids, mode)
 
     def deferred_age(self) -> float:
         """Seconds the oldest deferred hub propagation has waited (0 when none)."""
