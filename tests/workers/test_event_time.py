@@ -381,3 +381,14 @@ def test_a_state_of_the_layout_without_event_time_is_refused_with_how_to_rebuild
         GraphStore(tmp_path / "s")
     message = str(info.value)
     assert "\n" not in message and "layout 5" in message and "gnnstream graph load --state NEW" in message
+
+
+def test_model_init_writes_a_staged_policy(tmp_path: Path) -> None:
+    """``model init --cold-start staged`` records the policy with its ages, as the engine reads it."""
+    from tests.workers.reference import run_gnnstream
+    res = run_gnnstream("model", "init", tmp_path / "m", "--in-dim", DIM, "--fanouts", "3", "--layers", "1",
+                        "--cold-start", "staged", "--feature-only-s", "10", "--expand-s", "20",
+                        "--min-neighbours", "3")
+    assert res.returncode == 0, res.stderr
+    policy = load_model_dir(str(tmp_path / "m")).config.cold_start
+    assert policy == {"policy": "staged", "feature_only_s": 10.0, "expand_s": 20.0, "min_neighbours": 3}
