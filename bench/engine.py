@@ -315,6 +315,9 @@ def window_test(work: Path, graph: SyntheticGraph, loaded_model: Any, args: argp
             stream = BatchLog(engine.num_layers)
             expired = late = 0
             bar = Progress(f"stream {name}", len(events))
+            prof = cProfile.Profile() if args.profile else None
+            if prof:
+                prof.enable()
             with GcTimer() as gct:
                 for start in range(0, len(events), args.batch):
                     chunk = events[start:start + args.batch]
@@ -326,7 +329,11 @@ def window_test(work: Path, graph: SyntheticGraph, loaded_model: Any, args: argp
                     expired += res.expired_edges
                     late += res.late_events
                     bar.update(len(chunk))
+            if prof:
+                prof.disable()
             bar.close()
+            _profile_report(prof, f"stream batches on {name}",
+                            f"{args.profile_out}.{name}.pstats" if args.profile_out else None)
             summary = stream.summary()
             summary.update(gc_seconds=round(gct.seconds, 3), edges_expired=expired, late_events=late,
                            edges_after=sum(1 for _ in store.column("edges").keys()), setup=setup)

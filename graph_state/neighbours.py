@@ -23,7 +23,8 @@ _PACK_U64 = keys.U64.pack
 
 class NeighbourIndex:
     """Neighbour lists ordered by ``(rank(v, u), u)``, so ``S_k(v)`` is the first ``k`` entries whatever the
-    degree, with the first :attr:`width` entries of each list held in a :class:`PrefixTable`.
+    degree, with the first :attr:`width` entries of each list held in a :class:`PrefixTable` (at least the
+    first :attr:`need` of them).
 
     Reads merge in the changes of the open batch (:attr:`batch`, set while one is applied).
 
@@ -42,13 +43,19 @@ class NeighbourIndex:
 
     @property
     def width(self) -> int:
-        """How many entries of each list the prefix table holds."""
+        """How many entries of each list a prefix row is read with."""
         return self.prefixes.width
 
-    def set_width(self, width: int) -> None:
-        """Hold ``width`` entries of each list (rows of another width are read again)."""
-        if self.prefixes.width != width:
-            self.prefixes = PrefixTable(width)
+    @property
+    def need(self) -> int:
+        """How many entries of each list the prefix table holds at least: samples up to this size read it."""
+        return self.prefixes.need
+
+    def set_need(self, need: int) -> None:
+        """Hold at least the first ``need`` entries of each list, reading ``need + max(8, need // 2)`` at a
+        time (rows of another size are read again)."""
+        if self.prefixes.need != need:
+            self.prefixes = PrefixTable(need, need + max(8, need // 2))
 
     # ------------------------------------------------------------------ reading lists
     def iter(self, v: int) -> Iterator[tuple[bytes, int]]:
@@ -192,7 +199,7 @@ class NeighbourIndex:
         """``S_k`` of node ``iid`` as interned ids in rank order; O(k) reads."""
         if self._nodes.get(iid) is None:
             return []
-        if k <= self.width and self.batch is None:
+        if k <= self.need and self.batch is None:
             return self.prefix_ids(iid)[:k]
         out = []
         for _, u in self.iter(iid):
@@ -208,7 +215,7 @@ class NeighbourIndex:
         yet are read from RocksDB first and kept there.
         """
         iids = np.asarray(iids, dtype=np.int64)
-        if self.batch is not None or k > self.width:
+        if self.batch is not None or k > self.need:
             out = np.full((len(iids), k), -1, dtype=np.int64)
             for row, v in enumerate(iids.tolist()):
                 s = self.sample_iids(v, k)
@@ -284,7 +291,7 @@ class NeighbourIndex:
             rank, ids, length, deg0 > length, deg1,
             (added_to, np.frombuffer(b"".join(add_rank), dtype=">u8").astype(np.uint64),
              np.asarray(add_id, dtype=np.int64)),
-            (removed_from, np.asarray(rem_id, dtype=np.int64)))
+            (removed_from, np.asarray(rem_id, dtype=np.int64)), table.need)
         again = np.flatnonzero(~exact)  # read again, with the batch's changes merged
         if len(again):
             new_rank[again], new_ids[again], new_len[again] = self.read_rows(v[again])

@@ -33,15 +33,21 @@ class PrefixTable:
 
     ``rank`` holds ``r(v, u)`` and ``ids`` the neighbour ``u`` of the first
     ``length[v]`` entries of ``v``'s list in rank order (``ids`` is -1 past
-    them, so the first ``k`` columns of a row are ``S_k(v)`` padded as the
-    engine reads it). ``loaded`` says which rows are filled; the rest are read
-    from RocksDB when first needed. A batch reads the rows of the nodes whose
-    lists it changed, merges its changes into them with :func:`merge_rows` and
-    writes them back with :meth:`put_rows`.
+    them). A row is read with ``width`` entries and may lose some to removals
+    down to ``need`` (or the whole list, when shorter) before it is read again,
+    so the first ``k <= need`` columns of a row are ``S_k(v)`` padded as the
+    engine reads it, and a stream that removes edges (deletes, an edge window)
+    reads a list again only once per ``width - need`` removals from its
+    prefix. ``loaded`` says which rows are filled; the rest are read from
+    RocksDB when first needed. A batch reads the rows of the nodes whose lists
+    it changed, merges its changes into them with :func:`merge_rows` and writes
+    them back with :meth:`put_rows`.
     """
 
-    def __init__(self, width: int):
-        self.width = width
+    def __init__(self, need: int, width: int | None = None):
+        self.need = need
+        self.width = need if width is None else width
+        width = self.width
         self.rank = np.zeros((0, width), dtype=np.uint64)
         self.ids = np.full((0, width), -1, dtype=np.int64)
         self.length = np.zeros(0, dtype=np.int32)
@@ -154,7 +160,8 @@ class DenseNodes:
 
 def merge_rows(rank: np.ndarray, ids: np.ndarray, length: np.ndarray, truncated: np.ndarray,
                degree: np.ndarray, added: tuple[np.ndarray, np.ndarray, np.ndarray],
-               removed: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+               removed: tuple[np.ndarray, np.ndarray], need: int | None = None,
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The prefixes of ``n`` neighbour lists after a batch's changes, for all of them at once.
 
     Args:
@@ -163,11 +170,12 @@ def merge_rows(rank: np.ndarray, ids: np.ndarray, length: np.ndarray, truncated:
         degree: per row, the list's length after.
         added: ``(row, rank, id)`` of the entries added (none of them held before).
         removed: ``(row, id)`` of the entries removed (held or not).
+        need: the fewest entries a row of a longer list may keep (default: the width).
 
     Returns:
         ``(rank, ids, length, exact)``: the rows after. A row with ``exact``
         False cannot be told from what was held: removals left fewer than
-        ``width`` entries known to come before the first one not held, or an
+        ``need`` entries known to come before the first one not held, or an
         added entry shares a rank with another entry (the ids decide then).
         Its caller reads it again. Nothing is sorted but the added entries.
     """
@@ -209,5 +217,5 @@ def merge_rows(rank: np.ndarray, ids: np.ndarray, length: np.ndarray, truncated:
     new_rank[add_row[fit], add_pos[fit]] = add_rank[fit]
     new_ids[add_row[fit], add_pos[fit]] = add_id[fit]
     count = keep.sum(axis=1) + added_in
-    exact &= ~(truncated & (count < np.minimum(degree, width)))
+    exact &= ~(truncated & (count < np.minimum(degree, width if need is None else need)))
     return new_rank, new_ids, np.minimum(count, width).astype(np.int32), exact

@@ -207,8 +207,9 @@ class GraphStore:
 
     @property
     def top_size(self) -> int:
-        """How many rank-ordered neighbours of each node the prefix table holds (the largest fanout, at least 8)."""
-        return self._nbrs.width
+        """How many rank-ordered neighbours of each node the prefix table holds at least (the largest fanout, at
+        least 8)."""
+        return self._nbrs.need
 
     @property
     def fanouts(self) -> tuple[int, ...]:
@@ -218,7 +219,7 @@ class GraphStore:
     @fanouts.setter
     def fanouts(self, ks: tuple[int, ...]) -> None:
         self._sampled.fanouts = ks
-        self._nbrs.set_width(max(_MIN_TOP, max(ks, default=0)))
+        self._nbrs.set_need(max(_MIN_TOP, max(ks, default=0)))
 
     @property
     def stream_time(self) -> float | None:

@@ -17,10 +17,12 @@ WIDTH = 4
 
 @st.composite
 def lists(draw):
-    """Rows before and after a batch: ``(before, after)`` lists of ``(rank, id)`` per row, and the changes."""
+    """Rows before and after a batch: ``(before, after)`` lists of ``(rank, id)`` per row, how many entries each
+    row held before (between ``need`` and :data:`WIDTH`, or the whole list) and ``need``."""
+    need = draw(st.integers(1, WIDTH))
     rows = draw(st.integers(1, 6))
     rank = st.integers(0, draw(st.sampled_from([6, 2**64 - 1])))  # a small range gives equal ranks
-    before, after = [], []
+    before, after, held = [], [], []
     for _ in range(rows):
         ids = draw(st.lists(st.integers(0, 60), unique=True, max_size=18))
         cut = draw(st.integers(0, len(ids)))
@@ -29,27 +31,29 @@ def lists(draw):
         gone = draw(st.sets(st.sampled_from(ids))) if ids else set()
         before.append(entries)
         after.append([e for e in entries if e[1] not in gone] + [(draw(rank), u) for u in new])
-    return before, after
+        whole = len(entries) <= WIDTH and draw(st.booleans())  # a short list is held whole, or cut to need
+        held.append(len(entries) if whole else draw(st.integers(min(need, len(entries)), min(WIDTH, len(entries)))))
+    return before, after, held, need
 
 
-def _rows(lists_: list[list[tuple[int, int]]]):
+def _rows(lists_: list[list[tuple[int, int]]], held: list[int] | None = None):
     rank = np.zeros((len(lists_), WIDTH), dtype=np.uint64)
     ids = np.full((len(lists_), WIDTH), -1, dtype=np.int64)
     length = np.zeros(len(lists_), dtype=np.int32)
     for i, entries in enumerate(lists_):
-        held = sorted(entries)[:WIDTH]
-        length[i] = len(held)
-        for j, (r, u) in enumerate(held):
+        kept = sorted(entries)[:WIDTH if held is None else held[i]]
+        length[i] = len(kept)
+        for j, (r, u) in enumerate(kept):
             rank[i, j], ids[i, j] = r, u
     return rank, ids, length
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=500, deadline=None)
 @given(case=lists())
 def test_merge_matches_lists_sorted_afresh(case):
-    before, after = case
-    rank, ids, length = _rows(before)
-    truncated = np.array([len(b) > WIDTH for b in before])
+    before, after, held, need = case
+    rank, ids, length = _rows(before, held)
+    truncated = np.array([len(b) > h for b, h in zip(before, held)])
     degree = np.array([len(a) for a in after])
     added, removed = ([], [], []), ([], [])
     for row, (b, a) in enumerate(zip(before, after)):
@@ -60,21 +64,23 @@ def test_merge_matches_lists_sorted_afresh(case):
     new_rank, new_ids, new_len, exact = merge_rows(
         rank, ids, length, truncated, degree,
         (np.array(added[0], np.int64), np.array(added[1], np.uint64), np.array(added[2], np.int64)),
-        (np.array(removed[0], np.int64), np.array(removed[1], np.int64)))
-    want_rank, want_ids, want_len = _rows(after)
+        (np.array(removed[0], np.int64), np.array(removed[1], np.int64)), need)
     for row, a in enumerate(after):
         ranks = sorted(r for r, _ in set(a) | set(before[row]))
         tie = any(x == y for x, y in zip(ranks, ranks[1:]))
-        if exact[row]:
-            assert new_len[row] == want_len[row]
-            assert new_rank[row].tolist() == want_rank[row].tolist()
-            assert new_ids[row].tolist() == want_ids[row].tolist()
+        if exact[row]:  # the first new_len entries of the list, at least need of them (or all)
+            n = int(new_len[row])
+            assert min(len(a), need) <= n <= min(len(a), WIDTH)
+            want = sorted(a)[:n]
+            assert new_rank[row, :n].tolist() == [r for r, _ in want]
+            assert new_ids[row].tolist() == [u for _, u in want] + [-1] * (WIDTH - n)
         else:
-            last = sorted(before[row])[WIDTH - 1][0] if truncated[row] else None
-            lost = last is not None and sum(1 for r, _ in a if r <= last) < min(len(a), WIDTH)
+            last = sorted(before[row])[held[row] - 1][0] if truncated[row] else None
+            lost = last is not None and sum(1 for r, _ in a if r <= last) < min(len(a), need)
             assert tie or lost, f"row {row} read again without a tie or a removal past the row"
         if not truncated[row] and not tie:
             assert exact[row], "a row holding its whole list is merged in memory"
+            assert new_len[row] == min(len(a), WIDTH)
 
 
 def _colliding(v_name: str, u_name: str) -> bytes:
