@@ -27,13 +27,17 @@ After loading and backfilling:
    The target passes only with the hub at 1,000,000 neighbours or more and all
    work timed in its own batch (no hub propagation deferred, none pending after).
 
-``--window`` runs a third measurement instead of the two above: two stores of
+``--window`` runs a third measurement instead of the two above: three stores of
 the same graph, its edges loaded a second of event time apart, one without an
-edge window and one with a window as long as the load, so that the same
-stream (one second of event time per event) expires one loaded edge per event
-in the second, about as many as its upserts add. Reported side by side:
-updates/s of each, their ratio (target >= 0.8), the edges expired, and the
-exactness check of both.
+edge window, one with a window as long as the load, so that the same stream
+(one second of event time per event) expires one loaded edge per event in the
+second, about as many as its upserts add, and one without a window whose
+batches end with an explicit ``edge_delete`` of each edge the window expires
+at that point (the same graph changes, spelled out). Reported side by side:
+updates/s of each (stream events over apply + recompute time), the ratios
+window / no window (target >= 0.8) and window / explicit deletes, the edges
+expired, whether the windowed and the deleting store end with as many edges,
+and the exactness check of each.
 
 ``--hub-store separate`` runs part 2 on a separate, smaller store (the graph of
 ``--hub-graph-nodes`` / ``--hub-graph-edges``) instead of the main one.
@@ -299,15 +303,18 @@ def open_loaded(work: Path, name: str, graph: SyntheticGraph, loaded_model: Any,
 
 # ---------------------------------------------------------------------- windowed
 def window_test(work: Path, graph: SyntheticGraph, loaded_model: Any, args: argparse.Namespace) -> dict[str, Any]:
-    """The same stream on a store without a window and on one whose window expires an edge per event."""
+    """The same stream on a store without a window, on one whose window expires an edge per event, and on one
+    without a window that deletes the same edges with explicit ``edge_delete`` events at the end of each batch."""
     load_end = 1_700_000_001 + graph.num_edges - 1  # the last loaded edge's time (graph_events, edge_seconds)
     ttl = graph.num_edges + 1  # the whole load fits; each later second of stream time expires one loaded edge
     events, counts = stream_events(graph, args.events, np.random.default_rng(args.seed + 1), args.p_upsert,
                                    args.p_delete, 0, args.batch)
     events = [dataclasses.replace(ev, ts=load_end + 1 + i) for i, ev in enumerate(events)]
+    batches = [events[start:start + args.batch] for start in range(0, len(events), args.batch)]
     out: dict[str, Any] = {"edge_ttl": ttl, "event_counts": counts,
                            "stream_seconds_per_event": 1, "loaded_edge_seconds_apart": 1}
-    for name, window in (("no_window", 0), ("window", ttl)):
+    for name, window, extra in (("no_window", 0, None), ("window", ttl, None),
+                                ("explicit_deletes", 0, expiring_deletes(graph, batches, ttl))):
         store, engine, setup = open_loaded(work, f"state-{name}", graph, loaded_model, args.load_batch, args.dim,
                                            args.store_cache, edge_ttl=window)
         try:
@@ -319,10 +326,10 @@ def window_test(work: Path, graph: SyntheticGraph, loaded_model: Any, args: argp
             if prof:
                 prof.enable()
             with GcTimer() as gct:
-                for start in range(0, len(events), args.batch):
-                    chunk = events[start:start + args.batch]
+                for i, chunk in enumerate(batches):
+                    applied = chunk + extra[i] if extra else chunk
                     c0, t0 = time.process_time(), time.perf_counter()
-                    res = store.apply(chunk)
+                    res = store.apply(applied)
                     t1 = time.perf_counter()
                     st = engine.recompute(event_ts=res.max_ts)
                     stream.add(len(chunk), t1 - t0, time.perf_counter() - t1, time.process_time() - c0, st)
@@ -337,6 +344,8 @@ def window_test(work: Path, graph: SyntheticGraph, loaded_model: Any, args: argp
             summary = stream.summary()
             summary.update(gc_seconds=round(gct.seconds, 3), edges_expired=expired, late_events=late,
                            edges_after=sum(1 for _ in store.column("edges").keys()), setup=setup)
+            if extra:
+                summary["explicit_deletes"] = sum(map(len, extra))
             if not args.no_verify:
                 summary["verify"] = verify(store, engine)
                 log(f"verify {name}: {summary['verify']}")
@@ -344,7 +353,33 @@ def window_test(work: Path, graph: SyntheticGraph, loaded_model: Any, args: argp
         finally:
             store.close()
     base, windowed = out["no_window"]["updates_per_second"], out["window"]["updates_per_second"]
+    deleting = out["explicit_deletes"]["updates_per_second"]
     out["updates_per_second_ratio"] = round(windowed / base, 3) if base else None
+    cpu = {name: out[name]["updates_per_cpu_second"] for name in ("no_window", "window")}
+    out["updates_per_cpu_second_ratio"] = round(cpu["window"] / cpu["no_window"], 3) if cpu["no_window"] else None
+    out["window_over_explicit_deletes"] = round(windowed / deleting, 3) if deleting else None
+    out["same_edges_as_explicit_deletes"] = out["window"]["edges_after"] == out["explicit_deletes"]["edges_after"]
+    return out
+
+
+def expiring_deletes(graph: SyntheticGraph, batches: list[list[Any]], ttl: int) -> list[list[Any]]:
+    """Per batch of the window test's stream, an ``edge_delete`` of each loaded edge the window expires at its
+    end: loaded edge ``i`` has time ``1_700_000_001 + i`` and expires once ``T - ttl`` reaches it, unless a stream
+    event named it first (an upsert refreshes it; a delete removed it already)."""
+    n = graph.num_nodes
+    src, dst = graph.src.tolist(), graph.dst.tolist()
+    named: set[int] = set()
+    out: list[list[Any]] = []
+    due = 0  # loaded edges before this one have expired
+    for chunk in batches:
+        named.update(int(ev.src) * n + int(ev.dst) for ev in chunk if ev.op != "node_upsert")
+        threshold, ts = chunk[-1].ts - ttl, chunk[-1].ts
+        deletes = []
+        while due < len(src) and 1_700_000_001 + due <= threshold:
+            if src[due] * n + dst[due] not in named:
+                deletes.append(EdgeDelete(graph.name(src[due]), graph.name(dst[due]), ts))
+            due += 1
+        out.append(deletes)
     return out
 
 

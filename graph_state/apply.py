@@ -159,33 +159,53 @@ class EventApplier:
 
     def _expire(self, threshold: float, batch: Batch, result: ApplyResult) -> None:
         """Remove every present edge with ``t(e) <= threshold``: those the ``expiry`` index holds up to it (in
-        time order, so the cost is that of the edges expired) and those this batch wrote."""
-        due: list[tuple[int, int]] = []
+        time order, so the cost is that of the edges expired) and those this batch wrote.
+
+        The index's expired range goes in one range delete; the edges leave
+        together, and a pair of nodes is unlinked once neither direction
+        remains (what removing them one at a time leaves).
+        """
         stop = keys.time_key(threshold)
-        family = self._columns.families["expiry"]
         stored, times, written = batch.stored_edges, batch.edge_time, batch.edges
-        for key in family.keys():
+        due: list[bytes] = []  # edge keys
+        expired: list[bytes] = []
+        for key in self._columns.families["expiry"].keys():
             if key[:8] > stop:
                 break
-            t, s, d = keys.decode_expiry_key(key)
-            edge = keys.edge_key(s, d)
+            expired.append(key)
+        for key in expired:
+            edge = key[8:]  # an expiry key ends with its edge's key
             if edge not in written:  # an edge this batch wrote is judged below
-                due.append((s, d))
-                stored[edge] = True
-                times[edge] = t
+                due.append(edge)
         for key, present in written.items():
             if present and times[key] <= threshold:
-                due.append(keys.decode_edge_key(key))
+                due.append(key)
         if not due:
             return
-        # what removing them reads, with one multi-get each: the reverse edges, the names and node records
-        reverse = [k for k in {keys.edge_key(d, s) for s, d in due} if k not in written and k not in stored]
+        # the index up to stop, in one range delete: the keys read above and this batch's puts of edges due now
+        batch.wb.delete_range(b"", stop + b"\xff" * 17, batch.handles["expiry"])
+        delete, family = batch.wb.delete, batch.handles["edges"]
+        for key in due:
+            delete(key, family)
+            written[key] = False
+            times.pop(key, None)
+            stored[key] = True
+        # what unlinking reads, with one multi-get each: the reverse edges, the names and node records
+        reverse = [k for k in {key[8:] + key[:8] for key in due} if k not in written and k not in stored]
         if reverse:
             for k, raw in zip(reverse, self._columns.views["edges"].get(reverse)):
                 stored[k] = raw is not None
-                if raw is not None:
-                    times[k] = keys.EDGE_RECORD.unpack(raw)[1]
-        ends = {i for pair in due for i in pair}
+        pairs = {}
+        for key in due:
+            back = key[8:] + key[:8]
+            present = written.get(back)
+            if not (stored[back] if present is None else present) and key != back:
+                pairs[min(key, back)] = None  # each pair once, whichever direction came first
+        result.expired_edges += len(due)
+        if not pairs:
+            return
+        unlink = [keys.decode_edge_key(key) for key in pairs]
+        ends = {i for pair in unlink for i in pair}
         unnamed = [i for i in ends if i not in self._ids.name_of]
         if unnamed:
             for i, raw in zip(unnamed, self._columns.views["names"].get([keys.encode_iid(i) for i in unnamed])):
@@ -194,9 +214,13 @@ class EventApplier:
         cold = [i for i in ends if i not in self._nodes.records]
         if cold:
             self._nodes.read(cold)
-        for s, d in due:
-            self._remove_edge(s, d, batch, result)
-        result.expired_edges += len(due)
+        name, node, touched, remove = self._ids.name_of, self._nodes.records, batch.nodes, self._nbrs.remove
+        for s, d in unlink:
+            sn, dn, s_name, d_name = node[s], node[d], name[s], name[d]
+            remove(s, s_name, d, d_name, sn, batch)
+            remove(d, d_name, s, s_name, dn, batch)
+        touched.update(ends)
+        result.degree_changed.update(ends)
 
     # ------------------------------------------------------------------ one event
     def _touch(self, name: str, ts: float, batch: Batch, result: ApplyResult) -> tuple[int, Node]:

@@ -234,6 +234,28 @@ def test_a_late_upsert_creates_its_endpoints_but_not_the_edge(tmp_path: Path) ->
         assert store.edge("a", "b") == (1.0, 104.0)
 
 
+@pytest.mark.parametrize("together", [True, False])
+def test_edges_expiring_together_unlink_each_pair_once(tmp_path: Path, together: bool) -> None:
+    """Both directions of a pair falling out in one batch unlink it once; one direction falling out while the
+    other stays keeps the pair linked; a refreshed edge and one written and expired in the same batch."""
+    with GraphStore(tmp_path / "s", edge_ttl=10) as store:
+        store.set_fanouts((1, 2))
+        first = [EdgeUpsert("a", "b", 0), EdgeUpsert("b", "a", 1), EdgeUpsert("c", "d", 0), EdgeUpsert("d", "c", 5),
+                 EdgeUpsert("e", "f", 0), EdgeUpsert("a", "c", 2)]
+        second = [EdgeUpsert("e", "f", 8), EdgeUpsert("g", "h", 2), NodeUpsert("z", 13, (0.0,) * DIM)]
+        r = store.apply(first + second) if together else (store.apply(first), store.apply(second))[1]
+        assert r.expired_edges == 5  # T = 13: a->b, b->a, c->d, a->c and g->h (written in this batch) fall out
+        assert sorted((s, d) for s, d, _, _ in store.edges()) == [("d", "c"), ("e", "f")]
+        want = {"a": [], "b": [], "c": ["d"], "d": ["c"], "e": ["f"], "f": ["e"], "g": [], "h": [], "z": []}
+        assert {v: store.neighbors(v) for v in want} == want
+        assert {v: store.sample(v, 2) for v in want} == want
+        assert {v: store.degree(v) for v in want} == {v: len(n) for v, n in want.items()}
+        store.close()
+        with GraphStore(tmp_path / "s") as again:  # degrees as stored, and nothing left due in the index
+            assert {v: (again.neighbors(v), again.degree(v)) for v in want} == {v: (n, len(n)) for v, n in want.items()}
+            assert again.apply([NodeUpsert("z", 13, (0.0,) * DIM)]).expired_edges == 0
+
+
 def test_the_window_is_fixed_when_a_state_is_created(tmp_path: Path) -> None:
     GraphStore(tmp_path / "s", edge_ttl=60).close()
     with pytest.raises(StoreConfigError, match="created with --edge-ttl 60, not 30"):
