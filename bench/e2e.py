@@ -61,9 +61,9 @@ events) and measures:
 
 Prints ONE JSON object on stdout; progress goes to stderr.
 
-    .venv/bin/python bench/e2e.py                    # full stream (~53k events)
-    .venv/bin/python bench/e2e.py --events 5000 --fresh-events 3000   # quick
-    .venv/bin/python bench/e2e.py --graph synthetic  # the delivery matrix and the latency bound (~45 min)
+    .venv/bin/python -m bench.e2e                    # full stream (~53k events)
+    .venv/bin/python -m bench.e2e --events 5000 --fresh-events 3000   # quick
+    .venv/bin/python -m bench.e2e --graph synthetic  # the delivery matrix and the latency bound (~40 min)
 """
 
 from __future__ import annotations
