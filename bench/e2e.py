@@ -21,10 +21,17 @@ the engine's. Over the same events each run reports the cores its
 processes used (the engine's process; the worker, its delivery process and
 the broker from ``/proc``) and the CPU microseconds per event they add up
 to, and ``targets`` the cores the default's 0.5 and the best's 0.8 of the
-engine alone would take at that cost. Then the default configuration runs
-at ``--rate-fraction`` (0.8) of its own rate for ``--fresh-seconds`` (60)
-after a warm backlog: publish - produce per batch (p50, p99, max) and the
-lag every second.
+engine alone would take at that cost. Then the throughput at the latency
+bound: for each output format, with the default client, a bisection
+(``--search-steps``, 4) between 0 and that configuration's backlog rate
+for the highest paced rate at which freshness p99 (publish minus event
+time, per published embedding) stays within 1 s and the lag flat for
+``--hold-seconds`` (60) after a warm backlog and ``--fresh-warmup-s``;
+each probe on a fresh broker and a fresh copy of the state, its final
+embeddings compared with the engine alone's over the same events. It is
+reported against the engine alone at batches of ``--batch-size``, with
+the cores of each process and the delivery process's CPU per published
+update at that rate (``targets.latency_bound``).
 
 ``--graph otc`` (default) starts an embedded broker (Tansu), produces the
 whole SNAP Bitcoin OTC stream (``fraud.datasets.snap_events``, ~53k
@@ -54,9 +61,9 @@ events) and measures:
 
 Prints ONE JSON object on stdout; progress goes to stderr.
 
-    .venv/bin/python bench/e2e.py                    # full stream (~53k events)
-    .venv/bin/python bench/e2e.py --events 5000 --fresh-events 3000   # quick
-    .venv/bin/python bench/e2e.py --graph synthetic  # the delivery matrix (~15 min)
+    .venv/bin/python -m bench.e2e                    # full stream (~53k events)
+    .venv/bin/python -m bench.e2e --events 5000 --fresh-events 3000   # quick
+    .venv/bin/python -m bench.e2e --graph synthetic  # the delivery matrix and the latency bound (~40 min)
 """
 
 from __future__ import annotations
@@ -95,7 +102,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--events", type=int, default=0, help="only the first N events (default: all)")
     p.add_argument("--fresh-events", type=int, default=15_000, help="events produced for the freshness phase")
     p.add_argument("--rate-fraction", type=float, default=None,
-                   help="freshness produce rate / sustained rate (default 0.5; synthetic mode 0.8)")
+                   help="freshness produce rate / sustained rate (default 0.5)")
     p.add_argument("--partitions", type=int, default=4, help="partitions of the throughput topic")
     p.add_argument("--batch-size", type=int, default=1000, help="worker --batch-size")
     p.add_argument("--batch-wait-ms", type=int, default=200, help="worker --batch-wait-ms")
@@ -112,17 +119,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g = p.add_argument_group("synthetic mode (--graph synthetic)")
     g.add_argument("--graph", default="otc", choices=["otc", "synthetic"],
                    help="otc: the Bitcoin OTC replay above; synthetic: the engine bench's power-law graph, engine "
-                        "alone against every client x format, then freshness at --rate-fraction of the default's rate")
+                        "alone against every client x format, then each format's highest rate within the latency "
+                        "bound")
     g.add_argument("--nodes", type=int, default=FULL_NODES, help="synthetic graph nodes")
     g.add_argument("--edges", type=int, default=FULL_EDGES, help="synthetic graph distinct directed edges")
     g.add_argument("--stream-events", type=int, default=50_000, help="update events measured in the throughput runs")
     g.add_argument("--warmup-events", type=int, default=20_000,
                    help="events before those, not measured: a state just opened reads its caches in first")
     g.add_argument("--clients", default=",".join(KAFKA_CLIENTS), help="comma-separated Kafka clients to run")
-    g.add_argument("--formats", default="json,binary", help="comma-separated output formats to run")
-    g.add_argument("--fresh-seconds", type=float, default=60.0, help="measured length of the freshness run (0: no freshness run)")
+    g.add_argument("--formats", default="json,binary,packed",
+                   help="comma-separated output formats to run (the latency-bound search runs each)")
+    g.add_argument("--hold-seconds", type=float, default=60.0,
+                   help="measured seconds of each probe of the latency-bound search: a rate holds when freshness "
+                        "p99 stays within 1 s and the lag flat over them (0: no search)")
+    g.add_argument("--search-steps", type=int, default=4,
+                   help="probes per output format of the latency-bound search (a bisection)")
     g.add_argument("--fresh-warmup-s", type=float, default=5.0,
-                   help="seconds of the paced stream before the freshness measurement starts")
+                   help="seconds of each paced stream before its measurement starts")
     g.add_argument("--store-cache", default=None,
                    help="directory keeping a loaded copy of the synthetic graph store between runs")
     g.add_argument("--workdir", default=None, help="directory for the temporary states (default: system temp)")

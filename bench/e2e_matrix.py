@@ -1,5 +1,6 @@
 """The delivery matrix of ``python -m bench.e2e --graph synthetic``: the engine alone against the whole
-pipeline (Kafka in, Kafka out) on a synthetic graph, for each Kafka client and output format, side by side."""
+pipeline (Kafka in, Kafka out) on a synthetic graph, for each Kafka client and output format, side by side,
+then each output format's throughput at the latency bound."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ from typing import Any, Callable
 import numpy as np
 
 from bench.common import (
-    FEATURE_DIM as SYNTH_DIM, code_fingerprint, log, machine_load, make_graph, model_dir, open_loaded_store, peak_rss_mib, percentile,
+    FEATURE_DIM as SYNTH_DIM, CpuSampler, code_fingerprint, log, machine_load, make_graph, model_dir, open_loaded_store,
+    peak_rss_mib, percentile,
 )
 from gnnstream.stream.backends import open_producer
 from gnnstream.stream.broker import EmbeddedBroker
@@ -142,7 +144,10 @@ def paced_freshness(bootstrap: str, warm: list, events: list, rate: float, model
     (``Worker.latency_timeline``: publish time minus the Kafka time of the
     batch's oldest record), the worker's freshness histogram (publish minus
     event time, per published embedding) and the lag (events produced minus
-    events applied) sampled every second, with its least-squares slope.
+    events applied) sampled every second, with its least-squares slope; over
+    the measured seconds while the producer ran, the cores of each process
+    (``/proc``), their CPU per event and per published update, and the
+    worker's batches.
 
     With ``query_port`` the worker serves its query API there, and
     ``alongside()`` runs in a thread from the end of the warm-up; what it
@@ -184,6 +189,13 @@ def paced_freshness(bootstrap: str, warm: list, events: list, rate: float, model
     lag: list[dict[str, float]] = []
     deadline = t0 + 2 * len(events) / rate + 120
     base_fresh = None
+    window_ends: list[tuple[float, int, int, dict[str, Any]]] = []  # (sample time, applied, published, batches)
+    sampler = CpuSampler()
+
+    def window_end() -> None:
+        window_ends.append((sampler.mark(), worker.health.applied, worker.health.published,
+                            histogram_state(worker, "gnnstream_batch_events")))
+
     side: dict[str, Any] = {}
     side_thread: threading.Thread | None = None
 
@@ -199,26 +211,30 @@ def paced_freshness(bootstrap: str, warm: list, events: list, rate: float, model
             side["latency"] = [latency for _, latency in worker.latency_timeline]
             side["fresh"] = histogram_quantiles(worker, "gnnstream_embedding_freshness_seconds", base_fresh)
 
-    while time.monotonic() < deadline:
-        time.sleep(1.0)
-        if base_fresh is None and time.monotonic() - t0 >= args.fresh_warmup_s:
-            worker.latency_timeline.clear()
-            base_fresh = histogram_state(worker, "gnnstream_embedding_freshness_seconds")
-            if alongside is not None:
-                side["start_s"] = time.monotonic() - t0
-                side_thread = threading.Thread(target=run_alongside)
-                side_thread.start()
-        alongside_done()
-        produced, applied = sent.value, worker.health.applied - applied0
-        lag.append({"t_s": round(time.monotonic() - t0, 2), "produced": produced, "applied": applied,
-                    "lag": max(0, produced - applied)})
-        if "error" in result:
-            raise result["error"]
-        if int(lag[-1]["t_s"]) % 10 == 0:
-            log(f"freshness: {lag[-1]}")
-        engine = worker.engine
-        if not child.is_alive() and applied >= len(events) and engine is not None and not engine.pending():
-            break
+    with sampler:
+        while time.monotonic() < deadline:
+            time.sleep(1.0)
+            if base_fresh is None and time.monotonic() - t0 >= args.fresh_warmup_s:
+                worker.latency_timeline.clear()
+                base_fresh = histogram_state(worker, "gnnstream_embedding_freshness_seconds")
+                window_end()
+                if alongside is not None:
+                    side["start_s"] = time.monotonic() - t0
+                    side_thread = threading.Thread(target=run_alongside)
+                    side_thread.start()
+            alongside_done()
+            produced, applied = sent.value, worker.health.applied - applied0
+            lag.append({"t_s": round(time.monotonic() - t0, 2), "produced": produced, "applied": applied,
+                        "lag": max(0, produced - applied)})
+            if len(window_ends) == 1 and produced >= len(events):  # the producer is done: the window ends
+                window_end()
+            if "error" in result:
+                raise result["error"]
+            if int(lag[-1]["t_s"]) % 10 == 0:
+                log(f"freshness: {lag[-1]}")
+            engine = worker.engine
+            if not child.is_alive() and applied >= len(events) and engine is not None and not engine.pending():
+                break
     alongside_done()  # it may have ended after the last look
     produce_s = lag[-1]["t_s"]
     child.join(30)
@@ -248,11 +264,33 @@ def paced_freshness(bootstrap: str, warm: list, events: list, rate: float, model
         "lag": {"slope_events_per_s": round(slope, 3), "growth_over_run_events": round(growth, 1),
                 "max_events": max((x["lag"] for x in window), default=0),
                 "samples": [[x["t_s"], x["lag"]] for x in lag]},
+        **_window_cost(sampler, window_ends),
         "pass_p99_le_1s": bool(latencies) and p99 <= 1.0,
         # "does not grow": over the whole run the fitted lag rises by less than one second of events
         "pass_lag_flat": growth < rate,
         **(_alongside_report(side, lag) if alongside is not None else {}),
     }
+
+
+def _window_cost(sampler: CpuSampler, ends: list[tuple[float, int, int, dict[str, Any]]]) -> dict[str, Any]:
+    """The cores of each process between the two ``ends`` (sample time, applied, published, batch histogram),
+    their CPU per event and per published update, and the worker's batches (count, mean events)."""
+    if len(ends) < 2 or ends[1][0] - ends[0][0] < 1.0:  # the producer was done before the warm-up was over
+        return {}
+    (t0, applied0, published0, batches0), (t1, applied1, published1, batches1) = ends
+    seconds = t1 - t0
+    events_per_s, published_per_s = (applied1 - applied0) / seconds, (published1 - published0) / seconds
+    cost = cpu_per_event(sampler.cores(t0, t1), events_per_s)
+    if published_per_s and "cpu_us_per_event" in cost:
+        cost["cpu_us_per_update"] = {role: round(c / published_per_s * 1e6, 3) for role, c in cost["cores"].items()}
+    batches = batches1["count"] - batches0["count"]
+    return {"window": {"seconds": round(seconds, 2), "events_per_s": round(events_per_s, 1),
+                       "published_per_s": round(published_per_s, 1),
+                       "published_per_event": round(published_per_s / events_per_s, 3) if events_per_s else None,
+                       "batches": int(batches),
+                       "mean_batch_events": round((batches1["sum"] - batches0["sum"]) / batches, 1)
+                       if batches else None,
+                       **cost}}
 
 
 def _alongside_report(side: dict[str, Any], lag: list[dict[str, float]]) -> dict[str, Any]:
@@ -274,6 +312,73 @@ def _alongside_report(side: dict[str, Any], lag: list[dict[str, float]]) -> dict
             "p99_s": round(percentile(latencies, 99), 4), "max_s": round(max(latencies), 4) if latencies else None},
         "embedding_freshness": side["fresh"],
         "lag_max_events": max((x["lag"] for x in window), default=0)}}
+
+
+BOUND_S = 1.0  # freshness p99 within which the search holds a rate
+# the targets: throughput at the bound over the engine alone's at batches of --batch-size, and the delivery
+# process's CPU per published update at that rate
+RATIO_REQUIRED = {"packed": 0.6, "binary": 0.4, "json": 0.25}
+DELIVERY_US_REQUIRED = {"packed": 0.3, "binary": 2.5, "json": 6.0}
+
+
+def search_bound(events: list, warm: int, backlog_rate: float, engine_rate: float, model: str, base: Path,
+                 work: Path, client: str, fmt: str, args: argparse.Namespace) -> dict[str, Any]:
+    """The highest paced rate at which the worker publishing ``fmt`` keeps freshness p99 (publish minus event
+    time, per published embedding) within ``BOUND_S`` and its lag flat, for ``--hold-seconds``.
+
+    A bisection of ``--search-steps`` probes between 0 and ``backlog_rate`` (its rate on a backlog): each probe
+    is :func:`paced_freshness` on a fresh broker (it keeps every message in memory) from a copy of ``base``,
+    ``warm`` events as a backlog then ``--fresh-warmup-s`` + ``--hold-seconds`` of ``events`` at the probed
+    rate; its final embeddings are compared with the engine alone's over the same events (the model's
+    cold-start policy is plain and the state has no edge window, so event times, here the send times, do not
+    change embeddings).
+    """
+    low, high = 0.0, backlog_rate
+    probes = []
+    for step in range(args.search_steps):
+        rate = (low + high) / 2
+        paced = events[warm:warm + int(rate * (args.fresh_warmup_s + args.hold_seconds))]
+        log(f"latency bound, {fmt}: probe {step + 1}/{args.search_steps} at {rate:.0f} events/s")
+        state, expected = work / f"bound-{fmt}", work / "bound-engine"
+        clone_state(base, state)
+        with EmbeddedBroker() as broker:
+            run = paced_freshness(broker.bootstrap, events[:warm], paced, rate, model, str(state), client, fmt, args)
+            broker_rss = _rss_mib(broker.pid)
+        clone_state(base, expected)
+        engine_alone(expected, model, events[:warm + len(paced)], args.max_batch_size, 0)
+        diff = max_abs_diff(final_rows(state, model), final_rows(expected, model))
+        shutil.rmtree(state)
+        shutil.rmtree(expected)
+        fresh = run["embedding_freshness"]
+        holds = fresh["p99_s"] is not None and fresh["p99_s"] <= BOUND_S and run["pass_lag_flat"]
+        probes.append({"rate": round(rate, 1), "holds": holds, "achieved_rate": run["achieved_rate"],
+                       "measured_s": run["measured_s"], "embedding_freshness": fresh,
+                       "publish_minus_produce_per_batch": run["publish_minus_produce_per_batch"],
+                       "lag": {k: v for k, v in run["lag"].items() if k != "samples"},
+                       "window": run.get("window"), "broker_rss_mib": broker_rss,
+                       "max_abs_diff_to_engine_alone": diff})
+        log(f"latency bound, {fmt}: {probes[-1]}")
+        low, high = (rate, high) if holds else (low, rate)
+    best = max((p for p in probes if p["holds"]), key=lambda p: p["rate"], default=None)
+    cost = (best or {}).get("window") or {}
+    delivery = cost.get("cpu_us_per_update", {}).get("delivery process")
+    ratio = round(best["rate"] / engine_rate, 3) if best else 0.0
+    return {"output_format": fmt, "backlog_rate": backlog_rate, "rate_at_bound": best["rate"] if best else 0.0,
+            "ratio": ratio, "ratio_required": RATIO_REQUIRED.get(fmt),
+            "ratio_pass": ratio >= RATIO_REQUIRED.get(fmt, float("inf")),
+            "cores_at_bound": cost.get("cores"), "cpu_us_per_event_at_bound": cost.get("cpu_us_per_event"),
+            "delivery_cpu_us_per_update": delivery, "delivery_cpu_required_us": DELIVERY_US_REQUIRED.get(fmt),
+            "delivery_cpu_pass": delivery is not None and delivery <= DELIVERY_US_REQUIRED.get(fmt, -1.0),
+            "exact": all(p["max_abs_diff_to_engine_alone"] <= 1e-4 for p in probes), "probes": probes}
+
+
+def _rss_mib(pid: int | None) -> float | None:
+    """Resident memory of process ``pid`` (MiB), from ``/proc``; None where unknown."""
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            return next(round(int(line.split()[1]) / 1024, 1) for line in fh if line.startswith("VmRSS:"))
+    except (OSError, StopIteration, ValueError):
+        return None
 
 
 def base_state(args: argparse.Namespace, work: Path, result: dict[str, Any]) -> tuple[Any, str, Path]:
@@ -300,7 +405,6 @@ def synthetic(args: argparse.Namespace) -> dict[str, Any]:
     default = (WorkerSettings.kafka_client, WorkerSettings.output_format)
     if default[0] not in clients or default[1] not in formats:
         raise SystemExit(f"--clients/--formats must include the default configuration {default}")
-    fraction = 0.8 if args.rate_fraction is None else args.rate_fraction
     work = Path(tempfile.mkdtemp(prefix="gnnstream-e2e-", dir=args.workdir))
     result: dict[str, Any] = {"bench": "e2e", "mode": "synthetic", "code": code_fingerprint(),
                               "machine_load_at_start": machine_load()}
@@ -385,21 +489,24 @@ def synthetic(args: argparse.Namespace) -> dict[str, Any]:
             per_event = row["run"]["after_warmup"].get("cpu_us_per_event", {}).get("total")
             if per_event:
                 result["targets"][f"{name}_cores_needed"] = round(ratio * best_alone * per_event / 1e6, 2)
-        if args.fresh_seconds <= 0:
+        if args.hold_seconds <= 0:
             return result
-        rate = fraction * default_row["events_per_s"]
-        fresh_events, _ = engine_bench.stream_events(graph, warm + int(rate * (args.fresh_seconds
-                                                                              + args.fresh_warmup_s)),
-                                                     np.random.default_rng(2), 0.90, 0.05, 1_800_000_000,
-                                                     args.batch_size)
-        state = work / "state-fresh"
-        clone_state(base, state)
-        with EmbeddedBroker() as broker:
-            fresh = paced_freshness(broker.bootstrap, fresh_events[:warm], fresh_events[warm:], rate, model,
-                                    str(state), *default, args)
-        fresh["rate_fraction"] = fraction
-        result["freshness"] = fresh
-        result["targets"].update(freshness_p99_pass=fresh["pass_p99_le_1s"], lag_flat_pass=fresh["pass_lag_flat"])
+        reference = next(a for a in alone if a["batch"] == args.batch_size)  # the bound needs small batches
+        backlog = {r["output_format"]: r["events_per_s"] for r in matrix if r["kafka_client"] == default[0]}
+        fresh_events, _ = engine_bench.stream_events(
+            graph, warm + int(max(backlog.values()) * (args.fresh_warmup_s + args.hold_seconds)) + 1,
+            np.random.default_rng(2), 0.90, 0.05, 1_800_000_000, args.batch_size)
+        bound = result["latency_bound"] = {
+            "engine_alone_batch": args.batch_size, "engine_alone_updates_per_s": reference["updates_per_s"],
+            "client": default[0], "freshness_p99_bound_s": BOUND_S, "hold_s": args.hold_seconds,
+            "steps": args.search_steps,
+            "formats": [search_bound(fresh_events, warm, backlog[fmt], reference["updates_per_s"], model, base,
+                                     work, default[0], fmt, args) for fmt in formats]}
+        result["targets"]["latency_bound"] = {
+            row["output_format"]: {k: row[k] for k in ("ratio", "ratio_required", "ratio_pass",
+                                                       "delivery_cpu_us_per_update", "delivery_cpu_required_us",
+                                                       "delivery_cpu_pass", "exact")}
+            for row in bound["formats"]}
     finally:
         result["peak_rss_mib"] = round(peak_rss_mib(), 1)
         result["machine_load_at_end"] = machine_load()

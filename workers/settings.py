@@ -42,6 +42,7 @@ class WorkerSettings:
     batch_size: int = 1000
     max_batch_size: int = 10_000
     batch_wait_ms: int = 200
+    max_latency_ms: int = 1000
     output_format: str = "json"
     metrics_port: int = 9108
     metrics_host: str = "127.0.0.1"
@@ -99,6 +100,11 @@ _HELP = {
     "max_batch_size": "largest micro-batch: under a backlog the batch target doubles after every full poll up "
                       "to this (updates of one node within a batch coalesce); below batch_size, batch_size",
     "batch_wait_ms": "max wait for a micro-batch to fill, in ms",
+    "max_latency_ms": "freshness bound of dynamic micro-batching, in ms: the batch target grows only as far as "
+                      "the records' wait plus the predicted time of the batch (its size times the last batch's "
+                      "seconds per event) stays within this, and halves after a delivered round later than 0.8 "
+                      "of it; records already older than this (a backlog) are caught up at batches up to "
+                      "max_batch_size (0 = no bound; see docs/operations.md)",
     "output_format": "embedding encoding: json, binary (raw float32) or packed (many updates a message), see "
                      "stream/updates.py",
     "metrics_port": "port of the Prometheus /metrics and /healthz endpoint (0 = off)",
@@ -141,6 +147,7 @@ _BOUNDS: dict[str, tuple[float, float | None, str]] = {
     "batch_size": (1, None, ""),
     "max_batch_size": (1, None, ""),
     "batch_wait_ms": (0, None, ""),
+    "max_latency_ms": (0, None, "0 = no bound"),
     "metrics_port": (0, 65535, "0 = off"),
     "query_port": (0, 65535, "0 = off"),
     "hub_bound": (0, None, ""),

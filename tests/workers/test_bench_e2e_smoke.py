@@ -1,5 +1,6 @@
 """``bench/e2e.py --graph synthetic`` runs at a tiny size: the worker behind Kafka ends on the same
-embeddings as the engine alone, and the targets are judged from what was measured."""
+embeddings as the engine alone, the latency-bound search bisects between 0 and each backlog rate, and the
+targets are judged from what was measured."""
 
 from __future__ import annotations
 
@@ -19,8 +20,8 @@ def test_e2e_synthetic_quick_run(tmp_path: Path) -> None:
     out = subprocess.run(
         [sys.executable, str(REPO / "bench" / "e2e.py"), "--graph", "synthetic", "--nodes", "1000", "--edges",
          "6000", "--stream-events", "1200", "--warmup-events", "400", "--batch-size", "200", "--max-batch-size",
-         "400", "--clients", "confluent", "--formats", "json,binary", "--fresh-seconds", "3", "--fresh-warmup-s",
-         "1", "--idle-s", "1", "--workdir", str(tmp_path)],
+         "400", "--clients", "confluent", "--formats", "json,packed", "--hold-seconds", "3", "--search-steps", "2",
+         "--fresh-warmup-s", "1", "--idle-s", "1", "--workdir", str(tmp_path)],
         cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=600,
     )
     assert out.returncode == 0, out.stderr[-3000:]
@@ -39,7 +40,7 @@ def test_e2e_synthetic_quick_run(tmp_path: Path) -> None:
                                                                 rel=0.01)
 
     matrix = result["matrix"]
-    assert [(r["kafka_client"], r["output_format"]) for r in matrix] == [("confluent", "json"), ("confluent", "binary")]
+    assert [(r["kafka_client"], r["output_format"]) for r in matrix] == [("confluent", "json"), ("confluent", "packed")]
     for row in matrix:
         assert row["run"]["events"] == 1600  # every event applied, none dead-lettered
         assert row["max_abs_diff_to_engine_alone"] <= 1e-5  # through Kafka, the engine's own result
@@ -59,9 +60,29 @@ def test_e2e_synthetic_quick_run(tmp_path: Path) -> None:
     assert targets["default_cores_needed"] == pytest.approx(0.5 * alone["updates_per_s"] * per_event / 1e6,
                                                             rel=0.01, abs=0.01)
 
-    fresh = result["freshness"]
-    assert fresh["backlog_events"] == 400 and fresh["events"] > 0
-    latency = fresh["publish_minus_produce_per_batch"]
-    assert latency["batches"] > 0 and latency["max_s"] >= latency["p99_s"] >= latency["p50_s"] > 0
-    assert fresh["lag"]["samples"] and targets["freshness_p99_pass"] == (latency["p99_s"] <= 1.0)
+    bound = result["latency_bound"]  # each format's highest paced rate within the bound, by bisection
+    engine_rate = next(r for r in runs if r["batch"] == 200)["updates_per_s"]  # batches of --batch-size
+    assert bound["engine_alone_updates_per_s"] == engine_rate and bound["client"] == "confluent"
+    assert [row["output_format"] for row in bound["formats"]] == ["json", "packed"]
+    for row in bound["formats"]:
+        backlog = next(r for r in matrix if r["output_format"] == row["output_format"])["events_per_s"]
+        first, second = row["probes"]
+        assert row["backlog_rate"] == backlog and first["rate"] == pytest.approx(backlog / 2, abs=0.1)
+        assert second["rate"] == pytest.approx(backlog * (3 / 4 if first["holds"] else 1 / 4), abs=0.1)
+        for probe in row["probes"]:
+            fresh = probe["embedding_freshness"]
+            flat = probe["lag"]["growth_over_run_events"] < probe["rate"]
+            assert fresh["count"] > 0 and probe["holds"] == (fresh["p99_s"] <= 1.0 and flat)
+            assert probe["max_abs_diff_to_engine_alone"] <= 1e-5  # every probe ends on the engine's embeddings
+            window = probe["window"]
+            cores = window["cores"]
+            assert {"worker", "delivery process", "broker"} <= set(cores) and window["published_per_s"] > 0
+            assert window["cpu_us_per_update"]["delivery process"] == pytest.approx(
+                cores["delivery process"] / window["published_per_s"] * 1e6, rel=0.01, abs=0.002)
+            assert window["batches"] > 0 and window["mean_batch_events"] > 0
+        held = [p["rate"] for p in row["probes"] if p["holds"]]
+        assert row["rate_at_bound"] == max(held, default=0.0)
+        assert row["ratio"] == pytest.approx(row["rate_at_bound"] / engine_rate, abs=1e-3)
+        assert row["exact"] is True and row["ratio_pass"] == (row["ratio"] >= row["ratio_required"])
+        assert targets["latency_bound"][row["output_format"]]["ratio_pass"] == row["ratio_pass"]
     assert list(tmp_path.iterdir()) == [], "the temporary states must be removed"

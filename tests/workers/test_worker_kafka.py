@@ -421,6 +421,10 @@ def test_metrics_and_health(kafka_client: str, broker: EmbeddedBroker, events: l
         values = metric_values(text, name)
         assert values and sum(values.values()) > 0, name
     assert sum(metric_values(text, "gnnstream_batches_total").values()) >= 1
+    # the target of the last poll, within --batch-size .. --max-batch-size (its defaults: 10,000, 1 s bound)
+    assert 200 <= metric_values(text, "gnnstream_batch_target")[""] <= 10_000
+    batches = sum(metric_values(text, "gnnstream_batches_total").values())
+    assert metric_values(text, "gnnstream_batch_events_count")[""] == batches  # a histogram sample per batch
 
 
 def test_first_batch_without_features(broker: EmbeddedBroker, model_dir: str, tmp_path: Path) -> None:

@@ -7,7 +7,8 @@
 * ``last_error`` clears once the failing operation works again; the publisher thread sends a failed
   batch again before any later one;
 * the freshness histogram takes a batch at a time and renders like a Prometheus histogram;
-* the batch target grows under a backlog up to ``max_batch_size`` and shrinks under light load;
+* the batch target metric shows what each poll asked for: it grows under a backlog up to ``max_batch_size``
+  and the latency bound, and shrinks after a late round and under light load;
 * a stored offset past its partition's end stops the worker before anything of the poll is applied,
   or moves the partition per ``on_offset_reset``.
 """
@@ -247,20 +248,6 @@ def test_batch_histogram_renders_like_a_prometheus_histogram() -> None:
     assert 'x_seconds_bucket{le="1.0"} 6.0' in samples(ours)
 
 
-def test_batch_target_grows_under_backlog_and_shrinks_when_light(tmp_path: Path) -> None:
-    worker = Worker(WorkerSettings(state=str(tmp_path / "s"), metrics_port=0, batch_size=100, max_batch_size=700))
-    targets = []
-    for polled in (100, 200, 400, 700, 700, 300, 100, 40, 0, 0):
-        worker._resize(polled)
-        targets.append(worker._batch_target)
-    assert targets == [200, 400, 700, 700, 700, 350, 175, 100, 100, 100]
-    text = worker.metrics.render().decode()
-    assert "gnnstream_batch_events_count 8.0" in text  # empty polls are not batches
-    assert "gnnstream_batch_events_sum 2540.0" in text
-    with pytest.raises(ValueError, match="GNNSTREAM_MAX_BATCH_SIZE"):
-        WorkerSettings(max_batch_size=0)
-
-
 # ---------------------------------------------------------------------- offset reset, without a broker
 class _FakeConsumer(ConsumerClient):
     """Returns fixed high watermarks; records what the worker seeks to."""
@@ -295,6 +282,58 @@ class _FakeConsumer(ConsumerClient):
 
     def close(self) -> None:
         pass
+
+
+class _Backlog(_FakeConsumer):
+    """Returns as many records as asked (at most ``available`` when set), produced at ``produced_s``; records
+    each poll's ``max_records``."""
+
+    def __init__(self, produced_s: float):
+        super().__init__({})
+        self.produced_s = produced_s
+        self.available: int | None = None
+        self.asked: list[int] = []
+
+    def poll_batch(self, max_records: int = 500, timeout_s: float = 1.0) -> list[Record]:
+        self.asked.append(max_records)
+        n = max_records if self.available is None else min(self.available, max_records)
+        return [Record("ev", 0, i, b"k", b"v", int(self.produced_s * 1000)) for i in range(n)]
+
+
+def test_the_batch_target_metric_shows_what_each_poll_asked_for(tmp_path: Path) -> None:
+    worker = Worker(WorkerSettings(state=str(tmp_path / "s"), metrics_port=0, batch_size=100, max_batch_size=700,
+                                   max_latency_ms=1000))
+    now = 1_000_000.0
+    worker.batching.clock = lambda: now
+    consumer = _Backlog(produced_s=now - 0.25)  # a backlog of records 0.25 s old
+    gauge = []
+
+    def poll() -> int:
+        records = worker._poll(consumer)
+        text = worker.metrics.render().decode()
+        gauge.append(float(next(line.split()[1] for line in text.splitlines()
+                                if line.startswith("gnnstream_batch_target "))))
+        return len(records)
+
+    for _ in range(5):
+        poll()
+    worker.batching.processed(700, 700 / 1000)  # 1 ms an event: 750 fit in the 0.75 s left, max_batch_size is 700
+    poll()
+    worker.batching.processed(700, 700 / 500)  # 2 ms an event: 375 fit
+    poll()
+    worker.batching.processed(375, 375 / 1000)  # 1 ms an event again: the target would be 700 ...
+    # ... but a round was delivered 0.9 s after its oldest record, past 0.8 of the bound: the target is halved
+    worker._delivered(Outgoing([b"a"], [], np.zeros(1), oldest_record_s=now - 0.9, count=1), 0.01)
+    consumer.available = 0  # and the load is light from here on: each empty poll halves it again
+    for _ in range(3):
+        poll()
+    assert consumer.asked == [100, 200, 400, 700, 700, 700, 375, 350, 175, 100]
+    assert gauge == consumer.asked  # the metric is the target each poll used
+    text = worker.metrics.render().decode()
+    assert "gnnstream_batch_events_count 7.0" in text  # empty polls are not batches
+    assert f"gnnstream_batch_events_sum {float(sum(consumer.asked[:7]))}" in text
+    with pytest.raises(ValueError, match="GNNSTREAM_MAX_LATENCY_MS"):
+        WorkerSettings(max_latency_ms=-1)
 
 
 def _records(topic: str, partition: int, offsets: range) -> list[Record]:

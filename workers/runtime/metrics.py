@@ -110,6 +110,8 @@ class WorkerMetrics:
                                         _FRESHNESS, registry=r)
         self.batch_size = Histogram("gnnstream_batch_events", "Records polled per micro-batch",
                                     buckets=_COUNTS, registry=r)
+        self.batch_target = Gauge("gnnstream_batch_target", "Records the last poll asked for: the dynamic batch "
+                                  "target (--batch-size .. --max-batch-size, capped by --max-latency-ms)", registry=r)
         self.pipeline = Histogram("gnnstream_pipeline_latency_seconds",
                                   "Publish time minus Kafka record time of the oldest event in the batch",
                                   buckets=_FRESHNESS, registry=r)

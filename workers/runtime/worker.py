@@ -7,8 +7,10 @@ a micro-batch, in numbered steps:
 
 1. poll up to the current batch target of records (waiting at most
    ``batch_wait_ms``); the target starts at ``batch_size``, doubles while
-   polls come back full (a backlog) up to ``max_batch_size`` and halves back
-   while they come back less than half full (light load, small batches);
+   polls come back full (a backlog) up to ``max_batch_size`` and as far as
+   ``max_latency_ms`` allows, and halves back while they come back less than
+   half full (light load, small batches) or rounds are delivered late
+   (:mod:`.batching`);
 2. check the stored offsets against the partitions' ends (:mod:`.offsets`)
    and hold partitions at rollout markers (:mod:`.markers`);
 3. decode and validate; invalid records are queued to the dead-letter topic
@@ -79,6 +81,7 @@ from gnnstream.stream.kafka import topic_max_message_bytes
 from gnnstream.stream.rollout import Marker, version_topic
 from gnnstream.workers.heap import freeze_warm_heap
 from gnnstream.workers.rollout.records import WorkerProgress, stored_rollout, worker_report
+from gnnstream.workers.runtime.batching import BatchSizer
 from gnnstream.workers.runtime.connect import (check_fits, check_partitions, open_consumers, partition_count,
                                                 wait_for_kafka)
 from gnnstream.workers.runtime.dead_letters import DeadLetters, decode
@@ -102,6 +105,7 @@ _STOP_CLOSE_S = 1.0  # on stop, then the longest wait for each client to close (
 _TOPIC_CHECK_S = 30.0  # how often the loop looks for partitions added to the events topic
 _REPORT_EVERY_S = 5.0  # how often the worker records its progress in the rollout topic
 _op = operator.attrgetter("op")
+_timestamp_ms = operator.attrgetter("timestamp_ms")
 
 
 def default_worker_id(state: str) -> str:
@@ -152,7 +156,7 @@ class Worker:
         self._letters: DeadLetters | None = None
         self._query: Any = None  # the query API process (query.server.QueryProcess), told of every commit
         self._idle = False  # the last poll brought nothing: publishing waits for delivery (nothing to overlap)
-        self._batch_target = s.batch_size  # records asked of the next poll (dynamic micro-batching)
+        self.batching = BatchSizer(s.batch_size, s.max_batch_size, s.max_latency_ms / 1000)  # the polls' size
         self._last_report = 0.0
 
     @property
@@ -354,16 +358,16 @@ class Worker:
                 continue
             # 1. poll
             try:
-                records = consumer.poll_batch(self._batch_target, s.batch_wait_ms / 1000)
+                records = self._poll(consumer)
             except StreamError:
                 raise
             except Exception as exc:  # Kafka unavailable: keep state, retry
                 self.errors.recoverable("poll", exc)
                 continue
+            polled, polled_at = len(records), time.perf_counter()
             self.errors.cleared("poll")
             self.health.last_poll = time.time()
             self.health.polls += 1
-            self._resize(len(records))
             # 2. offsets and rollout markers
             records = offsets.check(consumer, records)
             if records:
@@ -384,6 +388,7 @@ class Worker:
             # 6. publish
             self._idle = not records
             self._publish(publisher)
+            self.batching.processed(polled, time.perf_counter() - polled_at)
             # 7. commit, report
             if records and not self._stop.is_set():  # for lag tools only: not worth a stall when stopping
                 consumer.commit()
@@ -487,20 +492,18 @@ class Worker:
         if out.oldest_record_s is not None:
             latency = max(0.0, now - out.oldest_record_s)
             self.metrics.pipeline.observe(latency)
+            self.batching.delivered(latency)
             self.latency_timeline.append((now, latency))
 
-    def _resize(self, polled: int) -> None:
-        """Dynamic micro-batching: double the next poll's size after a full poll (a backlog), up to
-        ``max_batch_size``; halve it after a poll less than half full, down to ``batch_size``."""
-        s = self.settings
-        target = self._batch_target
-        if polled >= target:
-            target = min(2 * target, max(s.max_batch_size, s.batch_size))
-        elif polled < target // 2:
-            target = max(target // 2, s.batch_size)
-        self._batch_target = target
-        if polled:
-            self.metrics.batch_size.observe(polled)
+    def _poll(self, consumer: ConsumerClient) -> list[Record]:
+        """Step 1: poll up to the batch target (:class:`BatchSizer`), and tell it what came back."""
+        target = self.batching.target()
+        self.metrics.batch_target.set(target)
+        records = consumer.poll_batch(target, self.settings.batch_wait_ms / 1000)
+        self.batching.polled(len(records), max(map(_timestamp_ms, records)) / 1000 if records else None)
+        if records:
+            self.metrics.batch_size.observe(len(records))
+        return records
 
     # ------------------------------------------------------------------ rollout markers
     def _pass_markers(self, consumer: ConsumerClient, publisher: Publisher, engine: Engine) -> None:
