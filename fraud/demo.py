@@ -200,9 +200,11 @@ def _what_if(port: int, applied: int, payment: list[Any]) -> dict[str, Any]:
     return out
 
 
-def _replay(go: Any, results: Any, bootstrap: str, data: str, **options: Any) -> None:
-    """The replay process: waits for ``go``, sends the file, puts its counts (or an error line) on ``results``."""
+def _replay(ready: Any, go: Any, results: Any, bootstrap: str, data: str, **options: Any) -> None:
+    """The replay process: sets ``ready`` once imported, waits for ``go``, sends the file, puts its counts (or an
+    error line) on ``results``."""
     os.environ["GNNSTREAM_NO_PROGRESS"] = "1"  # the parent prints the progress
+    ready.set()
     go.wait()
     try:
         results.put(produce_file(bootstrap, data, fmt="jsonl", **options))
@@ -257,14 +259,19 @@ def run_demo(data: Path, out: Path, *, rate: float, limit: int = 0, epochs: int 
         scorer = ctx.Process(target=_score, name="scorer", daemon=True,
                              args=(stop_scorer, scored, broker.bootstrap, str(model_dir), kafka_client))
         threads = [threading.Thread(target=lambda: summary.update(worker.run(max_idle_s=5.0)), name="worker")]
-        go, results = ctx.Event(), ctx.Queue()
+        ready, go, results = ctx.Event(), ctx.Event(), ctx.Queue()
         replay = ctx.Process(target=_replay, name="replay", daemon=True,
-                             args=(go, results, broker.bootstrap, str(replay_file)),
+                             args=(ready, go, results, broker.bootstrap, str(replay_file)),
                              kwargs=dict(rate=rate, partitions=settings.partitions,
                                          topic=settings.events_topic, kafka_client=kafka_client))
         t0 = time.perf_counter()
         replay.start()
         scorer.start()
+        # the worker stops after 5 s without events once it consumes: start it when the replay process has
+        # imported what it runs (seconds on a busy machine), so that the events follow its join within moments
+        while not ready.wait(1.0):
+            if not replay.is_alive():
+                raise SystemExit(f"the replay process stopped (exit code {replay.exitcode}) before it started")
         for t in threads:
             t.start()
         # replay once the worker consumes (its group join takes a few seconds): the freshness measured is
