@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -55,9 +56,12 @@ def otc_labels(rows: Sequence[SnapRating], train_fraction: float) -> dict[str, t
 
 def train_fraud_model(csv: str | Path, out: str | Path, *, train_fraction: float = 0.7, hidden: int = 64,
                       out_dim: int = 32, fanouts: Sequence[int] = (25, 10), seed: int = 0, epochs: int = 300,
-                      lr: float = 0.01, name: str = "otc-sage", version: int = 1,
-                      overwrite: bool = False) -> dict[str, Any]:
+                      lr: float = 0.01, cold_start: Mapping[str, Any] | None = None, edge_ttl: int = 0,
+                      name: str = "otc-sage", version: int = 1, overwrite: bool = False) -> dict[str, Any]:
     """Train and save; returns the summary (sizes, training and held-out AUC).
+
+    ``cold_start`` (the model's policy, default plain) and ``edge_ttl`` (the edge window in seconds of the state
+    that will serve it, default none) shape the training neighbourhoods as :func:`train_model` describes.
 
     Raises:
         ValueError: ``epochs`` < 1, ``train_fraction`` not in (0, 1), ``name:version`` not a model id
@@ -70,5 +74,5 @@ def train_fraud_model(csv: str | Path, out: str | Path, *, train_fraction: float
     rows = read_snap(csv)
     summary = train_model(csv, otc_labels(rows, train_fraction), out, arch="sage", hidden=hidden, out_dim=out_dim,
                           fanouts=fanouts, seed=seed, epochs=epochs, lr=lr, train_fraction=train_fraction,
-                          name=name, version=version, overwrite=overwrite)
+                          cold_start=cold_start, edge_ttl=edge_ttl, name=name, version=version, overwrite=overwrite)
     return {**summary, "ratings": len(rows), "train_ratings": summary["train_edges"]}

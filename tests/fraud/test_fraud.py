@@ -20,8 +20,8 @@ from gnnstream.stream.exceptions import InvalidUpdate
 from gnnstream.stream.updates import EmbeddingUpdate, encode_update, tombstone
 from tests.support import small_otc_csv as _small_csv
 from tests.workers.reference import run_gnnstream
-from gnnstream.fraud.datasets import BITCOIN_OTC
-from gnnstream.stream.snap import read_snap, snap_events
+from gnnstream.fraud.datasets import BITCOIN_OTC, rhythm
+from gnnstream.stream.snap import SnapRating, read_snap, snap_events
 from gnnstream.workers.engine import Engine
 from gnnstream.fraud.scorer import FraudScorer, decode_updates, encode_scores
 from gnnstream.fraud.train import distrust_labels, roc_auc, train_fraud_model
@@ -47,6 +47,21 @@ def test_roc_auc_matches_hand_computed_values() -> None:
     assert roc_auc(np.array([1, 0, 1, 0]), np.array([0.5, 0.5, 0.5, 0.5])) == 0.5  # ties count half
     with pytest.raises(ValueError, match="both classes"):
         roc_auc(np.array([1, 1]), np.array([0.2, 0.3]))
+
+
+def test_rhythm_counts_when_users_meet_their_counterparties() -> None:
+    day = 86_400.0
+    rows = [SnapRating("a", "b", 1, 0.0), SnapRating("a", "c", 1, 0.5 * day), SnapRating("b", "a", 1, day),
+            SnapRating("d", "a", -1, 3 * day), SnapRating("a", "a", 1, 4 * day), SnapRating("c", "b", 1, 9 * day)]
+    got = rhythm(rows)
+    # ages at the 2nd counterparty: a 0.5 d (c), b 9 d (c), c 8.5 d (b; c was first rated at 0.5 d); d has one;
+    # at the 3rd: a 3 d (d); a rating itself is no counterparty
+    assert got["users"] == 4 and got["ratings"] == 6
+    assert got["counterparty_2"] == {"users": 3, "age_days_p25": 4.5, "age_days_p50": 8.5, "age_days_p75": 8.75,
+                                     "within_1d": 0.333, "within_7d": 0.333}
+    assert got["counterparty_3"] == {"users": 1, "age_days_p25": 3.0, "age_days_p50": 3.0, "age_days_p75": 3.0,
+                                     "within_1d": 0.0, "within_7d": 1.0}
+    assert got["users_ending_below_3"] == 0.75 and got["ratings_per_year"] == {"1970": 6}
 
 
 def test_distrust_labels_average_received_ratings() -> None:

@@ -54,7 +54,8 @@ def _train(args: argparse.Namespace) -> int:
     _print_json(train_model(events_path(args.events), args.labels, args.out, arch=args.arch, hidden=args.hidden,
                        out_dim=args.out_dim, fanouts=args.fanouts, heads=args.heads, seed=args.seed,
                        epochs=args.epochs, lr=args.lr, train_fraction=args.train_fraction,
-                       cold_start=_cold_start(args), name=args.name, version=args.version, overwrite=args.force))
+                       cold_start=_cold_start(args), edge_ttl=args.edge_ttl, name=args.name, version=args.version,
+                       overwrite=args.force))
     return 0
 
 
@@ -165,5 +166,9 @@ def add_model_commands(sub: Any) -> None:
                    help="seed of the initial weights and of the model's neighbour sampling (default 0)")
     p.add_argument("--epochs", type=whole_number(1), default=300, help="training epochs, at least 1 (default 300)")
     p.add_argument("--lr", type=finite_number(0), default=0.01, help="Adam learning rate (default 0.01)")
+    p.add_argument("--edge-ttl", type=whole_number(0, None, "0 = no window"), default=0, metavar="SECONDS",
+                   help="the edge window of the state that will serve the model (run --edge-ttl): training "
+                        "samples the graph as that window shows it at the cut, with the cold-start stages of "
+                        "the nodes' ages then (default 0: no window)")
     _model_identity_args(p)
     p.set_defaults(func=_train)

@@ -4,10 +4,12 @@ The events (JSON lines of the events schema, or a SNAP signed-network CSV
 turned into events as ``gnnstream events from-snap`` does) are split by time:
 the first ``train_fraction`` of the edge events in file order (file order is
 time order, as a replay sends them), with the node events between them, are
-the training window. The GNN is trained on the graph of that window, sampled
-with exactly the sampler the worker serves with (bottom-k samples read from a
-graph store built from those events, the model's cold-start policy applied),
-so the served embeddings are the ones the head was trained on.
+the training window. The GNN is trained on the graph of that window as a
+worker's state shows it at the cut: a graph store built from those events
+(with the edge window ``edge_ttl`` a state serving the model is created with),
+sampled by the engine's own layer runner, so the bottom-k samples, the edges
+the window keeps and the cold-start stages of the model's policy (by node age
+at the cut's stream time, for ``staged``) are the ones the worker serves with.
 
 Labels (``id,label`` lines, label 0 or 1, an optional third column ``ts``,
 a header line allowed): a labelled node is a *training* node when its label
@@ -42,6 +44,8 @@ from gnnstream.model.head import ScoreHead
 from gnnstream.stream.events import EdgeUpsert, Event, InvalidEvent, NodeUpsert, decode_event_json
 from gnnstream.stream.rollout import version_topic
 from gnnstream.stream.snap import read_snap, snap_events
+from gnnstream.workers.engine.layers import LayerRunner
+from gnnstream.workers.engine.stages import STAGE_NAMES
 
 __all__ = ["read_events", "read_labels", "train_model", "roc_auc", "roc_curve", "TRAIN_FILE"]
 
@@ -138,32 +142,33 @@ def _edge_cut(events: Sequence[Event], fraction: float) -> int:
     return edges[k] if 0 < k < len(edges) else len(events)
 
 
-def _store_graph(events: Sequence[Event], tmp: Path, seed: int, dim: int, fanouts: Sequence[int],
-                 config: ModelConfig) -> tuple[list[str], torch.Tensor, list[torch.Tensor]]:
-    """Node names, features and one sampled edge list per layer, read from a graph store of ``events``."""
-    store = GraphStore(tmp, seed=seed, feature_dim=dim)
+def _store_graph(events: Sequence[Event], tmp: Path, config: ModelConfig, gnn: GNN,
+                 edge_ttl: int) -> tuple[list[str], torch.Tensor, list[torch.Tensor], dict[str, int]]:
+    """Node names, features, one sampled edge list per layer (row 0 the neighbour, row 1 the target) and how
+    many nodes are in each cold-start stage, read from a graph store of ``events`` with the edge window
+    ``edge_ttl``: the samples are the engine's (:meth:`LayerRunner.samples`), with the window, the node ages
+    and the model's cold-start stages as the store's stream time shows them."""
+    store = GraphStore(tmp, seed=config.seed, feature_dim=config.in_dim, edge_ttl=edge_ttl)
     try:
         for start in range(0, len(events), 5000):
             store.apply(list(events[start:start + 5000]))
         iids = np.fromiter(store.node_iids(), dtype=np.int64)
         names = [store.name(int(i)) for i in iids]
         feats, _ = store.feature_rows(iids.tolist())
-        policy = config.cold_start_policy
-        pos = {int(v): i for i, v in enumerate(iids)}
-        uses = [policy.uses_neighbours(store.degree_iid(int(v))) for v in iids]
+        runner = LayerRunner(store, gnn, config.cold_start_policy, list(config.fanouts), list(gnn.dims),
+                             max(len(iids), 1))
+        stages = np.bincount(runner.stages(iids).astype(np.int64), minlength=len(STAGE_NAMES))
+        pos = np.zeros(int(iids.max(initial=-1)) + 1, dtype=np.int64)
+        pos[iids] = np.arange(len(iids))
         edges = []
-        for k in fanouts:
-            src, dst = [], []
-            for i, v in enumerate(iids.tolist()):
-                if not uses[i]:
-                    continue
-                for u in store.sample_iids(v, k):
-                    src.append(pos[u])
-                    dst.append(i)
-            edges.append(torch.tensor([src, dst], dtype=torch.int64).reshape(2, -1))
+        for k in config.fanouts:
+            mat, _ = runner.samples(iids, k)
+            valid = mat >= 0
+            targets = np.repeat(np.arange(len(iids)), valid.sum(axis=1))
+            edges.append(torch.from_numpy(np.stack([pos[mat[valid]], targets])))
     finally:
         store.close()
-    return names, torch.from_numpy(feats), edges
+    return names, torch.from_numpy(feats), edges, dict(zip(STAGE_NAMES, stages.tolist()))
 
 
 def _split(labels: Labels, events: Sequence[Event], cut: int) -> tuple[dict[str, int], dict[str, int]]:
@@ -188,7 +193,7 @@ def train_model(events: str | os.PathLike[str] | Sequence[Event], labels: str | 
                 out: str | os.PathLike[str], *, arch: str = "sage", hidden: int = 64, out_dim: int = 32,
                 fanouts: Sequence[int] = (25, 10), heads: int = 1, seed: int = 0, epochs: int = 300,
                 lr: float = 0.01, train_fraction: float = 0.7, cold_start: Mapping[str, Any] | None = None,
-                name: str = "model", version: int = 1, overwrite: bool = False) -> dict[str, Any]:
+                edge_ttl: int = 0, name: str = "model", version: int = 1, overwrite: bool = False) -> dict[str, Any]:
     """Train a GNN and a logistic head on the training window and save them with their held-out metrics.
 
     Args:
@@ -199,6 +204,8 @@ def train_model(events: str | os.PathLike[str] | Sequence[Event], labels: str | 
             (:class:`~gnnstream.model.ModelConfig`; ``seed`` also seeds the initial weights).
         epochs, lr: full-batch Adam steps and their learning rate.
         train_fraction: the share of the edge events that is the training window, in (0, 1).
+        edge_ttl: the edge window in seconds of the state the model will serve (``--edge-ttl``; 0: none). The
+            training graph is the window's at the cut, the held-out one the window's at the end of the events.
         overwrite: replace a non-empty ``out``.
 
     Returns:
@@ -216,6 +223,8 @@ def train_model(events: str | os.PathLike[str] | Sequence[Event], labels: str | 
         raise ValueError(f"epochs must be at least 1 (got {epochs})")
     if not 0 < train_fraction < 1:
         raise ValueError(f"train_fraction must be between 0 and 1, both excluded (got {train_fraction})")
+    if isinstance(edge_ttl, bool) or not isinstance(edge_ttl, int) or edge_ttl < 0:
+        raise ValueError(f"edge_ttl must be a whole number of seconds >= 0 (got {edge_ttl!r}; 0 = no window)")
     out = Path(out)
     if not overwrite and out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ModelDirExists(f"{out} already exists and is not empty; choose another output directory, or pass "
@@ -238,12 +247,12 @@ def train_model(events: str | os.PathLike[str] | Sequence[Event], labels: str | 
                          cold_start=dict(cold_start) if cold_start is not None else {"policy": "plain"},
                          name=name, version=version)
     torch.manual_seed(seed)
+    gnn = GNN.from_config(config)
     with tempfile.TemporaryDirectory(prefix="gnnstream-train-") as tmp:
-        names, x, edges = _store_graph(evs[:cut], Path(tmp) / "train", seed, dim, fanouts, config)
-        all_names, all_x, all_edges = _store_graph(evs, Path(tmp) / "all", seed, dim, fanouts, config)
+        names, x, edges, stages = _store_graph(evs[:cut], Path(tmp) / "train", config, gnn, edge_ttl)
+        all_names, all_x, all_edges, _ = _store_graph(evs, Path(tmp) / "all", config, gnn, edge_ttl)
     idx = torch.tensor([i for i, n in enumerate(names) if n in train_labels], dtype=torch.int64)
     y = torch.tensor([train_labels[names[i]] for i in idx.tolist()], dtype=torch.float32)
-    gnn = GNN.from_config(config)
     head = torch.nn.Linear(out_dim, 1)
     optim = torch.optim.Adam(list(gnn.parameters()) + list(head.parameters()), lr=lr, weight_decay=5e-4)
     pos_weight = torch.tensor([(len(y) - y.sum()) / max(float(y.sum()), 1.0)])
@@ -271,7 +280,8 @@ def train_model(events: str | os.PathLike[str] | Sequence[Event], labels: str | 
     summary = {
         "model": config.model_id, "events": len(evs), "invalid_lines": invalid, "edges": edge_count,
         "train_events": cut, "train_edges": sum(isinstance(ev, EdgeUpsert) for ev in evs[:cut]),
-        "train_until_ts": evs[cut - 1].ts if cut else None, "train_nodes": len(names),
+        "train_until_ts": evs[cut - 1].ts if cut else None, "edge_ttl": edge_ttl, "train_nodes": len(names),
+        "train_edges_sampled": [int(e.shape[1]) for e in edges], "train_stages": stages,
         "labelled": len(idx), "positive": int(y.sum()),
         "train_auc": round(roc_auc(y.numpy(), train_scores), 4), "final_loss": round(loss.item(), 4),
         "held_out": len(held), "held_out_positive": int(held_y.sum()), "held_out_auc": held_auc,
