@@ -404,7 +404,7 @@ def _side_by_side(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m fraud.demo", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m gnnstream.fraud.demo", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=Path, default=DATA, help=f"SNAP CSV to replay (default {DATA})")
     parser.add_argument("--out", type=Path, default=Path("out"), help="output directory (default out/)")
