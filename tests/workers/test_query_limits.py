@@ -149,7 +149,7 @@ def test_half_sent_requests_get_408_and_are_closed(state: tuple[str, list[str]],
     assert lines and all(LOG_LINE.fullmatch(line) for line in lines), lines[:20]
     assert any(f"INFO gnnstream.workers.query.server: query API on http://127.0.0.1:{port} answers from state {path}" in line
                for line in lines), lines[:20]
-    assert sum("gnnstream.workers.query.limits: closed the connection of" in line for line in lines) == 6, lines
+    assert sum("gnnstream.workers.query.http: closed the connection of" in line for line in lines) == 6, lines
 
 
 def test_connections_beyond_the_bound_get_503_while_open_ones_are_served(state: tuple[str, list[str]],
