@@ -137,7 +137,7 @@ def _paced_producer(bootstrap: str, topic: str, warm: list, events: list, rate: 
 def paced_freshness(bootstrap: str, warm: list, events: list, rate: float, model: str, state: str, client: str,
                     fmt: str, args: argparse.Namespace, query_port: int = 0,
                     alongside: Callable[[], dict[str, Any]] | None = None,
-                    pace: Callable[[float], float] | None = None) -> dict[str, Any]:
+                    pace: Callable[[float, int], float] | None = None) -> dict[str, Any]:
     """``warm`` as a backlog, then ``events`` at ``rate`` on a fresh topic: freshness and lag.
 
     The producer is a child process (it does not share this process's
@@ -156,9 +156,10 @@ def paced_freshness(bootstrap: str, warm: list, events: list, rate: float, model
     cover its run only (``alongside_window``); the producer stops once
     ``alongside()`` has returned.
 
-    With ``pace``, ``pace(rate)`` is called once a second during the
-    warm-up and returns the rate to produce at from then on; the rate it
-    last returned is reported as ``target_rate``.
+    With ``pace``, ``pace(rate, lag)`` is called once a second during the
+    warm-up (``lag``: events produced but not yet applied) and returns the
+    rate to produce at from then on; the rate it last returned is reported
+    as ``target_rate``.
     """
     import multiprocessing as mp
     tag = uuid.uuid4().hex[:8]
@@ -215,7 +216,7 @@ def paced_freshness(bootstrap: str, warm: list, events: list, rate: float, model
     while time.monotonic() < deadline:
         time.sleep(1.0)
         if pace is not None and base_fresh is None:
-            rate = shared_rate.value = pace(rate)
+            rate = shared_rate.value = pace(rate, sent.value - (worker.health.applied - applied0))
             deadline = t0 + 2 * len(events) / rate + 120
         if base_fresh is None and time.monotonic() - t0 >= args.fresh_warmup_s:
             worker.latency_timeline.clear()

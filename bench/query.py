@@ -13,12 +13,12 @@ once (``--store-cache`` keeps the loaded store between runs). Then:
    broker use together (the event producer and the query server are not
    counted). It starts at half of what the budget buys at the sustained
    run's CPU per event (a paced stream costs more per event: smaller
-   batches), and every 2 s of the first half of ``--fresh-warmup-s`` the
-   rate is scaled by budget / cores measured over those 2 s (``/proc``);
-   the last half of the warm-up runs at the rate reached, measured as
-   "stream alone". ``--rate`` streams at a fixed rate instead (and skips
-   the sustained run). After the warm-up, a load generator in a process of
-   its own sends
+   batches); every 2 s of the first half of ``--fresh-warmup-s`` the rate is
+   scaled by budget / cores measured over those 2 s (``/proc``), never up
+   while the worker is a second or more behind; the last half of the
+   warm-up runs at the rate reached and is measured as "stream alone".
+   ``--rate`` streams at a fixed rate instead (and skips the sustained run).
+   After the warm-up, a load generator in a process of its own sends
      * ``GET /v1/embeddings/{id}`` at ``--lookup-rps`` (2,000) for
        ``--seconds`` (20), ids drawn uniformly;
      * ``POST /v1/infer`` with one new edge between two random nodes, both
@@ -261,8 +261,9 @@ def main(argv: list[str] | None = None) -> int:
 
         paced = {"start": 0.0, "last": 0.0}  # when the paced stream started, when its rate was last set
 
-        def pace(now_rate: float) -> float:
-            """Every 2 s of the warm-up's first half: the rate scaled by budget / the stream's cores."""
+        def pace(now_rate: float, lag: int) -> float:
+            """Every 2 s of the warm-up's first half: the rate scaled by budget / the stream's cores (never up
+            while the worker is a second or more behind: a stream short of CPU uses fewer cores than it needs)."""
             now = time.time()
             if not paced["start"]:
                 paced["start"] = paced["last"] = now
@@ -272,8 +273,10 @@ def main(argv: list[str] | None = None) -> int:
             paced["last"] = now
             if not used:
                 return now_rate
-            new = min(cap, now_rate * min(1.5, max(0.67, args.stream_cores / used)))
-            log(f"pacing: the stream used {used:.2f} cores at {now_rate:.0f} events/s; now {new:.0f} events/s")
+            scale = min(1.0 if lag > now_rate else 1.5, max(0.67, args.stream_cores / used))
+            new = min(cap, now_rate * scale)
+            log(f"pacing: the stream used {used:.2f} cores at {now_rate:.0f} events/s, {lag} events behind; "
+                f"now {new:.0f} events/s")
             return new
 
         def load() -> dict[str, Any]:
