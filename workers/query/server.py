@@ -57,7 +57,7 @@ from gnnstream.workers.query.http import HttpServer
 from gnnstream.workers.query.limits import HttpLimits, add_arguments, from_args
 from gnnstream.workers.query.state import QueryError, QueryState, load_infer_body
 
-__all__ = ["QueryApp", "QueryProcess", "serve", "MAX_BODY_BYTES", "bind"]
+__all__ = ["QueryApp", "QueryProcess", "serve", "MAX_BODY_BYTES", "bind", "run_ahead", "PRIORITY"]
 
 logger = logging.getLogger("gnnstream.workers.query.server")  # its name also where it runs as __main__
 
@@ -65,7 +65,7 @@ MAX_BODY_BYTES = 1 << 20  # a what-if body; larger ones get 413 before they are 
 _EMBEDDINGS = "/v1/embeddings/"
 _NODES = "/v1/nodes/"
 _SAMPLE = "/sample"
-_PRIORITY = -10  # nice value of the server process, where it may raise its priority
+PRIORITY = -10  # nice value of the server process (and its session's), where it may raise them
 
 
 class QueryApp:
@@ -172,7 +172,7 @@ def serve(state_dir: str, model_dir: str | None, sock: socket.socket, *, notify_
         scratch: an empty directory for the secondary instance's own files (none: a temporary one); removed on
             exit, and by a caller that outlives this process.
     """
-    _before_the_stream()
+    run_ahead()
     import torch
     # one request's layers are a few dozen rows: a second thread only waits for a core the worker holds
     torch.set_num_threads(1)
@@ -227,13 +227,28 @@ def serve(state_dir: str, model_dir: str | None, sock: socket.socket, *, notify_
         shutil.rmtree(own, ignore_errors=True)
 
 
-def _before_the_stream(nice: int = _PRIORITY) -> None:
-    """Run ahead of the worker for the CPU: a request is a millisecond of work that waits for nothing else,
-    a batch is seconds of it. Needs CAP_SYS_NICE (root); without it the server shares the CPU as an equal."""
+def run_ahead(nice: int = PRIORITY) -> bool:
+    """Run this process ahead of the worker for the CPU: a request is a millisecond of work that waits for
+    nothing else, a batch is seconds of it. Returns whether the priority was raised.
+
+    Where the kernel schedules by session (autogroup: each session a task group of its own, shares split
+    between groups first), a nice value counts only within its session; a process that leads its own session
+    (:class:`QueryProcess` starts the server so) raises its group's as well. Needs CAP_SYS_NICE (root);
+    without it the process shares the CPU as an equal.
+    """
     try:
         os.setpriority(os.PRIO_PROCESS, 0, nice)
     except OSError as exc:
-        logger.info("query API runs at the worker's priority (%s): it cannot raise its own", exc.strerror)
+        logger.info("process %d runs at the worker's priority (%s): it cannot raise its own", os.getpid(),
+                    exc.strerror)
+        return False
+    if os.getsid(0) == os.getpid():
+        try:
+            with open("/proc/self/autogroup", "w") as fh:
+                fh.write(str(nice))
+        except OSError:
+            pass  # no scheduling by session here: the process's own nice value is all there is
+    return True
 
 
 class QueryProcess:
