@@ -101,8 +101,10 @@ def engine_alone(state: Path, model: str, events: list, batch: int, warmup: int)
                             measured / seconds if seconds else 0.0)}
 
 
-def _paced_producer(bootstrap: str, topic: str, warm: list, events: list, rate: float, sent: Any, go: Any) -> None:
-    """Child process of the freshness run: ``warm`` at once, then after ``go`` ``events`` at ``rate``.
+def _paced_producer(bootstrap: str, topic: str, warm: list, events: list, rate: Any, sent: Any, go: Any,
+                    stop: Any) -> None:
+    """Child process of the freshness run: ``warm`` at once, then after ``go`` ``events`` at ``rate.value``
+    events/s (read as it goes: the parent may change it), until they run out or ``stop`` is set.
 
     Each event's ``ts`` is its send time. ``sent`` counts the paced events handed to the client and flushed.
     """
@@ -116,15 +118,18 @@ def _paced_producer(bootstrap: str, topic: str, warm: list, events: list, rate: 
             send(ev)
         producer.flush(60)
         go.wait()
-        t0 = time.perf_counter()
+        due = time.perf_counter()
         for i, ev in enumerate(events, 1):
-            ahead = i / rate - (time.perf_counter() - t0)
+            due += 1.0 / rate.value
+            ahead = due - time.perf_counter()
             if ahead > 0.002:
                 time.sleep(ahead)
             send(ev)
             if i % 50 == 0:
                 producer.flush(30)
                 sent.value = i
+                if stop.is_set():
+                    return
         producer.flush(30)
         sent.value = len(events)
     finally:
@@ -133,7 +138,8 @@ def _paced_producer(bootstrap: str, topic: str, warm: list, events: list, rate: 
 
 def paced_freshness(bootstrap: str, warm: list, events: list, rate: float, model: str, state: str, client: str,
                     fmt: str, args: argparse.Namespace, query_port: int = 0,
-                    alongside: Callable[[], dict[str, Any]] | None = None) -> dict[str, Any]:
+                    alongside: Callable[[], dict[str, Any]] | None = None,
+                    pace: Callable[[float, int], float] | None = None) -> dict[str, Any]:
     """``warm`` as a backlog, then ``events`` at ``rate`` on a fresh topic: freshness and lag.
 
     The producer is a child process (it does not share this process's
@@ -152,7 +158,13 @@ def paced_freshness(bootstrap: str, warm: list, events: list, rate: float, model
     With ``query_port`` the worker serves its query API there, and
     ``alongside()`` runs in a thread from the end of the warm-up; what it
     returns is reported as ``alongside``, and the freshness and lag figures
-    cover its run only (``alongside_window``).
+    cover its run only (``alongside_window``); the producer stops once
+    ``alongside()`` has returned.
+
+    With ``pace``, ``pace(rate, lag)`` is called once a second during the
+    warm-up (``lag``: events produced but not yet applied) and returns the
+    rate to produce at from then on; the rate it last returned is reported
+    as ``target_rate``.
     """
     import multiprocessing as mp
     tag = uuid.uuid4().hex[:8]
@@ -162,8 +174,9 @@ def paced_freshness(bootstrap: str, warm: list, events: list, rate: float, model
                                    query_port=query_port)
     worker, thread, result = start_worker(settings, None)
     ctx = mp.get_context("spawn")
-    sent, go = ctx.Value("q", 0), ctx.Event()
-    child = ctx.Process(target=_paced_producer, args=(bootstrap, topic, warm, events, rate, sent, go), daemon=True)
+    sent, go, stop, shared_rate = ctx.Value("q", 0), ctx.Event(), ctx.Event(), ctx.Value("d", rate, lock=False)
+    child = ctx.Process(target=_paced_producer, args=(bootstrap, topic, warm, events, shared_rate, sent, go, stop),
+                        daemon=True)
     thread.start()
     child.start()
     log(f"freshness: a backlog of {len(warm)} events first")
@@ -210,10 +223,14 @@ def paced_freshness(bootstrap: str, warm: list, events: list, rate: float, model
         if side_thread is not None and not side_thread.is_alive() and "latency" not in side:
             side["latency"] = [latency for _, latency in worker.latency_timeline]
             side["fresh"] = histogram_quantiles(worker, "gnnstream_embedding_freshness_seconds", base_fresh)
+            stop.set()
 
     with sampler:
         while time.monotonic() < deadline:
             time.sleep(1.0)
+            if pace is not None and base_fresh is None:
+                rate = shared_rate.value = pace(rate, sent.value - (worker.health.applied - applied0))
+                deadline = t0 + 2 * len(events) / rate + 120
             if base_fresh is None and time.monotonic() - t0 >= args.fresh_warmup_s:
                 worker.latency_timeline.clear()
                 base_fresh = histogram_state(worker, "gnnstream_embedding_freshness_seconds")
@@ -223,17 +240,18 @@ def paced_freshness(bootstrap: str, warm: list, events: list, rate: float, model
                     side_thread = threading.Thread(target=run_alongside)
                     side_thread.start()
             alongside_done()
+            producing = child.is_alive()
             produced, applied = sent.value, worker.health.applied - applied0
             lag.append({"t_s": round(time.monotonic() - t0, 2), "produced": produced, "applied": applied,
-                        "lag": max(0, produced - applied)})
-            if len(window_ends) == 1 and produced >= len(events):  # the producer is done: the window ends
+                        "lag": max(0, produced - applied), "producing": producing})
+            if len(window_ends) == 1 and not producing:  # the producer is done: the window ends
                 window_end()
             if "error" in result:
                 raise result["error"]
             if int(lag[-1]["t_s"]) % 10 == 0:
                 log(f"freshness: {lag[-1]}")
             engine = worker.engine
-            if not child.is_alive() and applied >= len(events) and engine is not None and not engine.pending():
+            if not producing and applied >= sent.value and engine is not None and not engine.pending():
                 break
     alongside_done()  # it may have ended after the last look
     produce_s = lag[-1]["t_s"]
@@ -245,7 +263,7 @@ def paced_freshness(bootstrap: str, warm: list, events: list, rate: float, model
         raise result["error"]
     latencies = [latency for _, latency in worker.latency_timeline]
     # while the producer ran, after the warm-up
-    window = [x for x in lag if x["t_s"] >= args.fresh_warmup_s and x["produced"] < len(events)]
+    window = [x for x in lag if x["t_s"] >= args.fresh_warmup_s and x["producing"]]
     slope = float(np.polyfit([x["t_s"] for x in window], [x["lag"] for x in window], 1)[0]) if len(window) > 2 else 0.0
     duration = window[-1]["t_s"] - window[0]["t_s"] if len(window) > 1 else produce_s
     growth = slope * duration

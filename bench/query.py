@@ -5,10 +5,20 @@ nodes, 1.2 M edges, SAGE 128-d, fanouts 25,10), loaded and backfilled
 once (``--store-cache`` keeps the loaded store between runs). Then:
 
 1. the worker's sustained rate, default configuration, from a backlog of
-   ``--warmup-events`` + ``--stream-events`` on a copy of the state;
-2. the worker streams at ``--rate-fraction`` (0.5) of that rate on another
-   copy, with ``--query-port`` set (its query process beside it); after the
-   stream's warm-up, a load generator in a process of its own sends
+   ``--warmup-events`` + ``--stream-events`` on a copy of the state, and the
+   CPU per event each process spent;
+2. the worker streams on another copy, with ``--query-port`` set (its query
+   process beside it), paced to a budget of ``--stream-cores`` (default: all
+   cores but one): the cores that the worker, its delivery process and the
+   broker use together (the event producer and the query server are not
+   counted). It starts at half of what the budget buys at the sustained
+   run's CPU per event (a paced stream costs more per event: smaller
+   batches); every 2 s of the first half of ``--fresh-warmup-s`` the rate is
+   scaled by budget / cores measured over those 2 s (``/proc``), never up
+   while the worker is a second or more behind; the last half of the
+   warm-up runs at the rate reached and is measured as "stream alone".
+   ``--rate`` streams at a fixed rate instead (and skips the sustained run).
+   After the warm-up, a load generator in a process of its own sends
      * ``GET /v1/embeddings/{id}`` at ``--lookup-rps`` (2,000) for
        ``--seconds`` (20), ids drawn uniformly;
      * ``POST /v1/infer`` with one new edge between two random nodes, both
@@ -19,10 +29,13 @@ once (``--store-cache`` keeps the loaded store between runs). Then:
    open; the run is bounded by the number of requests, not by time.
 
 Reported: per kind p50, p99 and max latency, achieved requests/s, answers
-that were not 200, the stream's publish - produce per batch and lag while
-the load ran, and the cores each process used (``/proc``): the stream
-alone just before the load, then during each kind. Prints ONE JSON object
-on stdout; progress on stderr.
+that were not 200, and the query server's CPU per answered request
+(``server_cpu_ms_per_request``: user + system time of the server process
+from ``/proc`` over the kind's load, catch-ups with the stream included,
+divided by the answers); the stream's publish - produce per batch and lag
+while the load ran; the cores each process used (``/proc``): the stream
+alone over the last half of its warm-up, then during each kind. Prints
+ONE JSON object on stdout; progress on stderr.
 
     .venv/bin/python -m bench.query --store-cache /tmp/e2e-cache
 """
@@ -57,9 +70,11 @@ from gnnstream.stream.broker import EmbeddedBroker, free_port
 from gnnstream.stream.events import encode_event, event_key
 from gnnstream.stream.kafka import ensure_topics
 from gnnstream.workers.heap import tune_collector
+from gnnstream.workers.query.server import run_ahead
 from gnnstream.workers.settings import WorkerSettings
 
 _LENGTH = re.compile(rb"content-length:\s*(\d+)", re.IGNORECASE)
+STREAM_ROLES = ("worker", "delivery process", "broker")  # the processes --stream-cores budgets
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -71,13 +86,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup-events", type=int, default=20_000, help="events before the measured ones")
     p.add_argument("--stream-events", type=int, default=30_000, help="measured events of the sustained run")
     p.add_argument("--rate", type=float, default=0.0,
-                   help="stream at this many events/s instead of measuring the sustained rate first")
-    p.add_argument("--rate-fraction", type=float, default=0.5, help="stream rate / sustained rate")
+                   help="stream at this fixed rate (events/s) instead of pacing to --stream-cores (no sustained run)")
+    p.add_argument("--stream-cores", type=float, default=max(1, (os.cpu_count() or 2) - 1),
+                   help="pace the stream so that worker + delivery process + broker use about this many cores "
+                        "(default: all cores but one)")
     p.add_argument("--lookup-rps", type=float, default=2000.0, help="lookup requests per second")
     p.add_argument("--infer-rps", type=float, default=200.0, help="what-if requests per second")
     p.add_argument("--seconds", type=float, default=20.0, help="length of each kind's load")
     p.add_argument("--connections", type=int, default=32, help="most connections open at once")
-    p.add_argument("--fresh-warmup-s", type=float, default=10.0, help="seconds of stream before the load starts")
+    p.add_argument("--fresh-warmup-s", type=float, default=30.0,
+                   help="seconds of stream before the load starts: its first half paces the stream to "
+                        "--stream-cores, its last half is measured as the stream alone")
     p.add_argument("--partitions", type=int, default=4)
     p.add_argument("--batch-size", type=int, default=1000)
     p.add_argument("--batch-wait-ms", type=int, default=200)
@@ -125,22 +144,48 @@ async def _open_loop(port: int, requests: list[bytes], rps: float, connections: 
     await asyncio.gather(*workers)
     seconds = time.perf_counter() - t0
     ms = [x * 1000 for x in latencies]
-    return {"requests": len(requests), "target_rps": rps, "achieved_rps": round(len(latencies) / seconds, 1),
+    return {"requests": len(requests), "answered": len(latencies), "target_rps": rps,
+            "achieved_rps": round(len(latencies) / seconds, 1),
             "p50_ms": round(percentile(ms, 50), 3), "p99_ms": round(percentile(ms, 99), 3),
             "max_ms": round(max(ms), 3), "statuses": {str(k): v for k, v in sorted(statuses.items())}}
 
 
-def _load(port: int, kinds: list[tuple[str, list[bytes], float]], connections: int, out: Any) -> None:
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far, every thread of it (``/proc/PID/stat``)."""
+    with open(f"/proc/{pid}/stat") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def query_server_pid() -> int:
+    """The pid of the query server this process's worker started."""
+    me = os.getpid()
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat") as fh:
+                parent = int(fh.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry.name}/cmdline", "rb") as fh:
+                cmd = fh.read()
+        except OSError:
+            continue
+        if parent == me and b"gnnstream.workers.query.server" in cmd:
+            return int(entry.name)
+    raise SystemExit("the worker's query server process was not found")
+
+
+def _load(port: int, server: int, kinds: list[tuple[str, list[bytes], float]], connections: int, out: Any) -> None:
     """Child process: each kind's requests in turn, open loop (at the query server's priority where allowed: a
-    client starved of the CPU would time its own waits). Puts ``(kind, start, end)`` per kind, then the results."""
-    try:
-        os.setpriority(os.PRIO_PROCESS, 0, -10)
-    except OSError:
-        pass
+    client starved of the CPU would time its own waits), and the CPU the ``server`` process spent meanwhile.
+    Puts ``(kind, start, end)`` per kind, then the results."""
+    os.setsid()  # a session of its own: where the kernel schedules by session, its priority counts against all
+    run_ahead()
     result = {}
     for name, requests, rps in kinds:
-        start = time.time()
-        result[name] = asyncio.run(_open_loop(port, requests, rps, connections))
+        start, cpu = time.time(), cpu_seconds(server)
+        result[name] = done = asyncio.run(_open_loop(port, requests, rps, connections))
+        done["server_cpu_ms_per_request"] = round(1000 * (cpu_seconds(server) - cpu) / max(done["answered"], 1), 4)
         out.put((name, start, time.time()))
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/health", timeout=30) as resp:
             health = json.loads(resp.read())
@@ -178,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         graph, model, base = e2e_matrix.base_state(args, work, result)
         warm = args.warmup_events
-        rate = args.rate
+        rate = cap = args.rate
         if not rate:
             events, _ = engine_bench.stream_events(graph, warm + args.stream_events, np.random.default_rng(1), 0.90,
                                                    0.05, 1_800_000_000, args.batch_size)
@@ -192,12 +237,18 @@ def main(argv: list[str] | None = None) -> int:
                 run = kafka_run.sustained(broker.bootstrap, topic, len(events), model, str(state), args, *default, warm)
             shutil.rmtree(state, ignore_errors=True)
             result["sustained"] = run
-            rate = args.rate_fraction * run["after_warmup"]["events_per_s"]
-        result["config"] = {"stream_rate": round(rate, 1), "rate_fraction": args.rate_fraction if not args.rate
-                            else None, "lookup_rps": args.lookup_rps, "infer_rps": args.infer_rps,
+            per_event = run["after_warmup"].get("cpu_us_per_event", {})
+            if not all(role in per_event for role in STREAM_ROLES):
+                raise SystemExit(f"the sustained run measured no CPU per event of {STREAM_ROLES}: {per_event}")
+            # what the budget buys at the backlog's CPU per event: more than a paced stream can have
+            cap = args.stream_cores / (sum(per_event[role] for role in STREAM_ROLES) / 1e6)
+            rate = cap / 2
+        result["config"] = {"stream_cores_budget": None if args.rate else args.stream_cores,
+                            "lookup_rps": args.lookup_rps, "infer_rps": args.infer_rps,
                             "seconds_each": args.seconds, "connections": args.connections,
                             "default_configuration": {"kafka_client": default[0], "output_format": default[1]}}
-        total = warm + int(rate * (args.fresh_seconds + args.fresh_warmup_s))
+        # events enough for the fastest stream the pacing may reach (the producer stops once the load is done)
+        total = warm + int(cap * (args.fresh_seconds + args.fresh_warmup_s))
         fresh_events, _ = engine_bench.stream_events(graph, total, np.random.default_rng(2), 0.90, 0.05,
                                                      1_800_000_000, args.batch_size)
         names = [graph.name(i) for i in range(graph.num_nodes)]
@@ -207,9 +258,29 @@ def main(argv: list[str] | None = None) -> int:
 
         windows: dict[str, tuple[float, float]] = {}
 
+        paced = {"start": 0.0, "last": 0.0}  # when the paced stream started, when its rate was last set
+
+        def pace(now_rate: float, lag: int) -> float:
+            """Every 2 s of the warm-up's first half: the rate scaled by budget / the stream's cores (never up
+            while the worker is a second or more behind: a stream short of CPU uses fewer cores than it needs)."""
+            now = time.time()
+            if not paced["start"]:
+                paced["start"] = paced["last"] = now
+            if now - paced["last"] < 2.0 or now - paced["start"] > args.fresh_warmup_s / 2:
+                return now_rate
+            used = sum(sampler.cores(paced["last"], now).get(role, 0.0) for role in STREAM_ROLES)
+            paced["last"] = now
+            if not used:
+                return now_rate
+            scale = min(1.0 if lag > now_rate else 1.5, max(0.67, args.stream_cores / used))
+            new = min(cap, now_rate * scale)
+            log(f"pacing: the stream used {used:.2f} cores at {now_rate:.0f} events/s, {lag} events behind; "
+                f"now {new:.0f} events/s")
+            return new
+
         def load() -> dict[str, Any]:
             out = ctx.Queue()
-            child = ctx.Process(target=_load, args=(port, kinds, args.connections, out))
+            child = ctx.Process(target=_load, args=(port, query_server_pid(), kinds, args.connections, out))
             windows["stream alone"] = (time.time() - args.fresh_warmup_s / 2, time.time())
             child.start()
             sampler.roles[child.pid] = "load generator"
@@ -223,13 +294,17 @@ def main(argv: list[str] | None = None) -> int:
 
         state = work / "state-fresh"
         e2e_matrix.clone_state(base, state)
-        log(f"stream at {rate:.0f} events/s with the query API on port {port}; "
-            f"load after {args.fresh_warmup_s:g} s")
+        log(f"stream at {rate:.0f} events/s{'' if args.rate else f', paced to {args.stream_cores:g} cores'} with "
+            f"the query API on port {port}; load after {args.fresh_warmup_s:g} s")
         with EmbeddedBroker() as broker, CpuSampler() as sampler:
             fresh = e2e_matrix.paced_freshness(broker.bootstrap, fresh_events[:warm], fresh_events[warm:], rate, model,
-                                        str(state), *default, args, query_port=port, alongside=load)
+                                               str(state), *default, args, query_port=port, alongside=load,
+                                               pace=None if args.rate else pace)
+        result["config"]["stream_rate"] = fresh["target_rate"]
         # cores used by each process of the run: the stream alone (the last half of its warm-up), then each load
         result["cpu_cores"] = {name: sampler.cores(*window) for name, window in windows.items()}
+        alone = result["cpu_cores"]["stream alone"]
+        stream_cores = round(sum(alone.get(role, 0.0) for role in STREAM_ROLES), 3)
         served = fresh.pop("alongside")
         window = fresh.pop("alongside_window")
         fresh["lag"].pop("samples", None)
@@ -240,8 +315,14 @@ def main(argv: list[str] | None = None) -> int:
         result["targets"] = {
             "lookup_p99_ms": lookup["p99_ms"], "lookup_p99_le_5ms": lookup["p99_ms"] <= 5.0,
             "lookup_rps_ge_2000": lookup["achieved_rps"] >= 2000 * 0.99,
+            "lookup_cpu_ms": lookup["server_cpu_ms_per_request"],
+            "lookup_cpu_le_0.1ms": lookup["server_cpu_ms_per_request"] <= 0.1,
             "what_if_p99_ms": what_if["p99_ms"], "what_if_p99_le_20ms": what_if["p99_ms"] <= 20.0,
             "what_if_rps_ge_200": what_if["achieved_rps"] >= 200 * 0.99,
+            "what_if_cpu_ms": what_if["server_cpu_ms_per_request"],
+            "what_if_cpu_le_4ms": what_if["server_cpu_ms_per_request"] <= 4.0,
+            # worker + delivery process + broker over the stream alone: about one core free up to cpus - 0.9
+            "stream_cores": stream_cores, "one_core_free": stream_cores <= (os.cpu_count() or 1) - 0.9,
             "all_200": set(lookup["statuses"]) == {"200"} and set(what_if["statuses"]) == {"200"},
             "stream_p99_s": window["publish_minus_produce_per_batch"]["p99_s"],
             "stream_p99_le_1s": window["publish_minus_produce_per_batch"]["p99_s"] <= 1.0,

@@ -15,20 +15,31 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.broker
-def test_query_bench_quick_run(tmp_path: Path) -> None:
+@pytest.mark.parametrize("pacing", [["--rate", "200"], ["--stream-cores", "1", "--stream-events", "2000"]],
+                         ids=["fixed-rate", "core-budget"])
+def test_query_bench_quick_run(tmp_path: Path, pacing: list[str]) -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "bench.query", "--nodes", "1000", "--edges", "6000", "--rate", "200",
+        [sys.executable, "-m", "bench.query", "--nodes", "1000", "--edges", "6000", *pacing,
          "--warmup-events", "300", "--seconds", "2", "--lookup-rps", "50", "--infer-rps", "10",
-         "--fresh-warmup-s", "2", "--batch-size", "100", "--max-batch-size", "400", "--workdir", str(tmp_path)],
+         "--fresh-warmup-s", "6", "--batch-size", "100", "--max-batch-size", "400", "--workdir", str(tmp_path)],
         cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=600,
     )
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout)  # exactly one JSON object on stdout
-    assert result["config"]["stream_rate"] == 200 and "sustained" not in result  # --rate: no sustained run
+    if pacing[0] == "--rate":
+        assert result["config"]["stream_rate"] == 200 and "sustained" not in result  # --rate: no sustained run
+        assert result["config"]["stream_cores_budget"] is None
+    else:  # paced from the sustained run's CPU per event, at most to what the budget buys at that cost (rounded)
+        per_event = result["sustained"]["after_warmup"]["cpu_us_per_event"]
+        cap = 1e6 / sum(per_event[role] for role in ("worker", "delivery process", "broker"))
+        assert result["config"]["stream_cores_budget"] == 1 and 0 < result["config"]["stream_rate"] <= cap * 1.01
+    alone = result["cpu_cores"]["stream alone"]
+    assert result["targets"]["stream_cores"] == round(sum(alone[r] for r in ("worker", "delivery process", "broker")), 3)
     for kind, rps in (("lookup", 50), ("what_if_one_edge", 10)):
         load = result[kind]
-        assert load["requests"] == 2 * rps and load["statuses"] == {"200": 2 * rps}
+        assert load["requests"] == load["answered"] == 2 * rps and load["statuses"] == {"200": 2 * rps}
         assert load["max_ms"] >= load["p99_ms"] >= load["p50_ms"] > 0 and load["achieved_rps"] > 0
+        assert load["server_cpu_ms_per_request"] > 0  # the server's own CPU over the load, per answer
     window = result["stream_while_serving"]
     assert window["to_s"] > window["from_s"] >= 2
     latency = window["publish_minus_produce_per_batch"]

@@ -7,6 +7,9 @@
 * Connections beyond ``--max-connections`` get 503 and are closed at once,
   while the open ones (idle ones included) stay and the normal client is
   answered; once the idle ones go, new connections are served again.
+* Pipelined, chunked, percent-encoded and ``Expect: 100-continue`` requests
+  get the answers their plain forms get; a request the parser refuses gets
+  400 and its connection closes.
 * Integer ids past 64 bits are the node the stream names by them.
 * Every line ``serve`` logs has the worker's format.
 
@@ -149,7 +152,7 @@ def test_half_sent_requests_get_408_and_are_closed(state: tuple[str, list[str]],
     assert lines and all(LOG_LINE.fullmatch(line) for line in lines), lines[:20]
     assert any(f"INFO gnnstream.workers.query.server: query API on http://127.0.0.1:{port} answers from state {path}" in line
                for line in lines), lines[:20]
-    assert sum("gnnstream.workers.query.limits: closed the connection of" in line for line in lines) == 6, lines
+    assert sum("gnnstream.workers.query.http: closed the connection of" in line for line in lines) == 6, lines
 
 
 def test_connections_beyond_the_bound_get_503_while_open_ones_are_served(state: tuple[str, list[str]],
@@ -185,6 +188,62 @@ def test_connections_beyond_the_bound_get_503_while_open_ones_are_served(state: 
             assert fresh.request("GET", f"/v1/embeddings/{nodes[1]}") == good
         finally:
             fresh.close()
+
+
+def _answers(data: bytes) -> list[tuple[bytes, bytes]]:
+    """``(status line, body)`` of every answer in ``data``, in order (bodies by their Content-Length)."""
+    out = []
+    while data:
+        head, _, rest = data.partition(b"\r\n\r\n")
+        lines = head.split(b"\r\n")
+        length = next((int(line.split(b":")[1]) for line in lines[1:] if line.lower().startswith(b"content-length:")),
+                      0)
+        out.append((lines[0], rest[:length]))
+        data = rest[length:]
+    return out
+
+
+def test_http_framing_pipelined_chunked_encoded_and_malformed(state: tuple[str, list[str]], tmp_path: Path) -> None:
+    path, nodes = state
+    with serving(path, tmp_path / "serve.log") as (port, client):
+        plain = {v: client.request("GET", f"/v1/embeddings/{v}") for v in nodes[:3]}
+        assert all(status == 200 for status, _ in plain.values())
+        asked = {"events": [{"op": "edge_upsert", "src": nodes[0], "dst": nodes[1], "ts": 1}], "ids": nodes[:2]}
+        what_if = client.request("POST", "/v1/infer", asked)
+        assert what_if[0] == 200
+        body = json.dumps(asked).encode()
+        # three lookups pipelined in one write, the last one's id percent-encoded, then a close
+        requests = b"".join(b"GET /v1/embeddings/%s HTTP/1.1\r\nHost: x\r\n\r\n" % v.encode() for v in nodes[:2])
+        encoded = "".join(f"%{c:02X}" for c in nodes[2].encode())
+        requests += f"GET /v1/embeddings/{encoded} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode()
+        sock = _connect(port)
+        sock.sendall(requests)
+        got = _answers(_until_closed(sock))
+        sock.close()
+        assert [line for line, _ in got] == [b"HTTP/1.1 200 OK"] * 3
+        assert [json.loads(answer) for _, answer in got] == [plain[v][1] for v in nodes[:3]]
+        # a chunked body, and one sent after 100 Continue
+        chunked = _connect(port)
+        chunked.sendall(b"POST /v1/infer HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+                        + b"%x\r\n%s\r\n%x\r\n%s\r\n0\r\n\r\n" % (10, body[:10], len(body) - 10, body[10:]))
+        [(line, answer)] = _answers(_until_closed(chunked))
+        chunked.close()
+        assert line == b"HTTP/1.1 200 OK" and json.loads(answer) == what_if[1]
+        expecting = _connect(port)
+        expecting.sendall(b"POST /v1/infer HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: %d\r\n"
+                          b"Connection: close\r\n\r\n" % len(body))
+        assert expecting.recv(64) == b"HTTP/1.1 100 Continue\r\n\r\n"
+        expecting.sendall(body)
+        [(line, answer)] = _answers(_until_closed(expecting))
+        expecting.close()
+        assert line == b"HTTP/1.1 200 OK" and json.loads(answer) == what_if[1]
+        # what the parser refuses: 400, and the connection closes
+        bad = _connect(port)
+        bad.sendall(b"GET /v1/health HTTP/1.1\r\nHost: x\r\nContent-Length: -4\r\n\r\n")
+        status, answer = _answer(_until_closed(bad))
+        bad.close()
+        assert status == 400 and answer["error"].startswith("malformed HTTP request"), answer
+        assert client.request("GET", f"/v1/embeddings/{nodes[0]}") == plain[nodes[0]]
 
 
 def test_integer_ids_beyond_64_bits_name_the_streams_node(state: tuple[str, list[str]], tmp_path: Path) -> None:

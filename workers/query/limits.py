@@ -1,40 +1,27 @@
 """What the clients of the query API may hold: read timeouts and a bound on connections.
 
-uvicorn bounds idle keep-alive connections but not a request in flight:
-a client that sends half its headers, or a body shorter than its
-``Content-Length``, would hold its connection (and, at shutdown, the
-server) for ever. :func:`limited_protocol` is uvicorn's httptools
-protocol with one timer per connection:
+:class:`HttpLimits` and its flags; :mod:`gnnstream.workers.query.http`
+holds the connections to them:
 
 - from the connection (for its first request) or a later request's first
   byte to the end of the request's headers: ``header_timeout_s``;
-- from the end of the headers to the end of the body: ``body_timeout_s``.
+- from the end of the headers to the end of the body: ``body_timeout_s``;
+- connections open at once: ``max_connections``.
 
-Past either, the client gets ``408`` with ``{"error": ...}`` and the
-connection closes; a new connection that sent nothing is closed without an
-answer. Both are whole-request bounds, not gaps between bytes, so a client
-that trickles one byte at a time is closed as well.
-
-A connection opened while ``max_connections`` are open gets ``503`` at once
-and is closed, before anything of it is read; the open ones are served on.
+A client past a timeout gets ``408`` with ``{"error": ...}`` and its
+connection closes; one more connection than the bound gets ``503`` and is
+closed at once, while the open ones are served on.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import logging
 import math
 from dataclasses import dataclass
-from typing import Any
-
-import orjson
 
 from gnnstream.workers.settings import finite_number, whole_number
 
-__all__ = ["HttpLimits", "limited_protocol", "add_arguments", "from_args"]
-
-logger = logging.getLogger(__name__)
+__all__ = ["HttpLimits", "add_arguments", "from_args"]
 
 
 @dataclass(frozen=True)
@@ -86,93 +73,3 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def from_args(args: argparse.Namespace) -> HttpLimits:
     """The limits that :func:`add_arguments`'s flags parsed into ``args``."""
     return HttpLimits(args.header_timeout, args.body_timeout, args.max_connections)
-
-
-def _answer(status: int, message: str) -> bytes:
-    """A whole HTTP response that closes the connection, written outside any request's cycle."""
-    body = orjson.dumps({"error": message})
-    phrase = {408: b"Request Timeout", 503: b"Service Unavailable"}[status]
-    return (b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n"
-            % (status, phrase, len(body)) + body)
-
-
-def limited_protocol(counts: Any, limits: HttpLimits) -> type:
-    """uvicorn's httptools protocol under ``limits``, for ``uvicorn.Config(http=...)``.
-
-    Args:
-        counts: where connections are counted: its integer attributes ``open``, ``refused`` (closed with 503)
-            and ``timed_out`` (closed by a timer) are kept up to date.
-        limits: the timeouts and the connection bound.
-    """
-    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
-
-    busy = _answer(503, f"the query API has {limits.max_connections} connections open; retry shortly")
-    late_headers = _answer(408, f"the request's headers did not arrive within {limits.header_timeout_s:g} s")
-    late_body = _answer(408, f"the request's body did not arrive within {limits.body_timeout_s:g} s of its "
-                             f"headers (fewer bytes than its Content-Length?)")
-
-    class LimitedProtocol(HttpToolsProtocol):  # type: ignore[misc]
-        _timer: asyncio.TimerHandle | None = None
-        # "connected", then per request "headers", "body", "answering"; "idle" once answered before its body ended
-        _phase = "connected"
-
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(transport)
-            counts.open += 1
-            if counts.open > limits.max_connections:
-                counts.refused += 1
-                transport.write(busy)
-                transport.close()
-                return
-            self._arm(limits.header_timeout_s)
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            counts.open -= 1
-            self._disarm()
-            super().connection_lost(exc)
-
-        def on_message_begin(self) -> None:
-            super().on_message_begin()
-            if self._phase != "connected":  # a new connection's first request counts from the connection
-                self._arm(limits.header_timeout_s)
-            self._phase = "headers"
-
-        def on_headers_complete(self) -> None:
-            self._phase = "body"
-            self._arm(limits.body_timeout_s)
-            super().on_headers_complete()
-
-        def on_message_complete(self) -> None:
-            self._disarm()
-            self._phase = "answering"
-            if self.cycle is not None and self.cycle.response_complete:
-                # answered before its body ended (uvicorn's keep-alive timer ran out with the body's bytes)
-                self._phase = "idle"
-                self._arm(self.timeout_keep_alive)
-            super().on_message_complete()
-
-        def _arm(self, seconds: float) -> None:
-            self._disarm()
-            self._timer = self.loop.call_later(seconds, self._expired)
-
-        def _disarm(self) -> None:
-            if self._timer is not None:
-                self._timer.cancel()
-                self._timer = None
-
-        def _expired(self) -> None:
-            self._timer = None
-            if self.transport.is_closing():
-                return
-            counts.timed_out += 1
-            cycle = self.cycle
-            if self._phase == "headers" and (cycle is None or cycle.response_complete):
-                self.transport.write(late_headers)
-            elif self._phase == "body" and cycle is not None and not cycle.response_started:
-                self.transport.write(late_body)  # the application then reads a disconnect
-            logger.info("closed the connection of %s: %s", "%s:%d" % self.client if self.client else "a client",
-                        {"connected": "no request", "idle": "idle", "headers": "headers too slow",
-                         "body": "body too slow"}.get(self._phase, self._phase))
-            self.transport.close()
-
-    return LimitedProtocol

@@ -4,8 +4,9 @@
 use stops the worker at once, with one line), then starts
 ``python -m gnnstream.workers.query.server`` with the listening socket. That process opens
 the worker's state as a RocksDB follower (:class:`gnnstream.workers.query.state.QueryState`)
-and serves a plain ASGI application with uvicorn (httptools parser, one
-asyncio loop). After every batch it commits, the worker writes a byte to
+and serves it over HTTP/1.1 (:mod:`gnnstream.workers.query.http`: the
+httptools parser on one asyncio loop, each request answered as soon as it
+has arrived). After every batch it commits, the worker writes a byte to
 a pipe; the server then catches up with the state between two requests,
 so every answer reflects the last batch the worker committed. When the
 pipe closes (the worker stopped or died), the server exits.
@@ -47,15 +48,16 @@ import sys
 import tempfile
 import time
 from collections import deque
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 import orjson
 
 from gnnstream.workers.heap import freeze_warm_heap, tune_collector
-from gnnstream.workers.query.limits import HttpLimits, add_arguments, from_args, limited_protocol
+from gnnstream.workers.query.http import HttpServer
+from gnnstream.workers.query.limits import HttpLimits, add_arguments, from_args
 from gnnstream.workers.query.state import QueryError, QueryState, load_infer_body
 
-__all__ = ["QueryApp", "QueryProcess", "serve", "MAX_BODY_BYTES", "bind"]
+__all__ = ["QueryApp", "QueryProcess", "serve", "MAX_BODY_BYTES", "bind", "run_ahead", "PRIORITY"]
 
 logger = logging.getLogger("gnnstream.workers.query.server")  # its name also where it runs as __main__
 
@@ -63,17 +65,12 @@ MAX_BODY_BYTES = 1 << 20  # a what-if body; larger ones get 413 before they are 
 _EMBEDDINGS = "/v1/embeddings/"
 _NODES = "/v1/nodes/"
 _SAMPLE = "/sample"
-_JSON = [(b"content-type", b"application/json")]
-_DRAIN_BYTES = 16 << 20  # a body over the limit is read and dropped up to this, so the answer reaches the client
-_KEEP_ALIVE_S = 30  # idle keep-alive connections close after this
-_PRIORITY = -10  # nice value of the server process, where it may raise its priority
-
-Receive = Callable[[], Awaitable[dict[str, Any]]]
-Send = Callable[[dict[str, Any]], Awaitable[None]]
+PRIORITY = -10  # nice value of the server process (and its session's), where it may raise them
 
 
 class QueryApp:
-    """The ASGI application of the query API over one :class:`QueryState`.
+    """The query API's answers over one :class:`QueryState`: the handler of
+    :class:`~gnnstream.workers.query.http.HttpServer`, which counts its connections here.
 
     Args:
         state: the view answered from.
@@ -86,7 +83,7 @@ class QueryApp:
         self.refreshed_at = 0.0
         self.requests = 0
         self.catch_ups: deque[float] = deque(maxlen=1000)  # seconds of the latest catch-ups (requests wait)
-        self.busy = 0.0  # seconds spent answering, parsing and reading included
+        self.busy = 0.0  # seconds spent answering, JSON encoding included
         self.open = 0  # connections open now (refused ones until they are closed)
         self.refused = 0  # connections closed at once with 503: max_connections were open
         self.timed_out = 0  # connections closed because a request's headers or body did not arrive in time
@@ -97,29 +94,24 @@ class QueryApp:
         self.catch_ups.append(time.perf_counter() - t)
         self.refreshed_at = time.time()
 
-    async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            return
+    def __call__(self, method: str, path: str, body: bytes | None) -> tuple[int, bytes]:
+        """``(status, JSON answer)`` of one request; ``body`` None: it was over :attr:`max_body`."""
         self.requests += 1
         t = time.perf_counter()
         try:
-            status, body = await self._route(scope, receive)
+            status, answer = self._route(method, path, body)
         except QueryError as exc:
-            status, body = exc.status, {"error": str(exc), **exc.extra}
+            status, answer = exc.status, {"error": str(exc), **exc.extra}
         except Exception as exc:  # a bug: answer, log, keep serving
-            logger.exception("query failed: %s %s", scope.get("method"), scope.get("path"))
-            status, body = 500, {"error": f"{type(exc).__name__}: {exc}"}
+            logger.exception("query failed: %s %s", method, path[:200])
+            status, answer = 500, {"error": f"{type(exc).__name__}: {exc}"}
+        payload = orjson.dumps(answer, option=orjson.OPT_SERIALIZE_NUMPY)
         self.busy += time.perf_counter() - t
-        close = status == 413 and body.pop("close", False)  # the rest of the body was not read
-        payload = orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
-        headers = _JSON + [(b"content-length", str(len(payload)).encode())]
-        if close:
-            headers.append((b"connection", b"close"))
-        await send({"type": "http.response.start", "status": status, "headers": headers})
-        await send({"type": "http.response.body", "body": payload})
+        return status, payload
 
-    async def _route(self, scope: dict[str, Any], receive: Receive) -> tuple[int, Any]:
-        method, path = scope["method"], scope["path"]
+    def _route(self, method: str, path: str, body: bytes | None) -> tuple[int, Any]:
+        if body is None:
+            raise QueryError(413, f"the body is over {self.max_body} bytes")
         if path.startswith(_EMBEDDINGS) and len(path) > len(_EMBEDDINGS):
             _only(method, "GET")
             return 200, self.state.embedding(path[len(_EMBEDDINGS):])
@@ -128,7 +120,7 @@ class QueryApp:
             return 200, self.state.samples(path[len(_NODES):-len(_SAMPLE)])
         if path == "/v1/infer":
             _only(method, "POST")
-            events, ids = self.state.parse_infer(load_infer_body(await self._body(scope, receive)))
+            events, ids = self.state.parse_infer(load_infer_body(body))
             return 200, self.state.infer(events, ids)
         if path == "/v1/health":
             _only(method, "GET")
@@ -140,26 +132,6 @@ class QueryApp:
                                          "max": round(1000 * took[-1], 2)} if took else None}
         raise QueryError(404, f"no route {method} {path[:200]}; see GET /v1/embeddings/{{id}}, POST /v1/infer, "
                               f"GET /v1/nodes/{{id}}/sample, GET /v1/health")
-
-    async def _body(self, scope: dict[str, Any], receive: Receive) -> bytes:
-        chunks, size = [], 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                raise QueryError(400, "the client went away")
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            more = message.get("more_body", False)
-            if size > self.max_body:
-                # read the rest (up to a bound) so that the client reads the answer and the connection goes on
-                while more and size <= _DRAIN_BYTES:
-                    message = await receive()
-                    size += len(message.get("body", b""))
-                    more = message.get("more_body", False) and message["type"] != "http.disconnect"
-                raise QueryError(413, f"the body is over {self.max_body} bytes", close=more)
-            chunks.append(chunk)
-            if not more:
-                return b"".join(chunks)
 
 
 def _only(method: str, allowed: str) -> None:
@@ -200,9 +172,7 @@ def serve(state_dir: str, model_dir: str | None, sock: socket.socket, *, notify_
         scratch: an empty directory for the secondary instance's own files (none: a temporary one); removed on
             exit, and by a caller that outlives this process.
     """
-    import uvicorn
-
-    _before_the_stream()
+    run_ahead()
     import torch
     # one request's layers are a few dozen rows: a second thread only waits for a core the worker holds
     torch.set_num_threads(1)
@@ -215,14 +185,14 @@ def serve(state_dir: str, model_dir: str | None, sock: socket.socket, *, notify_
         host, port = sock.getsockname()[:2]
         logger.info("query API on http://%s:%d answers from state %s (model %s)", host, port, state_dir,
                     state.model_tag)
-        # log_config None: uvicorn's own records go through this process's logging, as the worker's do
-        config = uvicorn.Config(app, http=limited_protocol(app, limits), loop="asyncio", lifespan="off",
-                                access_log=False, log_config=None, log_level="warning", proxy_headers=False,
-                                timeout_keep_alive=_KEEP_ALIVE_S)
-        server = uvicorn.Server(config)
 
         async def run() -> None:
             loop = asyncio.get_running_loop()
+            stop = asyncio.Event()
+            tasks: list[asyncio.Task] = []
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                if signal.getsignal(signum) is not signal.SIG_IGN:
+                    loop.add_signal_handler(signum, stop.set)
             if notify_fd is not None:
                 os.set_blocking(notify_fd, False)
 
@@ -233,18 +203,23 @@ def serve(state_dir: str, model_dir: str | None, sock: socket.socket, *, notify_
                         return
                     if not data:
                         loop.remove_reader(notify_fd)
-                        server.should_exit = True
+                        stop.set()
                         return
                     app.refresh()
 
                 loop.add_reader(notify_fd, committed)
             else:
                 async def periodic() -> None:
-                    while not server.should_exit:
+                    while True:
                         await asyncio.sleep(refresh_s)
                         app.refresh()
-                loop.create_task(periodic())
-            await server.serve(sockets=[sock])
+                tasks.append(loop.create_task(periodic()))
+            server = HttpServer(app, limits)
+            await server.start(sock)
+            await stop.wait()
+            await server.close()
+            for task in tasks:
+                task.cancel()
 
         asyncio.run(run())
         state.close()
@@ -252,13 +227,28 @@ def serve(state_dir: str, model_dir: str | None, sock: socket.socket, *, notify_
         shutil.rmtree(own, ignore_errors=True)
 
 
-def _before_the_stream(nice: int = _PRIORITY) -> None:
-    """Run ahead of the worker for the CPU: a request is a millisecond of work that waits for nothing else,
-    a batch is seconds of it. Needs CAP_SYS_NICE (root); without it the server shares the CPU as an equal."""
+def run_ahead(nice: int = PRIORITY) -> bool:
+    """Run this process ahead of the worker for the CPU: a request is a millisecond of work that waits for
+    nothing else, a batch is seconds of it. Returns whether the priority was raised.
+
+    Where the kernel schedules by session (autogroup: each session a task group of its own, shares split
+    between groups first), a nice value counts only within its session; a process that leads its own session
+    (:class:`QueryProcess` starts the server so) raises its group's as well. Needs CAP_SYS_NICE (root);
+    without it the process shares the CPU as an equal.
+    """
     try:
         os.setpriority(os.PRIO_PROCESS, 0, nice)
     except OSError as exc:
-        logger.info("query API runs at the worker's priority (%s): it cannot raise its own", exc.strerror)
+        logger.info("process %d runs at the worker's priority (%s): it cannot raise its own", os.getpid(),
+                    exc.strerror)
+        return False
+    if os.getsid(0) == os.getpid():
+        try:
+            with open("/proc/self/autogroup", "w") as fh:
+                fh.write(str(nice))
+        except OSError:
+            pass  # no scheduling by session here: the process's own nice value is all there is
+    return True
 
 
 class QueryProcess:

@@ -157,13 +157,15 @@ class QueryState:
         self.fanouts = list(cfg.fanouts)
         self.dims = list(model.model.dims)
         self.policy = model.cold_start
-        self.pages = PageLog(self.store)
         self.rereads = 0  # answers read again after the worker reused a frame they were reading
         self._kept_raw: tuple[int, set[int] | None] | None = None  # the worker's kept partitions, read on demand
         # h^l of every layer: the page logs of the layers in between, then the final one
         self.logs = {l: PageLog(self.store, family="layerpages", prefix=bytes((l,)), rows_name=f"layer{l}-rows")
                      for l in range(1, len(self.fanouts))}
-        self.logs[len(self.fanouts)] = self.pages
+        self.logs[len(self.fanouts)] = PageLog(self.store)
+        for log in self.logs.values():  # read whole now: later catch-ups index only the pages they bring
+            log.follow()
+        self._behind: set[int] = set()  # layers whose page log has not yet followed the last catch-up
         if head is None and (model.path / HEAD_FILE).exists():
             head = load_head(model.path)
         fits = head is not None and len(head.weights) == self.dims[-1] and head.model in (None, self.model_tag)
@@ -173,11 +175,19 @@ class QueryState:
         self.store.close()
 
     def refresh(self) -> None:
-        """See every batch the worker committed so far."""
+        """See every batch the worker committed so far (a page log indexes the new pages when next read)."""
         self.store.catch_up()
-        for log in self.logs.values():
-            log.follow()
+        self._behind = set(self.logs)
         self._kept_raw = None
+
+    def log(self, layer: int) -> PageLog:
+        """The page log of ``h^layer``, up to date with the last catch-up: lookups read only the final one, so
+        the intermediate ones follow only while what-ifs read them."""
+        log = self.logs[layer]
+        if layer in self._behind:
+            self._behind.discard(layer)
+            log.follow()
+        return log
 
     def kept(self, name: str) -> int | None:
         """None when the worker keeps ``name``'s final row current; else the output partition it is in (a
@@ -212,12 +222,14 @@ class QueryState:
             raise QueryError(421, f"node {name!r} is in output partition {elsewhere}, which another worker of "
                                   f"the group publishes: ask that worker (or POST /v1/infer here)",
                              partition=elsewhere)
-        rows, present = self._read(lambda: self.pages.rows(np.asarray([iid]), self.dims[-1], checked=True))
+        final, at = len(self.fanouts), np.asarray([iid])
+        rows, present = self._read(lambda: self.log(final).rows(at, self.dims[-1], checked=True))
         if not present[0]:
             raise QueryError(404, f"node {name!r} has no embedding yet")
-        version, _, code = self.pages.get(np.asarray([iid]))
-        return {"id": name, "model": self.model_tag, "version": int(version[0]),
-                "mode": self.pages.names[int(code[0])], "embedding": rows[0]}
+        pages = self.log(final)
+        version, _, code = pages.get(at)
+        return {"id": name, "model": self.model_tag, "version": int(version[0]), "mode": pages.names[int(code[0])],
+                "embedding": rows[0]}
 
     def samples(self, name: str) -> dict[str, Any]:
         """``{"id", "degree", "layers": [{"layer", "fanout", "sample"}]}``: the node's current samples.
@@ -347,12 +359,17 @@ class _Evaluation:
         self.fanouts = state.fanouts
         self._samples: list[dict[int, list[int]]] = [{} for _ in self.fanouts]
         self._changed: list[dict[int, bool]] = [{} for _ in range(len(self.fanouts) + 1)]
+        self._stages: dict[int, int] = {}
         self.counts = state.model.model.uses_neighbour_counts  # layers read neighbours' sample sizes (GCN)
 
     def stage(self, v: int) -> int:
         """``v``'s cold-start stage in the overlay (``STAGE_*``), at its stream time."""
-        ov = self.overlay
-        return int(self.state.policy.stages(np.asarray([ov.degree(v)]), np.asarray([ov.age(v)]))[0])
+        got = self._stages.get(v)
+        if got is None:
+            ov, policy = self.overlay, self.state.policy
+            age = ov.age(v) if policy.by_age else 0.0  # only a staged policy reads ages
+            got = self._stages[v] = int(policy.stages(np.asarray([ov.degree(v)]), np.asarray([age]))[0])
+        return got
 
     def sample(self, l: int, v: int) -> list[int]:
         """``S'_{k_l}(v)`` as layer ``l`` reads it (empty for a node that does not use its neighbours, two hops
@@ -440,6 +457,6 @@ class _Evaluation:
         return len(self.sample(self.fanouts.index(k), v))
 
     def _stored_rows(self, layer: int, nodes: list[int]) -> np.ndarray | None:
-        log = self.state.logs[layer]
+        log = self.state.log(layer)
         rows, present = log.rows(np.asarray(nodes, dtype=np.int64), self.state.dims[layer], checked=True)
         return rows if present.all() else None
