@@ -26,6 +26,7 @@ logger = logging.getLogger(__name__)
 # compaction keeps the superseded slots of a log within 1 / SUPERSEDED_SHARE of its live records (plus gc_slack):
 # the row files then stop growing soon after a backfill, and later rows reuse the frames compaction frees
 SUPERSEDED_SHARE = 4
+_FIRST = np.zeros(1, dtype=np.int64)  # the positions of a single node's row
 
 
 class FrameReused(RuntimeError):
@@ -450,24 +451,32 @@ class PageLog:
             return out, present
         self._grow(int(iids.max()) + 1)
         pages = np.where(self.has_row[iids], self.page[iids], -1)
-        order = np.argsort(pages, kind="stable")
-        sorted_pages = pages[order]
-        seqs = unique_ids(sorted_pages[sorted_pages >= 0])
-        bounds = np.searchsorted(sorted_pages, seqs, side="left")
-        ends = np.searchsorted(sorted_pages, seqs, side="right")
         with RowReaders() as files:
+            if len(iids) == 1:  # a lookup: one page at most, nothing to sort
+                if pages[0] >= 0:
+                    self._read_page(int(pages[0]), _FIRST, iids, dim, checked, files, out, present)
+                return out, present
+            order = np.argsort(pages, kind="stable")
+            sorted_pages = pages[order]
+            seqs = unique_ids(sorted_pages[sorted_pages >= 0])
+            bounds = np.searchsorted(sorted_pages, seqs, side="left")
+            ends = np.searchsorted(sorted_pages, seqs, side="right")
             for lo, hi, seq in zip(bounds.tolist(), ends.tolist(), seqs.tolist()):
-                framed = self._frame_of[seq]
-                if seq in self._unreadable:  # damaged, to be rewritten: none held
-                    continue
-                self._check_width(seq, framed[0], dim)
-                at = order[lo:hi]
-                block = self._file(framed[0]).read(framed[1], self._size[seq], files)
-                if checked and int(row_sums(block)[0]) != self._sum_of[seq]:
-                    raise FrameReused(f"frame {framed[1]} of page {seq} was written again since this reader's view")
-                out[at] = block[self.slot[iids[at]]]
-                present[at] = True
+                self._read_page(seq, order[lo:hi], iids, dim, checked, files, out, present)
         return out, present
+
+    def _read_page(self, seq: int, at: np.ndarray, iids: np.ndarray, dim: int, checked: bool, files: RowReaders,
+                   out: np.ndarray, present: np.ndarray) -> None:
+        """Fill ``out[at]`` with the rows of ``iids[at]``, all held in page ``seq`` (see :meth:`rows`)."""
+        framed = self._frame_of[seq]
+        if seq in self._unreadable:  # damaged, to be rewritten: none held
+            return
+        self._check_width(seq, framed[0], dim)
+        block = self._file(framed[0]).read(framed[1], self._size[seq], files)
+        if checked and int(row_sums(block)[0]) != self._sum_of[seq]:
+            raise FrameReused(f"frame {framed[1]} of page {seq} was written again since this reader's view")
+        out[at] = block[self.slot[iids[at]]]
+        present[at] = True
 
     def _check_width(self, seq: int, width: int, dim: int) -> None:
         if width != dim:

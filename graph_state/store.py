@@ -132,7 +132,7 @@ class GraphStore:
             if is_corruption(exc):
                 raise state_corrupted(self.path, exc) from exc
             raise
-        self._invalidate_caches()
+        self._invalidate_caches(keep_ids=True)  # a name's id never changes once handed out
         self.fanouts = self._meta.fanouts()
 
     def close(self) -> None:
@@ -399,9 +399,11 @@ class GraphStore:
             self.fanouts = self._meta.fanouts()
 
     # ------------------------------------------------------------------ caches
-    def _invalidate_caches(self) -> None:
-        """Forget everything held in memory; what is needed is read again."""
-        self._ids.clear()
+    def _invalidate_caches(self, keep_ids: bool = False) -> None:
+        """Forget everything held in memory (but the names' ids with ``keep_ids``); what is needed is read
+        again."""
+        if not keep_ids:
+            self._ids.clear()
         self._nodes.clear()
         self._nbrs.prefixes.clear()
         self._sampled.clear()

@@ -404,3 +404,26 @@ def test_warm_ids_reads_the_name_map_up_to_the_cache_bound(tmp_path):
         assert store.iid("é") == want["é"]
         assert store.warm_ids() == 4 and len(store._ids.iid_of) == 5
         assert all(store.iid(name) == iid for name, iid in want.items())  # the rest still come from RocksDB
+
+
+def test_a_follower_keeps_names_ids_across_catch_ups(tmp_path) -> None:
+    """A follower keeps the ids it looked up when it catches up (an id never changes once handed out) and
+    reads what the writer changed since: deletes, re-creations and new nodes."""
+    writer = GraphStore(tmp_path / "s", seed=0)
+    follower = None
+    try:
+        writer.apply([EdgeUpsert("a", "b", 1), EdgeUpsert("b", "c", 2)])
+        follower = GraphStore(tmp_path / "s", follow=tmp_path / "f")
+        ids = {name: follower.iid(name) for name in "abc"}
+        assert follower.iid("d") is None and sorted(follower.neighbors("b")) == ["a", "c"]
+        writer.apply([NodeDelete("a", 3), EdgeUpsert("d", "b", 4), EdgeUpsert("a", "c", 5)])
+        follower.catch_up()
+        assert {name: follower.iid(name) for name in "abc"} == ids == {name: writer.iid(name) for name in "abc"}
+        assert follower.iid("d") == writer.iid("d") not in ids.values()
+        for name in "abcd":
+            assert sorted(follower.neighbors(name)) == sorted(writer.neighbors(name)), name
+        assert sorted(follower.neighbors("a")) == ["c"] and sorted(follower.neighbors("b")) == ["c", "d"]
+    finally:
+        if follower is not None:
+            follower.close()
+        writer.close()
