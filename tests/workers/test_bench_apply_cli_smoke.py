@@ -49,10 +49,10 @@ def test_apply_against_the_engine_quick_run(tmp_path: Path) -> None:
 
 def test_apply_at_two_sizes_quick_run(tmp_path: Path) -> None:
     result = _bench(tmp_path, "--cold", "--small-scale", "8", "--large-scale", "9", "--edge-factor", "6",
-                    "--cold-events", "300", "--batch", "100")
+                    "--cold-events", "300", "--batch", "100", "--repeat", "1")
     assert (result["small"]["setup"]["graph"]["nodes"], result["large"]["setup"]["graph"]["nodes"]) == (256, 512)
     for mode in ("cold", "warm"):
-        runs = {size: result[size][mode] for size in ("small", "large")}
+        runs = {size: result[size][mode]["median_run"] for size in ("small", "large")}
         assert all(run["events"] == 300 and run["pending"] == 0 for run in runs.values()), mode
         summary = result["summary"][mode]
         ratio = runs["large"]["updates_per_second"] / runs["small"]["updates_per_second"]
