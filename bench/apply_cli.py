@@ -324,8 +324,8 @@ def apply_run(work: Path, name: str, batch: int, run: str) -> dict[str, Any]:
 
 def breakdown(run: dict[str, Any], imports: dict[str, float]) -> dict[str, float]:
     """Where the whole-process wall time of an apply run went, in seconds: the phases of its summary, and the
-    rest of the process (interpreter, imports, closing the state, exit), of which the imports alone take about
-    what ``imports`` measured."""
+    rest of the process (interpreter, imports, exit), of which the imports alone take about what ``imports``
+    measured."""
     return {**run["seconds_by_phase"], "outside_the_command": round(run["wall_seconds"] - run["seconds"], 3),
             "of_which_interpreter_and_imports": imports["wall_seconds"]}
 

@@ -33,7 +33,7 @@ def test_apply_against_the_engine_quick_run(tmp_path: Path) -> None:
     cli = result["apply"]["median_run"]
     assert cli["events"] == 600 and cli["invalid"] == 0 and cli["pending"] == 0
     assert cli["updates_per_second"] == round(600 / cli["wall_seconds"], 1)
-    assert set(cli["seconds_by_phase"]) == {"start", "read", "apply", "recompute", "drain"}
+    assert set(cli["seconds_by_phase"]) == {"start", "read", "apply", "recompute", "drain", "close"}
     assert sum(cli["seconds_by_phase"].values()) <= cli["seconds"] + 0.005 and cli["seconds"] <= cli["wall_seconds"]
     assert result["apply_big_batch"]["median_run"]["events"] == 600
     for name in ("engine_alone_warm", "engine_alone_cold"):

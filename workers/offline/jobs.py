@@ -332,12 +332,12 @@ def apply_events(state: str, model_dir: str | None, path: str, *, batch: int = 1
     :func:`default_report_path`) and ``dead_letters``. The summary's
     ``seconds_by_phase`` splits ``seconds``: ``start`` (opening the state and
     the engine, finishing earlier work), ``read`` (reading and decoding the
-    file), ``apply`` (:meth:`GraphStore.apply`), ``recompute`` and the final
-    ``drain``.
+    file), ``apply`` (:meth:`GraphStore.apply`), ``recompute``, the final
+    ``drain`` and closing the state.
     """
     _events_file(path)
     t0 = time.perf_counter()
-    phases = dict.fromkeys(("start", "read", "apply", "recompute", "drain"), 0.0)
+    phases = dict.fromkeys(("start", "read", "apply", "recompute", "drain", "close"), 0.0)
     report = report or default_report_path(state, path)
     # without a model the state must exist and name its own
     with open_store(state, create=model_dir is not None, model_dir=model_dir, seed=seed, edge_ttl=edge_ttl) as store:
@@ -386,12 +386,13 @@ def apply_events(state: str, model_dir: str | None, path: str, *, batch: int = 1
         clock = time.perf_counter()
         stats = engine.drain()
         published += stats.published
-        _lap(phases, "drain", clock)
-        return {"events": applied, **invalid.summary(report, dead_letters), "published": published,
-                "recomputed_per_layer": recomputed, "pending": engine.pending(),
-                "stream_time": store.stream_time, "edges_expired": expired, "late_events": late,
-                "seconds": round(time.perf_counter() - t0, 3),
-                "seconds_by_phase": {name: round(sec, 3) for name, sec in phases.items()}}
+        clock = _lap(phases, "drain", clock)
+        summary = {"events": applied, **invalid.summary(report, dead_letters), "published": published,
+                   "recomputed_per_layer": recomputed, "pending": engine.pending(),
+                   "stream_time": store.stream_time, "edges_expired": expired, "late_events": late}
+    _lap(phases, "close", clock)
+    return {**summary, "seconds": round(time.perf_counter() - t0, 3),
+            "seconds_by_phase": {name: round(sec, 3) for name, sec in phases.items()}}
 
 
 def _lap(phases: dict[str, float], phase: str, since: float) -> float:
