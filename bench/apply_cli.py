@@ -95,6 +95,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--small-scale", type=int, default=14, help="--cold: log2 of the small graph's nodes")
     p.add_argument("--large-scale", type=int, default=17, help="--cold: log2 of the large graph's nodes")
     p.add_argument("--cold-events", type=int, default=30_000, help="--cold: streamed events per size")
+    p.add_argument("--threads", type=int, default=0,
+                   help="torch threads of every measured process (OMP_NUM_THREADS; 0 = torch's default): 1 keeps "
+                        "the comparison steadier on a machine others load")
     p.add_argument("--seed", type=int, default=0, help="graph and event seed")
     p.add_argument("--workdir", default=None, help="directory for the temporary states (default: system temp)")
     p.add_argument("--keep", action="store_true", help="keep the states, files and model directory")
@@ -440,10 +443,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         return out
     if not GNNSTREAM.exists():
         raise SystemExit(f"no gnnstream command beside {sys.executable}; install the package (pip install -e .)")
+    if args.threads:
+        os.environ["OMP_NUM_THREADS"] = str(args.threads)  # inherited by every command and child
     work = Path(tempfile.mkdtemp(prefix="gnnstream-bench-apply-cli-", dir=args.workdir))
     result: dict[str, Any] = {"benchmark": "apply_cli", "config": {
         "graph": "R-MAT", "edge_factor": args.edge_factor, "dim": DIM,
         "model": f"sage {DIM}-{HIDDEN}-{HIDDEN}", "fanouts": list(FANOUTS), "batch": args.batch,
+        "torch_threads": args.threads or "default",
         "mode": "cold" if args.cold else "default",
     }, "code": code_fingerprint(), "machine_load_at_start": machine_load()}
     try:
