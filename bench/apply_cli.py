@@ -28,9 +28,12 @@ Each measurement runs on a fresh copy of that state, in a process of its own:
 (d) unless ``--no-shape``, (b) on ``bench/engine.py``'s Chung-Lu power-law
     graph with as many nodes and edges: what the R-MAT shape costs.
 
-Also measured: the interpreter and imports alone, and reading and decoding
-the stream file alone (``decode_event_json`` per line). Reported: updates/s
-of each, the ratio (a) / (b) and where (a)'s wall time goes.
+(a), (b) and (c) run ``--repeat`` times, interleaved, so that each sees the
+machine as the others do. Also measured: the interpreter and imports alone,
+and reading and decoding the stream file alone (``decode_event_json`` per
+line). Reported: updates/s of each run and the median run's details, the
+ratio (a) / (b) of each pair and their median, the same per CPU second, and
+where (a)'s wall time goes.
 
 ``--cold`` measures instead whether ``apply`` keeps its pace as the graph
 grows: two graphs of the same edge factor, 2^``--small-scale`` and
@@ -38,7 +41,8 @@ grows: two graphs of the same edge factor, 2^``--small-scale`` and
 run applies them with ``gnnstream apply`` to a fresh copy of the state,
 whole process. Page cache ``cold``: the copy's files are dropped from the OS
 page cache first (``posix_fadvise DONTNEED``); ``warm``: they are read
-first. Reported per mode: updates/s of each size and large / small.
+first. Reported per mode: updates/s of each size and large / small (per pair
+of runs and their median, and per CPU second).
 
 Prints one JSON object on stdout; progress goes to stderr.
 
