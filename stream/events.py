@@ -303,7 +303,7 @@ def decode_event_json(data: bytes | bytearray | memoryview | str | None, *,
         size = memoryview(data).nbytes
         if size > max_bytes:
             raise InvalidEvent("oversize", f"event is {size} bytes, the limit is {max_bytes}")
-        if type(data) is bytes and (event := _decode_common(data, _QUOTED_BYTES, b"\\")) is not None:
+        if type(data) is bytes and (event := _decode_common(data, b'"', b"\\")) is not None:
             return event
         try:
             text = bytes(data).decode("utf-8")
@@ -318,7 +318,7 @@ def decode_event_json(data: bytes | bytearray | memoryview | str | None, *,
         raise InvalidEvent("not_json", f"expected bytes or str (got {type(data).__name__})")
     if not text.strip():
         raise InvalidEvent("empty", "message is empty")
-    event = _decode_common(text, _QUOTED_TEXT, "\\")
+    event = _decode_common(text, '"', "\\")
     if event is not None:
         return event
     try:
@@ -334,7 +334,7 @@ _NUMBER = (int, float)
 _SHORT_ID = MAX_ID_BYTES // 4  # a str of at most this many characters is at most MAX_ID_BYTES in UTF-8
 
 
-def _decode_common(text: Any, quoted: dict[str, Any], backslash: Any) -> Event | None:
+def _decode_common(text: Any, quote: Any, backslash: Any) -> Event | None:
     """The usual valid event, decoded by orjson with type checks in C: None where any doubt is left.
 
     None sends the text through the strict path (:func:`decode_event`
@@ -342,8 +342,8 @@ def _decode_common(text: Any, quoted: dict[str, Any], backslash: Any) -> Event |
     anything orjson refuses (invalid UTF-8 included), any backslash (an
     escaped field name could repeat another), a field name written twice,
     ids that are not short strings, numbers that are not plain finite ints
-    and floats. ``text`` is ``bytes`` or ``str``; ``quoted`` and
-    ``backslash`` are the field names in quotes and the backslash, as the same type.
+    and floats. ``text`` is ``bytes`` or ``str``; ``quote`` and
+    ``backslash`` are ``"`` and the backslash, as the same type.
     """
     if backslash in text:
         return None
@@ -355,11 +355,13 @@ def _decode_common(text: Any, quoted: dict[str, Any], backslash: Any) -> Event |
         return None
     op = obj.get("op")
     fields = _FIELDS.get(op) if type(op) is str else None
-    if fields is None or not (fields[0] <= obj.keys() <= fields[0] | fields[1]):
+    if fields is None or not (fields[0] <= obj.keys() <= _TAKEN[op]):
         return None
-    for key in obj:  # orjson keeps the last of a repeated field
-        if text.count(quoted[key]) > 1:
-            return None
+    # Without a backslash each quote delimits a string: the field names, and the string values that the checks
+    # below require (op and the ids; every other value is a number or a list of numbers). A field written twice
+    # (orjson keeps the last) leaves more strings in the text than that.
+    if text.count(quote) != 2 * (len(obj) + (3 if op[0] == "e" else 2)):
+        return None
     ts = obj["ts"]
     if type(ts) not in _NUMBER or not 0 <= ts < math.inf:
         return None
@@ -389,8 +391,7 @@ def _decode_common(text: Any, quoted: dict[str, Any], backslash: Any) -> Event |
 
 
 _NUMBER_TYPES = frozenset(_NUMBER)
-_QUOTED_TEXT = {name: f'"{name}"' for required, optional in _FIELDS.values() for name in required | optional}
-_QUOTED_BYTES = {name: quoted.encode() for name, quoted in _QUOTED_TEXT.items()}
+_TAKEN = {op: required | optional for op, (required, optional) in _FIELDS.items()}
 
 
 def encode_event(event: Event) -> bytes:

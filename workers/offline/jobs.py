@@ -187,18 +187,18 @@ def _numbered_events(path: str | os.PathLike[str], done: int, invalid: _InvalidL
     A ``node_upsert`` must carry ``dim`` features (``dim_source`` says whose
     dimension that is), as the worker requires; without ``dim`` the first one
     read sets it, as the store would. ``position``, when given, holds the
-    number and hash of the last line read (``line``, ``hash``); if it comes
-    with the ``hash`` of line ``done`` as applied before, a file whose line
-    ``done`` differs, or that has fewer lines, raises :class:`EventsFileChanged`
-    before any event after it is yielded.
+    number and bytes of the last line read (``line``, ``text``); if it comes
+    with the ``hash`` (:func:`_line_hash`) of line ``done`` as applied before,
+    a file whose line ``done`` differs, or that has fewer lines, raises
+    :class:`EventsFileChanged` before any event after it is yielded.
     """
     expect = position.get("hash") if position is not None and done else None
     line_no = 0
     with open(path, "rb") as fh:
         for line_no, line in enumerate(fh, 1):
             if position is not None:
-                position["line"], position["hash"] = line_no, _line_hash(line)
-                if line_no == done and expect is not None and position["hash"] != expect:
+                position["line"], position["text"] = line_no, line
+                if line_no == done and expect is not None and _line_hash(line) != expect:
                     raise EventsFileChanged(path, done)
             if line_no <= done or not line.strip():
                 continue
@@ -329,10 +329,15 @@ def apply_events(state: str, model_dir: str | None, path: str, *, batch: int = 1
     command after a crash continues where the last whole batch ended. Invalid
     lines (a ``node_upsert`` whose feature count is not the model's ``in_dim``
     included) are skipped and listed in ``report`` (default
-    :func:`default_report_path`) and ``dead_letters``.
+    :func:`default_report_path`) and ``dead_letters``. The summary's
+    ``seconds_by_phase`` splits ``seconds``: ``start`` (opening the state and
+    the engine, finishing earlier work), ``read`` (reading and decoding the
+    file), ``apply`` (:meth:`GraphStore.apply`), ``recompute``, the final
+    ``drain`` and closing the state.
     """
     _events_file(path)
     t0 = time.perf_counter()
+    phases = dict.fromkeys(("start", "read", "apply", "recompute", "drain", "close"), 0.0)
     report = report or default_report_path(state, path)
     # without a model the state must exist and name its own
     with open_store(state, create=model_dir is not None, model_dir=model_dir, seed=seed, edge_ttl=edge_ttl) as store:
@@ -355,12 +360,17 @@ def apply_events(state: str, model_dir: str | None, path: str, *, batch: int = 1
             bar.update(done)
             events = _numbered_events(path, done, invalid, engine.model.config.in_dim, "the model expects",
                                       position)
+            clock = time.perf_counter()
+            phases["start"] = clock - t0
             for chunk in _batches(events, batch):
                 end = chunk[-1][0]
                 invalid.flush()
+                clock = _lap(phases, "read", clock)
                 result = store.apply([ev for _, ev in chunk], {tp: end},
-                                     meta={fingerprint: {"line": end, "hash": position["hash"]}})
+                                     meta={fingerprint: {"line": end, "hash": _line_hash(position["text"])}})
+                clock = _lap(phases, "apply", clock)
                 stats = engine.recompute(event_ts=result.max_ts)
+                clock = _lap(phases, "recompute", clock)
                 applied += len(chunk)
                 expired += result.expired_edges
                 late += result.late_events
@@ -372,13 +382,24 @@ def apply_events(state: str, model_dir: str | None, path: str, *, batch: int = 1
         invalid.flush()
         if done < position.get("line", done):  # invalid or blank lines after the last event
             store.apply([], {tp: position["line"]}, meta={fingerprint: {"line": position["line"],
-                                                                         "hash": position["hash"]}})
+                                                                         "hash": _line_hash(position["text"])}})
+        clock = time.perf_counter()
         stats = engine.drain()
         published += stats.published
-        return {"events": applied, **invalid.summary(report, dead_letters), "published": published,
-                "recomputed_per_layer": recomputed, "pending": engine.pending(),
-                "stream_time": store.stream_time, "edges_expired": expired, "late_events": late,
-                "seconds": round(time.perf_counter() - t0, 3)}
+        clock = _lap(phases, "drain", clock)
+        summary = {"events": applied, **invalid.summary(report, dead_letters), "published": published,
+                   "recomputed_per_layer": recomputed, "pending": engine.pending(),
+                   "stream_time": store.stream_time, "edges_expired": expired, "late_events": late}
+    _lap(phases, "close", clock)
+    return {**summary, "seconds": round(time.perf_counter() - t0, 3),
+            "seconds_by_phase": {name: round(sec, 3) for name, sec in phases.items()}}
+
+
+def _lap(phases: dict[str, float], phase: str, since: float) -> float:
+    """Add the time from ``since`` to now to ``phases[phase]``; return now."""
+    now = time.perf_counter()
+    phases[phase] += now - since
+    return now
 
 
 def export_embeddings(state: str, out: TextIO) -> int:
