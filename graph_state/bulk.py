@@ -16,7 +16,7 @@ import numpy as np
 from gnnstream.graph_state import keys
 from gnnstream.graph_state.batch import validate_events
 from gnnstream.graph_state.bulk_tables import (
-    NodeNames, Tables, cores, run_parts, shared_array, snapshot_records, time_keys, write_tables,
+    NodeNames, Samples, Tables, cores, run_parts, shared_array, time_keys, write_tables,
 )
 from gnnstream.graph_state.exceptions import StoreConfigError
 from gnnstream.graph_state.sampled import MAX_INDEXED_IDS
@@ -325,10 +325,10 @@ class BulkLoad:
         entries.sort()
         if len(entries):
             entries = entries[np.append(True, entries[1:] != entries[:-1])]
-        v = entries // width
-        u = shared_array(len(entries))  # the workers leave it in index order
-        np.remainder(entries, width, out=u)
+        v, u = np.divmod(entries, width)
         del entries, links
+        lists = np.flatnonzero(np.append(True, v[1:] != v[:-1])) if len(v) else np.zeros(0, dtype=np.int64)
+        lengths = np.diff(np.append(lists, len(v)))
         by_bytes = np.fromiter(sorted(range(n), key=encoded.__getitem__), np.int64, n)
         name_order = np.empty(n, dtype=np.int64)
         name_order[by_bytes] = np.arange(n)
@@ -345,7 +345,7 @@ class BulkLoad:
             born=born.view("V16"), with_features=with_features, feature_rows=feature_rows, features=features,
             src=src, dst=dst, weight=weight, ts=ts,
             expiry=np.argsort(time_keys(ts), kind="stable") if store.edge_ttl else None,  # ties: (src, dst) order
-            v=v, u=u)
+            v=v, u=u, lists=lists, samples=[Samples(k, lengths) for k in self.fanouts])
         del encoded
         scratch = tempfile.mkdtemp(prefix=".bulk-", dir=store.path)
         try:
@@ -354,8 +354,8 @@ class BulkLoad:
                 progress(f"tables written ({self.workers} worker{'s' if self.workers > 1 else ''})")
             if self.fanouts:
                 path = os.path.join(scratch, "sampled.sst")
-                files["sampled"] = [path] if store.write_table(
-                    "sampled", path, snapshot_records(tables.v, tables.u, self.fanouts)) else []
+                records = itertools.chain.from_iterable(samples.records() for samples in tables.samples)
+                files["sampled"] = [path] if store.write_table("sampled", path, records) else []
                 if progress:
                     progress("sampled-by snapshot written")
             store.ingest({family: paths for family, paths in files.items() if paths}, next_iid=n,

@@ -27,8 +27,7 @@ from gnnstream.graph_state import keys
 from gnnstream.graph_state.sampled import PAIR_BITS, SNAPSHOT_PAIRS
 from gnnstream.graph_state.sampler import rank_message_prefix, ranks_of
 
-__all__ = ["NodeNames", "Tables", "cores", "write_tables", "run_parts", "shared_array", "snapshot_records",
-           "time_keys"]
+__all__ = ["NodeNames", "Tables", "Samples", "cores", "write_tables", "run_parts", "shared_array", "time_keys"]
 
 _CHUNK = 1 << 16  # records built at a time (a chunk of 128-float feature rows: 32 MiB)
 _RANK_SLICE = 1 << 20  # neighbour entries ranked and sorted at a time
@@ -113,9 +112,8 @@ class Tables:
         with_features: the interned ids that have features; ``feature_rows``: each one's row of ``features``.
         src, dst, weight, ts: the edges, sorted by ``(src, dst)``.
         expiry: with an edge window, the edges' positions in ``(t(e), src, dst)`` order; else None.
-        v, u: the neighbour entries, sorted by ``v``; :func:`write_tables` leaves ``u`` in index order
-            (rank, then name) within each ``v``, so ``u`` must be shared with forked processes
-            (:func:`shared_array`).
+        v, u: the neighbour entries, sorted by ``v``; ``lists``: where each ``v``'s list begins.
+        samples: the sampled-by snapshot of each fanout, which the workers fill in (:class:`Samples`).
     """
 
     names: NodeNames
@@ -134,6 +132,32 @@ class Tables:
     expiry: np.ndarray | None
     v: np.ndarray
     u: np.ndarray
+    lists: np.ndarray
+    samples: list[Samples]
+
+
+class Samples:
+    """The sampled-by snapshot of fanout ``k``: ``S_k(v)`` is the first ``k`` entries of ``v``'s neighbour list in
+    index order. The workers put the pairs ``u << PAIR_BITS | v`` of the lists they write at the lists' place
+    in ``pairs`` (shared) and sort their range of it; :meth:`records` merges the ranges."""
+
+    def __init__(self, k: int, lengths: np.ndarray):
+        self.k = k
+        self.before = np.zeros(len(lengths) + 1, dtype=np.int64)  # by list: the pairs of the lists before it
+        np.cumsum(np.minimum(lengths, k), out=self.before[1:])
+        self.pairs = shared_array(int(self.before[-1]))
+
+    def put(self, first: int, vs: np.ndarray, us: np.ndarray, position: np.ndarray) -> None:
+        """The pairs of whole lists ``(vs, us)`` in index order, list ``first`` the first of them (``position``:
+        each entry's place in its list)."""
+        keep = position < self.k
+        at = int(self.before[first])
+        self.pairs[at:at + int(keep.sum())] = (us[keep] << PAIR_BITS) | vs[keep]
+
+    def records(self) -> Records:
+        pairs = np.sort(self.pairs, kind="stable").astype("<i8")  # the workers' sorted ranges, merged
+        for chunk, start in enumerate(range(0, len(pairs), SNAPSHOT_PAIRS)):
+            yield [keys.sampled_snapshot_key(self.k, chunk)], [pairs[start:start + SNAPSHOT_PAIRS].tobytes()]
 
 
 def shared_array(length: int, dtype: Any = np.int64) -> np.ndarray:
@@ -218,8 +242,8 @@ def _index_order(vs: np.ndarray, rank: np.ndarray, us: np.ndarray, name_order: n
 
 
 def _nbrs(t: Tables, lo: int, hi: int) -> Records:
-    """The ``nbrs`` records of entries ``lo..hi`` (whole neighbour lists), a slice of whole lists at a time; each
-    slice's ``u`` is left in index order (rank, then name)."""
+    """The ``nbrs`` records of entries ``lo..hi`` (whole neighbour lists), a slice of whole lists at a time, and
+    their part of the sampled-by snapshots."""
     prefix = rank_message_prefix(t.seed)
     cuts = _whole_lists(t.v, np.arange(lo, hi, _RANK_SLICE)[1:])
     for a, b in zip([lo, *cuts.tolist()], [*cuts.tolist(), hi]):
@@ -228,9 +252,17 @@ def _nbrs(t: Tables, lo: int, hi: int) -> Records:
         vs, us = t.v[a:b], t.u[a:b]
         rank = np.frombuffer(ranks_of(t.names.join(prefix, vs, b":", us)), dtype=">u8")
         order = _index_order(vs, rank, us, t.name_order)
-        us[:] = us[order]  # a view into the shared u: index order for the snapshot
-        rank = rank[order]
+        us, rank = us[order], rank[order]
+        if t.samples:
+            starts = np.flatnonzero(np.append(True, vs[1:] != vs[:-1]))
+            position = np.arange(b - a) - np.repeat(starts, np.diff(np.append(starts, b - a)))
+            first = int(np.searchsorted(t.lists, a))
+            for samples in t.samples:
+                samples.put(first, vs, us, position)
         yield t.names.join(vs.astype(">u8"), rank, us), _iid_keys(us)
+    first, last = np.searchsorted(t.lists, [lo, hi]).tolist()
+    for samples in t.samples:
+        samples.pairs[samples.before[first]:samples.before[last]].sort()
 
 
 def _families(t: Tables) -> list[tuple[str, int, Callable[[Tables, int, int], Records]]]:
@@ -314,17 +346,3 @@ def _worker(part: Callable[[int], None], w: int, writer: Any) -> None:
             writer.send(RuntimeError(f"bulk load worker {w}: {type(exc).__name__}: {exc}"))
         return
     writer.send(None)
-
-
-# ---------------------------------------------------------------------- the sampled-by snapshot
-def snapshot_records(v: np.ndarray, u: np.ndarray, fanouts: Sequence[int]) -> Records:
-    """The sampled-by snapshot records of every fanout, from the neighbour entries in index order: ``S_k(v)``
-    is the first ``k`` entries of ``v``'s run."""
-    starts = np.flatnonzero(np.append(True, v[1:] != v[:-1])) if len(v) else np.zeros(0, dtype=np.int64)
-    run = np.diff(np.append(starts, len(v)))
-    position = np.arange(len(v)) - np.repeat(starts, run)
-    for k in fanouts:
-        keep = position < k
-        pairs = np.sort((u[keep] << PAIR_BITS) | v[keep]).astype("<i8")
-        for chunk, start in enumerate(range(0, len(pairs), SNAPSHOT_PAIRS)):
-            yield [keys.sampled_snapshot_key(k, chunk)], [pairs[start:start + SNAPSHOT_PAIRS].tobytes()]
