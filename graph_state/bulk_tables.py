@@ -3,19 +3,21 @@
 Each family's records, in key order, are cut into one range per worker (the
 neighbour index between whole neighbour lists). Worker ``w`` writes range
 ``w`` of every family into table files of its own, so the files of a family
-hold disjoint key ranges and go in with one ingest. Worker 0 is the calling
-process; the others are forked from it and read its arrays in place. With
-one worker nothing is forked.
+hold disjoint key ranges and go in with one ingest; it also sorts its lists'
+part of the sampled-by snapshot into shared memory. :func:`run_parts` runs
+the workers: worker 0 is the calling process, the others are forked from it
+and read its arrays in place; with one worker nothing is forked.
 
 Records are built from numpy arrays a chunk at a time: node names are kept
-as uint8 matrices by length, so a chunk's keys (and the messages its
-neighbour ranks hash) are whole-row gathers and one ``tolist`` per length,
-not a Python expression per record.
+as fixed-width arrays by length, so a chunk's keys (and the messages its
+neighbour ranks hash) are gathers into one structured array and one
+``tolist`` per length, not a Python expression per record.
 """
 
 from __future__ import annotations
 
 import itertools
+import mmap
 import multiprocessing
 import os
 from dataclasses import dataclass
@@ -161,9 +163,10 @@ class Samples:
 
 
 def shared_array(length: int, dtype: Any = np.int64) -> np.ndarray:
-    """A zeroed array in memory that the processes :func:`run_parts` forks write to in place."""
+    """A zeroed array in memory that the processes :func:`run_parts` forks write to in place (an anonymous
+    shared mapping)."""
     dtype = np.dtype(dtype)
-    return np.frombuffer(multiprocessing.RawArray("b", max(length * dtype.itemsize, 1)), dtype=dtype, count=length)
+    return np.frombuffer(mmap.mmap(-1, max(length * dtype.itemsize, 1)), dtype=dtype, count=length)
 
 
 # ---------------------------------------------------------------------- the families' records
@@ -210,7 +213,6 @@ def _edges(t: Tables, lo: int, hi: int) -> Records:
 
 
 def _expiry(t: Tables, lo: int, hi: int) -> Records:
-    assert t.expiry is not None
     for a, b in _spans(lo, hi):
         at = t.expiry[a:b]
         key = np.empty(b - a, dtype=_EXPIRY_KEY)
@@ -266,7 +268,7 @@ def _nbrs(t: Tables, lo: int, hi: int) -> Records:
 
 
 def _families(t: Tables) -> list[tuple[str, int, Callable[[Tables, int, int], Records]]]:
-    """``(family, records, how its range is written)`` of every family the workers write."""
+    """``(family, its records, the function building a range of them)`` of every family the workers write."""
     out = [("ids", len(t.by_bytes), _ids), ("names", len(t.by_bytes), _names), ("nodes", len(t.node), _nodes),
            ("born", len(t.born), _born), ("feats", len(t.with_features), _feats), ("edges", len(t.src), _edges),
            ("nbrs", len(t.v), _nbrs)]
@@ -306,7 +308,12 @@ def write_tables(t: Tables, scratch: str, workers: int, write: Writer) -> dict[s
 
 def run_parts(part: Callable[[int], None], workers: int) -> None:
     """``part(w)`` for every ``w < workers`` at the same time: ``part(0)`` in this process, each other in a
-    process forked from it; the first error of any is raised here."""
+    process forked from it; the first error of any is raised here.
+
+    A forked process has this process's memory but none of its other threads:
+    a part uses its arrays (writes go to :func:`shared_array`) and files of its
+    own, never the open database.
+    """
     context = multiprocessing.get_context("fork")
     children: list[tuple[Any, Any]] = []
     try:
