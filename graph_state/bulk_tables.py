@@ -16,6 +16,7 @@ neighbour ranks hash) are gathers into one structured array and one
 
 from __future__ import annotations
 
+import gc
 import itertools
 import mmap
 import multiprocessing
@@ -343,6 +344,7 @@ def run_parts(part: Callable[[int], None], workers: int) -> None:
 
 def _worker(part: Callable[[int], None], w: int, writer: Any) -> None:
     """Run ``part(w)`` in a forked process; send None when done, or the error."""
+    gc.disable()  # no collection here: garbage inherited from the parent may hold its database handles
     try:
         part(w)
     except BaseException as exc:  # noqa: BLE001 - every error goes to the parent, which raises it
