@@ -413,25 +413,32 @@ def graph_events(graph: SyntheticGraph, batch: int = 10_000, ts0: int = 1_700_00
 
 
 def bulk_load_graph(store: GraphStore, graph: SyntheticGraph, fanouts: tuple[int, ...] = (),
-                    ts0: int = 1_700_000_000) -> dict[str, Any]:
-    """Load the whole graph into the empty ``store`` as table files (:class:`gnnstream.graph_state.bulk.BulkLoad`): the
-    events of :func:`graph_events` as columns, with the sampled-by index of ``fanouts``.
+                    ts0: int = 1_700_000_000, workers: int | None = None) -> dict[str, Any]:
+    """Load the whole graph into the empty ``store`` as table files (:class:`gnnstream.graph_state.bulk.BulkLoad`
+    with ``workers`` processes, default one per core): the events of :func:`graph_events` as columns, with the
+    sampled-by index of ``fanouts``.
 
     Returns:
-        ``seconds``, ``cpu_seconds``, ``edges_per_second`` (directed edges over the whole load), the load's counts.
+        ``seconds``, ``cpu_seconds`` (this process), ``edges_per_second`` (directed edges over the whole load),
+        ``workers``, ``worker_cpu_seconds`` and ``worker_peak_rss_mib`` (the forked workers: CPU together, the
+        largest peak, counting the pages they share with this process), the load's counts.
     """
     from gnnstream.graph_state.bulk import BulkLoad
     t0, c0 = time.perf_counter(), time.process_time()
-    load = BulkLoad(store, fanouts=fanouts)
+    w0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    load = BulkLoad(store, fanouts=fanouts, workers=workers)
     names = [graph.name(i) for i in range(graph.num_nodes)]
     load.add_nodes(names, np.full(graph.num_nodes, ts0), graph.features)
     ts = ts0 + 1 + np.arange(graph.num_edges) // 10_000
-    load.add_edges([names[i] for i in graph.src.tolist()], [names[i] for i in graph.dst.tolist()],
+    load.add_edges(list(map(names.__getitem__, graph.src.tolist())), list(map(names.__getitem__, graph.dst.tolist())),
                    np.ones(graph.num_edges), ts)
     counts = load.finish(progress=lambda step: log(f"bulk load: {step} ({time.perf_counter() - t0:.1f}s)"))
     seconds = time.perf_counter() - t0
+    w1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     return {"seconds": round(seconds, 3), "cpu_seconds": round(time.process_time() - c0, 3),
-            "edges_per_second": round(graph.num_edges / seconds, 1), "bulk": True, **counts}
+            "edges_per_second": round(graph.num_edges / seconds, 1), "bulk": True, "workers": load.workers,
+            "worker_cpu_seconds": round(w1.ru_utime + w1.ru_stime - w0.ru_utime - w0.ru_stime, 3),
+            "worker_peak_rss_mib": round(w1.ru_maxrss / 1024.0, 1), **counts}
 
 
 def load_graph(store: GraphStore, graph: SyntheticGraph, *, batch: int = 10_000,
@@ -476,7 +483,7 @@ def _store_code_hash() -> str:
 
 def open_loaded_store(path: str | os.PathLike[str], graph: SyntheticGraph, *, dim: int, batch: int = 10_000,
                       cache_dir: str | os.PathLike[str] | None = None,
-                      bulk_fanouts: tuple[int, ...] | None = None,
+                      bulk_fanouts: tuple[int, ...] | None = None, bulk_workers: int | None = None,
                       edge_ttl: int | None = None) -> tuple[GraphStore, dict[str, Any]]:
     """A store at ``path`` holding ``graph``, closed after loading and reopened.
 
@@ -485,7 +492,7 @@ def open_loaded_store(path: str | os.PathLike[str], graph: SyntheticGraph, *, di
     one by one as stream time moves on.
 
     The store is loaded through :func:`load_graph` (with ``bulk_fanouts``, through
-    :func:`bulk_load_graph` with those fanouts), closed, and opened again, as
+    :func:`bulk_load_graph` with those fanouts and ``bulk_workers``), closed, and opened again, as
     ``gnnstream graph load`` followed by another command would: whatever comes
     next (engine, backfill) starts with cold in-memory caches. With
     ``cache_dir`` a loaded copy is kept there (keyed by the graph parameters and
@@ -508,7 +515,7 @@ def open_loaded_store(path: str | os.PathLike[str], graph: SyntheticGraph, *, di
         store = GraphStore(path, seed=0, feature_dim=dim, edge_ttl=edge_ttl)
         try:
             info = load_graph(store, graph, batch=batch, edge_seconds=edge_ttl is not None) if bulk_fanouts is None else \
-                bulk_load_graph(store, graph, bulk_fanouts)
+                bulk_load_graph(store, graph, bulk_fanouts, workers=bulk_workers)
         finally:
             store.close()
         info["from_cache"] = False

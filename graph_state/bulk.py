@@ -1,5 +1,7 @@
 """Bulk load: a large initial graph into an empty state as RocksDB table files, without a WriteBatch per batch
-(``gnnstream graph load``; what it takes and leaves: ``docs/storage.md``)."""
+(``gnnstream graph load``; what it takes and leaves: ``docs/storage.md``). The events are taken in and the graph
+they leave is worked out here; :mod:`gnnstream.graph_state.bulk_tables` writes the table files, on several
+cores."""
 
 from __future__ import annotations
 
@@ -7,24 +9,25 @@ import itertools
 import os
 import shutil
 import tempfile
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from gnnstream.graph_state import keys
 from gnnstream.graph_state.batch import validate_events
+from gnnstream.graph_state.bulk_tables import (
+    NodeNames, Samples, Tables, cores, run_parts, shared_array, time_keys, write_tables,
+)
 from gnnstream.graph_state.exceptions import StoreConfigError
-from gnnstream.graph_state.sampled import MAX_INDEXED_IDS, PAIR_BITS, SNAPSHOT_PAIRS
-from gnnstream.graph_state.sampler import check_fanout, seeded_rank_bytes
+from gnnstream.graph_state.sampled import MAX_INDEXED_IDS
+from gnnstream.graph_state.sampler import check_fanout
 
 __all__ = ["BulkLoad"]
 
-_EDGE_RECORD = np.dtype([("weight", ">f8"), ("ts", ">f8")])
-_PAIR_KEY = np.dtype([("src", ">u8"), ("dst", ">u8")])
 _NODE = np.dtype([("degree", ">u4"), ("flags", "u1"), ("last_ts", ">f8"), ("first_ts", ">f8")])
-_SIGN = np.uint64(1 << 63)
 _CHUNK = 1 << 20  # events gathered in Python lists before they become arrays
-_RANK_SLICE = 1 << 20  # neighbour entries ranked and sorted at a time
+_LOOKUPS_PER_WORKER = 1 << 18  # edges of add_edges each worker looks up at least
+_F32_MAX = float(np.finfo(np.float32).max)
 
 
 class _Interner(dict):
@@ -36,26 +39,23 @@ class _Interner(dict):
         iid = self[name] = len(self)
         return iid
 
-
-def _distinct_sorted(values: np.ndarray) -> np.ndarray:
-    """The distinct ``values``, ascending (a sort, then a pass: faster than ``np.unique``'s hashing at 10 M)."""
-    values = np.sort(values)
-    return values[np.append(True, values[1:] != values[:-1])] if len(values) else values
-
-
-def _time_keys(t: np.ndarray) -> np.ndarray:
-    """:func:`graph_state.keys.time_key` of many times, as big-endian uint64 (byte order is numeric order)."""
-    bits = (np.asarray(t, dtype=np.float64) + 0.0).view(np.uint64)
-    return np.where(bits & _SIGN, ~bits, bits | _SIGN)
+    def intern(self, names: Sequence[str]) -> np.ndarray:
+        """The iids of ``names``, the new ones interned in order of first appearance (all at once)."""
+        new = list(itertools.filterfalse(self.__contains__, dict.fromkeys(names)))
+        if not all(map(isinstance, new, itertools.repeat(str))) or "" in new:
+            self.__missing__(next(name for name in new if not isinstance(name, str) or not name))
+        self.update(zip(new, range(len(self), len(self) + len(new))))
+        return np.fromiter(map(self.__getitem__, names), np.int64, len(names))
 
 
-def _last_per_key(keys_: np.ndarray, seq: np.ndarray) -> np.ndarray:
-    """The index of the latest entry (highest ``seq``) of each distinct key, in key order."""
-    if not len(keys_):
-        return np.zeros(0, dtype=np.int64)
-    order = np.lexsort((seq, keys_))
+def _key_runs(keys_: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(order, last)`` of entries in event order: ``order`` sorts them by key, each key's entries in event
+    order; ``last[i]`` says whether ``order[i]`` is its key's last entry."""
+    order = np.argsort(keys_, kind="stable")
     ordered = keys_[order]
-    return order[np.flatnonzero(np.append(ordered[1:] != ordered[:-1], True))]
+    last = np.ones(len(order), dtype=bool)
+    last[:-1] = ordered[1:] != ordered[:-1]
+    return order, last
 
 
 class BulkLoad:
@@ -64,9 +64,13 @@ class BulkLoad:
     Args:
         store: an open :class:`~gnnstream.graph_state.store.GraphStore` with no node and no fanouts.
         fanouts: the fanouts whose sampled-by index to write with the graph (none: the first engine builds it).
+        workers: processes the load runs on: they look up the names of edge columns and write the table files,
+            a range each (default: one per core this process may use; 1: this process alone). The state is the
+            same for any number.
 
     Raises:
         StoreConfigError: the store already holds nodes or keeps fanouts.
+        ValueError: ``workers`` is not a positive integer.
     """
 
     @staticmethod
@@ -74,7 +78,11 @@ class BulkLoad:
         """Whether ``store`` can take a bulk load: it has interned no node (so holds none) and keeps no fanouts."""
         return not store.fanouts and next(store.column("ids").keys(), None) is None
 
-    def __init__(self, store: Any, fanouts: Sequence[int] = ()):
+    def __init__(self, store: Any, fanouts: Sequence[int] = (), workers: int | None = None):
+        if workers is None:
+            workers = cores()
+        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+            raise ValueError(f"Expected a positive whole number of bulk load workers (got {workers!r})")
         if next(store.column("ids").keys(), None) is not None:
             raise StoreConfigError(f"state {store.path!r} already holds a graph: a bulk load needs an empty state")
         if store.fanouts:
@@ -82,6 +90,7 @@ class BulkLoad:
                                    f"a bulk load needs a state without one")
         self.store = store
         self.fanouts = tuple(sorted({check_fanout(k) for k in fanouts}))
+        self.workers = workers
         self.dim = store.feature_dim
         self.ids = _Interner()  # name -> iid, in order of first appearance in an upsert
         # edge events in order: src and dst iid (-1: a delete naming a node not seen yet), weight, ts, upsert?
@@ -137,15 +146,13 @@ class BulkLoad:
         if not (np.isfinite(weight).all() and np.isfinite(ts).all()):
             raise ValueError("Expected finite weights and times")
         self._flush_edges()
-        ends = np.fromiter(map(self.ids.__getitem__, itertools.chain.from_iterable(zip(src, dst))), np.int64,
-                           2 * len(src))  # interned in event order, source first
-        self._edges.append((ends[0::2], ends[1::2], weight, ts, np.ones(len(ts), dtype=bool),
+        self._edges.append((*self._ends(src, dst), weight, ts, np.ones(len(ts), dtype=bool),
                             np.arange(self.events, self.events + len(ts), dtype=np.int64)))
         self.events += len(ts)
 
     def add_nodes(self, ids: Sequence[str], ts: np.ndarray, features: np.ndarray) -> None:
         """Take ``node_upsert`` events as columns (in order): ``features`` is ``[len(ids), dim]``, finite."""
-        features = np.asarray(features, dtype=np.float64)
+        features = np.asarray(features)
         ts = np.asarray(ts, dtype=np.float64)
         if features.ndim != 2 or len(features) != len(ids) or len(ts) != len(ids):
             raise ValueError(f"Expected {len(ids)} timestamps and a [{len(ids)}, dim] feature matrix "
@@ -153,13 +160,42 @@ class BulkLoad:
         dim = self.dim if self.dim is not None else features.shape[1]
         if features.shape[1] != dim or dim == 0:
             raise ValueError(f"Expected {dim} features per node (got {features.shape[1]})")
-        if not (np.isfinite(ts).all() and (np.abs(features) <= np.finfo(np.float32).max).all()):
+        rows = features.astype("<f4")
+        in_range = np.isfinite(rows).all() if features.dtype == np.float32 else \
+            (np.abs(features.astype(np.float64)) <= _F32_MAX).all()
+        if not (np.isfinite(ts).all() and in_range):
             raise ValueError("Expected finite times and features within float32 range")
         self.dim = dim
         self._flush_nodes()
-        iids = np.fromiter(map(self.ids.__getitem__, ids), np.int64, len(ids))
-        self._nodes.append((iids, ts, features.astype("<f4"), np.arange(self.events, self.events + len(ids))))
+        iids = self.ids.intern(ids)
+        self._nodes.append((iids, ts, rows, np.arange(self.events, self.events + len(ids))))
         self.events += len(ids)
+
+    def _ends(self, src: Sequence[str], dst: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """The iids of the edges' ends, names not seen before interned in event order (source first).
+
+        The workers look the names up, a range of edges each (a lookup is
+        mostly waits on memory); the names none of them found are interned
+        here after them, in order.
+        """
+        m = len(src)
+        src_iids, dst_iids = shared_array(m), shared_array(m)
+        workers = max(1, min(self.workers, m // _LOOKUPS_PER_WORKER))
+        cuts = (np.arange(workers + 1) * m // workers).tolist()
+        known = self.ids.get
+
+        def look_up(w: int) -> None:
+            a, b = cuts[w], cuts[w + 1]
+            for names, iids in ((src, src_iids), (dst, dst_iids)):
+                iids[a:b] = np.fromiter(map(known, names[a:b], itertools.repeat(-1)), np.int64, b - a)
+
+        run_parts(look_up, workers)
+        new = np.flatnonzero((src_iids < 0) | (dst_iids < 0)).tolist()
+        if new:
+            ends = self.ids.intern(list(itertools.chain.from_iterable(
+                zip(map(src.__getitem__, new), map(dst.__getitem__, new)))))
+            src_iids[new], dst_iids[new] = ends[0::2], ends[1::2]
+        return src_iids, dst_iids
 
     def _flush_edges(self) -> None:
         rows = self._edge_rows
@@ -185,7 +221,7 @@ class BulkLoad:
         if not self._edges:
             empty = np.zeros(0, dtype=np.int64)
             return empty, empty, np.zeros(0), np.zeros(0), np.zeros(0, dtype=bool), empty
-        cols = [np.concatenate(part) for part in zip(*self._edges)]
+        cols = [part[0] if len(part) == 1 else np.concatenate(part) for part in zip(*self._edges)]
         if self._late:  # deletes that named a node before an upsert did
             where = np.searchsorted(cols[5], [at for at, _, _ in self._late])
             cols[0][where] = [self.ids.get(s, -1) for _, s, _ in self._late]
@@ -216,15 +252,18 @@ class BulkLoad:
         if ttl:
             before = self._stream_times(edges)
             named &= ~(upsert & (ts <= before[seq] - ttl))
-        src, dst, weight, ts, upsert, seq = (c[named] for c in (src, dst, weight, ts, upsert, seq))
-        code = src * max(len(self.ids), 1) + dst
-        pairs, pair = np.unique(code, return_inverse=True)
-        last_delete = np.full(len(pairs), -1, dtype=np.int64)
+        if not named.all():
+            src, dst, weight, ts, upsert, seq = (c[named] for c in (src, dst, weight, ts, upsert, seq))
+        order, ends = _key_runs(src * max(len(self.ids), 1) + dst)  # by pair, then event order
+        pair = np.empty(len(order), dtype=np.int64)
+        pair[order] = np.cumsum(ends) - ends  # each event's pair, numbered in (src, dst) order
+        pairs = int(ends.sum())
+        last_delete = np.full(pairs, -1, dtype=np.int64)
         np.maximum.at(last_delete, pair[~upsert], seq[~upsert])
         since = upsert & (seq > last_delete[pair])
-        newest = np.full(len(pairs), -np.inf)
+        newest = np.full(pairs, -np.inf)
         np.maximum.at(newest, pair[since], ts[since])
-        last = _last_per_key(code, seq)
+        last = order[ends]
         last = last[upsert[last]]
         t = newest[pair[last]]
         if ttl and self.events:
@@ -239,8 +278,9 @@ class BulkLoad:
         ends = [part[3] for part in self._edges] + [part[1] for part in self._nodes]
         return max((float(p.max()) for p in ends if len(p)), default=-np.inf)
 
-    def _node_columns(self, edges: tuple[np.ndarray, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """``(last_ts, first_ts, has_features, features)`` by iid; features only of the nodes that have them."""
+    def _node_columns(self, edges: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
+        """``(last_ts, first_ts)`` by iid, then ``(with_features, rows, features)``: the iids that have features,
+        ascending, and the row of ``features`` (one per node upsert) that each one's last upsert left."""
         n = len(self.ids)
         last_ts = np.full(n, -np.inf)
         first_ts = np.full(n, np.inf)
@@ -249,127 +289,78 @@ class BulkLoad:
             np.maximum.at(last_ts, ends, e_ts[e_upsert])
             np.minimum.at(first_ts, ends, e_ts[e_upsert])
         self._flush_nodes()
-        has = np.zeros(n, dtype=bool)
-        dim = self.dim or 0
-        features = np.zeros((n, dim), dtype="<f4")
-        if self._nodes:
-            iids, ts, feats, seq = (np.concatenate(part) for part in zip(*self._nodes))
-            np.maximum.at(last_ts, iids, ts)
-            np.minimum.at(first_ts, iids, ts)
-            last = _last_per_key(iids, seq)  # a node's last upsert
-            features[iids[last]] = feats[last]
-            has[iids] = True
-        return last_ts, first_ts, has, features
+        if not self._nodes:
+            none = np.zeros(0, dtype=np.int64)
+            return last_ts, first_ts, none, none, np.zeros((0, self.dim or 0), dtype="<f4")
+        iids, ts, features, _ = (part[0] if len(part) == 1 else np.concatenate(part) for part in zip(*self._nodes))
+        np.maximum.at(last_ts, iids, ts)
+        np.minimum.at(first_ts, iids, ts)
+        order, ends = _key_runs(iids)
+        rows = order[ends]  # each node's last upsert, by iid
+        return last_ts, first_ts, iids[rows], rows, features
 
     # ------------------------------------------------------------------ writing
     def finish(self, progress: Callable[[str], None] | None = None) -> dict[str, int]:
-        """Write what the events leave into the store (one table file per family, ingested); returns counts.
+        """Write what the events leave into the store (table files by ``workers`` processes, ingested); returns
+        counts.
 
         A crash before the ingest leaves the state empty; the ingest of the
         families and then of the ``meta`` records that complete it is the last step.
         """
         store = self.store
-        names = list(self.ids)
-        encoded = [name.encode() for name in names]
-        n = len(names)
+        encoded = [name.encode() for name in self.ids]
+        n = len(encoded)
+        if self.fanouts and n > MAX_INDEXED_IDS:
+            raise StoreConfigError(f"the sampled-by index holds at most {MAX_INDEXED_IDS} nodes (this load has {n})")
         edges = self._edge_columns()
         src, dst, weight, ts = self._final_edges(edges)
-        last_ts, first_ts, has, features = self._node_columns(edges)
+        last_ts, first_ts, with_features, feature_rows, features = self._node_columns(edges)
+        del edges
         if progress:
             progress("graph worked out")
-        # N(v): the distinct pairs either way, self-loops left out
+        # N(v): the distinct pairs either way, self-loops left out, as neighbour entries (v, u) sorted by v
         links = src != dst
-        a, b = np.minimum(src[links], dst[links]), np.maximum(src[links], dst[links])
-        pair = _distinct_sorted(a * max(n, 1) + b)
-        a, b = pair // max(n, 1), pair % max(n, 1)
-        v = np.concatenate([a, b])
-        u = np.concatenate([b, a])
-        by_v = np.argsort(v, kind="stable")
-        v, u = v[by_v], u[by_v]
-        degree = np.bincount(v, minlength=n)
-        by_name = np.empty(n, dtype=np.int64)
-        by_bytes = sorted(range(n), key=encoded.__getitem__)
-        by_name[by_bytes] = np.arange(n)
+        width = max(n, 1)
+        entries = np.concatenate([src[links] * width + dst[links], dst[links] * width + src[links]])
+        entries.sort()
+        if len(entries):
+            entries = entries[np.append(True, entries[1:] != entries[:-1])]
+        v, u = np.divmod(entries, width)
+        del entries, links
+        lists = np.flatnonzero(np.append(True, v[1:] != v[:-1])) if len(v) else np.zeros(0, dtype=np.int64)
+        lengths = np.diff(np.append(lists, len(v)))
+        by_bytes = np.fromiter(sorted(range(n), key=encoded.__getitem__), np.int64, n)
+        name_order = np.empty(n, dtype=np.int64)
+        name_order[by_bytes] = np.arange(n)
+        node = np.empty(n, dtype=_NODE)
+        node["degree"], node["last_ts"], node["first_ts"] = np.bincount(v, minlength=n), last_ts, first_ts
+        node["flags"] = 0
+        node["flags"][with_features] = keys.FLAG_HAS_FEATURES
+        born_at = time_keys(first_ts)
+        by_birth = np.argsort(born_at, kind="stable")  # (t, iid) order
+        born = np.empty(n, dtype=[("t", ">u8"), ("iid", ">u8")])
+        born["t"], born["iid"] = born_at[by_birth], by_birth
+        tables = Tables(
+            names=NodeNames(encoded), seed=store.seed, by_bytes=by_bytes, name_order=name_order, node=node,
+            born=born.view("V16"), with_features=with_features, feature_rows=feature_rows, features=features,
+            src=src, dst=dst, weight=weight, ts=ts,
+            expiry=np.argsort(time_keys(ts), kind="stable") if store.edge_ttl else None,  # ties: (src, dst) order
+            v=v, u=u, lists=lists, samples=[Samples(k, lengths) for k in self.fanouts])
+        del encoded
         scratch = tempfile.mkdtemp(prefix=".bulk-", dir=store.path)
         try:
-            files: dict[str, list[str]] = {}
-            iid_keys = np.arange(n, dtype=">u8").view("V8").tolist()  # encode_iid of every iid
-
-            def table(family: str, items: Iterable[tuple[bytes, bytes]]) -> None:
-                path = os.path.join(scratch, f"{family}.sst")
-                if store.write_table(family, path, items):
-                    files[family] = [path]
-
-            table("ids", zip(map(encoded.__getitem__, by_bytes), map(iid_keys.__getitem__, by_bytes)))
-            table("names", zip(iid_keys, encoded))
-            node = np.empty(n, dtype=_NODE)
-            node["degree"], node["flags"], node["last_ts"] = degree, np.where(has, keys.FLAG_HAS_FEATURES, 0), last_ts
-            node["first_ts"] = first_ts
-            table("nodes", zip(iid_keys, node.view(f"V{_NODE.itemsize}").tolist()))
-            born = np.empty(n, dtype=[("t", ">u8"), ("iid", ">u8")])
-            born["t"], born["iid"] = _time_keys(first_ts), np.arange(n)
-            born.sort(order=["t", "iid"])
-            table("born", ((key, b"") for key in born.view("V16").tolist()))
-            if has.any():
-                with_features = np.flatnonzero(has)
-                rows = np.ascontiguousarray(features[with_features]).view(f"V{features.shape[1] * 4}").ravel()
-                table("feats", zip(map(iid_keys.__getitem__, with_features.tolist()), rows.tolist()))
-            edge_keys = np.empty(len(src), dtype=_PAIR_KEY)
-            edge_keys["src"], edge_keys["dst"] = src, dst
-            edge_vals = np.empty(len(src), dtype=_EDGE_RECORD)
-            edge_vals["weight"], edge_vals["ts"] = weight, ts
-            table("edges", zip(edge_keys.view("V16").tolist(), edge_vals.view("V16").tolist()))
-            if store.edge_ttl:
-                expiry = np.empty(len(src), dtype=[("t", ">u8"), ("src", ">u8"), ("dst", ">u8")])
-                expiry["t"], expiry["src"], expiry["dst"] = _time_keys(ts), src, dst
-                expiry.sort(order=["t", "src", "dst"])
-                table("expiry", ((key, b"") for key in expiry.view("V24").tolist()))
-            table("nbrs", itertools.chain.from_iterable(  # puts u in index order
-                self._neighbour_index(v, u, names, encoded, iid_keys, by_name)))
+            files = write_tables(tables, scratch, self.workers, store.write_table)
             if progress:
-                progress("neighbour index written")
+                progress(f"tables written ({self.workers} worker{'s' if self.workers > 1 else ''})")
             if self.fanouts:
-                table("sampled", self._snapshot(v, u, n))
-            if progress:
-                progress("tables written")
-            store.ingest(files, next_iid=n, feature_dim=self.dim, fanouts=self.fanouts,
+                path = os.path.join(scratch, "sampled.sst")
+                records = itertools.chain.from_iterable(samples.records() for samples in tables.samples)
+                files["sampled"] = [path] if store.write_table("sampled", path, records) else []
+                if progress:
+                    progress("sampled-by snapshot written")
+            store.ingest({family: paths for family, paths in files.items() if paths}, next_iid=n,
+                         feature_dim=self.dim, fanouts=self.fanouts,
                          stream_time=self.final_time() if self.events else None)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
         return {"events": self.events, "nodes": n, "edges": int(len(src)), "neighbour_entries": int(len(v))}
-
-    def _snapshot(self, v: np.ndarray, u: np.ndarray, n: int) -> Iterable[tuple[bytes, bytes]]:
-        """The sampled-by snapshot records of every fanout, from the neighbour entries in index order: ``S_k(v)``
-        is the first ``k`` entries of ``v``'s run."""
-        if n > MAX_INDEXED_IDS:
-            raise StoreConfigError(f"the sampled-by index holds at most {MAX_INDEXED_IDS} nodes (this load has {n})")
-        starts = np.flatnonzero(np.append(True, v[1:] != v[:-1])) if len(v) else np.zeros(0, dtype=np.int64)
-        run = np.diff(np.append(starts, len(v)))
-        position = np.arange(len(v)) - np.repeat(starts, run)
-        for k in self.fanouts:
-            keep = position < k
-            pairs = np.sort((u[keep] << PAIR_BITS) | v[keep]).astype("<i8")
-            for chunk, start in enumerate(range(0, len(pairs), SNAPSHOT_PAIRS)):
-                yield keys.sampled_snapshot_key(k, chunk), pairs[start:start + SNAPSHOT_PAIRS].tobytes()
-
-    def _neighbour_index(self, v: np.ndarray, u: np.ndarray, names: list[str], encoded: list[bytes],
-                         iid_keys: list[bytes], by_name: np.ndarray) -> Iterable[Iterable[tuple[bytes, bytes]]]:
-        """The ``nbrs`` records of the entries ``(v, u)`` (sorted by ``v``) in key order, a slice of whole
-        neighbour lists at a time (each slice's ranks computed and sorted as it is reached); ``u`` is left in
-        index order (rank, then id) within each ``v``."""
-        rank = seeded_rank_bytes(self.store.seed)
-        starts = np.flatnonzero(np.append(True, v[1:] != v[:-1]))[1:]  # where each neighbour list but the first begins
-        cut = np.unique(np.searchsorted(starts, np.arange(_RANK_SLICE, len(v), _RANK_SLICE)))
-        lo = 0
-        for hi in [*starts[cut[cut < len(starts)]].tolist(), len(v)]:  # slices end where a neighbour list begins
-            if hi <= lo:
-                continue
-            vs, us = v[lo:hi], u[lo:hi]
-            ranks = list(map(rank, map(names.__getitem__, vs.tolist()), map(names.__getitem__, us.tolist())))
-            order = np.lexsort((by_name[us], np.frombuffer(b"".join(ranks), dtype=">u8"), vs))
-            us[:] = us[order]  # u is a view into the caller's array: index order for the snapshot
-            keys_ = map(bytes.__add__, map(bytes.__add__, map(iid_keys.__getitem__, vs.tolist()),
-                                           map(ranks.__getitem__, order.tolist())),
-                        map(encoded.__getitem__, us.tolist()))
-            yield zip(keys_, map(iid_keys.__getitem__, us.tolist()))
-            lo = hi

@@ -3,13 +3,14 @@ and the one-line error for a damaged state."""
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import os
 import re
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from rocksdict import AccessType, BlockBasedOptions, Cache, DBCompressionType, Options, Rdict, SstFileWriter, WriteBatch
 
@@ -171,21 +172,21 @@ class Columns:
     write: Callable[[WriteBatch], None]
 
 
-def write_table(family: str, path: str, items: Iterable[tuple[bytes, bytes]]) -> int:
-    """Write ``(key, value)`` items of ``family``, in strictly increasing key order, into a table file at
-    ``path`` for ingestion; returns how many (no file is left for none)."""
-    items = iter(items)
-    first = next(items, None)
-    if first is None:
-        return 0
-    writer = SstFileWriter(options=family_options(Cache(1 << 20), family))
-    writer.open(path)
-    writer[first[0]] = first[1]
-    count = 1
-    for key, value in items:
-        writer[key] = value
-        count += 1
-    writer.finish()
+def write_table(family: str, path: str, chunks: Iterable[tuple[Sequence[bytes], Iterable[bytes]]]) -> int:
+    """Write records of ``family``, given as ``(keys, values)`` chunks with keys in strictly increasing order
+    throughout, into a table file at ``path`` for ingestion; returns how many (no file is left for none)."""
+    writer = None
+    count = 0
+    for keys_, values in chunks:
+        if not len(keys_):
+            continue
+        if writer is None:
+            writer = SstFileWriter(options=family_options(Cache(1 << 20), family))
+            writer.open(path)
+        collections.deque(map(writer.__setitem__, keys_, values), maxlen=0)
+        count += len(keys_)
+    if writer is not None:
+        writer.finish()
     return count
 
 

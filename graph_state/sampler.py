@@ -12,11 +12,15 @@ in, and adding a neighbour changes ``S_k(v)`` only when it ranks among the
 
 from __future__ import annotations
 
+import functools
 import heapq
 from hashlib import blake2b
 from typing import Callable, Iterable
 
-__all__ = ["neighbor_rank", "rank_bytes", "seeded_rank_bytes", "sample_neighbors", "check_fanout"]
+__all__ = ["neighbor_rank", "rank_bytes", "seeded_rank_bytes", "rank_message_prefix", "ranks_of", "sample_neighbors",
+           "check_fanout"]
+
+_HASH = functools.partial(blake2b, digest_size=8)
 
 
 def neighbor_rank(seed: int, v: str, u: str) -> int:
@@ -43,6 +47,17 @@ def seeded_rank_bytes(seed: int) -> Callable[[str, str], bytes]:
         return h.digest()
 
     return rank
+
+
+def rank_message_prefix(seed: int) -> bytes:
+    """The start of every message hashed for a rank under ``seed``: the message of ``r(v, u)`` is this, then
+    ``v``, ``:`` and ``u``, UTF-8."""
+    return f"{seed}:".encode()
+
+
+def ranks_of(messages: Iterable[bytes]) -> bytes:
+    """The ranks of many messages (built with :func:`rank_message_prefix`), 8 big-endian bytes each, joined."""
+    return b"".join(map(blake2b.digest, map(_HASH, messages)))
 
 
 def check_fanout(k: int) -> int:

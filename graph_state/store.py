@@ -360,10 +360,11 @@ class GraphStore:
         self._marks.written(blocks, "dirty" in tx.cleared)
         return rows
 
-    def write_table(self, family: str, path: str, items: Iterable[tuple[bytes, bytes]]) -> int:
-        """Write ``(key, value)`` items of ``family``, in strictly increasing key order, into a table file at
-        ``path`` for :meth:`ingest`; returns how many (no file is left for none)."""
-        return write_table(family, path, items)
+    def write_table(self, family: str, path: str, chunks: Iterable[tuple[Sequence[bytes], Iterable[bytes]]]) -> int:
+        """Write records of ``family``, as ``(keys, values)`` chunks with keys in strictly increasing order
+        throughout, into a table file at ``path`` for :meth:`ingest`; returns how many (no file is left for
+        none)."""
+        return write_table(family, path, chunks)
 
     def ingest(self, files: Mapping[str, Sequence[str]], *, next_iid: int, feature_dim: int | None,
                fanouts: Sequence[int] = (), stream_time: float | None = None) -> None:

@@ -68,7 +68,8 @@ def _warn_invalid(summary: dict[str, Any], events: str) -> None:
 def _graph_load(args: argparse.Namespace) -> int:
     from gnnstream.workers.offline.jobs import load_events
     summary = load_events(args.state, events_path(args.events), seed=args.seed, model_dir=args.model, batch=args.batch,
-                          report=args.report, dead_letters=args.dead_letters, edge_ttl=args.edge_ttl)
+                          report=args.report, dead_letters=args.dead_letters, edge_ttl=args.edge_ttl,
+                          workers=args.workers)
     _print(summary)
     _warn_invalid(summary, args.events)
     return 0
@@ -242,6 +243,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "model's")
     p.add_argument("--batch", type=whole_number(1), default=1000,
                    help="events per atomic batch after the table files (default 1000)")
+    p.add_argument("--workers", type=whole_number(1), default=None,
+                   help="processes of a load into a new state, each writing a range of every family's table "
+                        "files (default: one per core this process may use; 1: this process alone); the state is "
+                        "the same for any number")
     _edge_ttl_arg(p)
     _invalid_args(p)
     p.set_defaults(func=_graph_load)

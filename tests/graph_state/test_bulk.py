@@ -6,12 +6,15 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import os
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 import gnnstream.graph_state.bulk as bulk_module
+import gnnstream.graph_state.bulk_tables as bulk_tables
+from gnnstream.graph_state import keys
 from gnnstream.graph_state.bulk import BulkLoad
 from gnnstream.graph_state.exceptions import StoreConfigError
 from gnnstream.graph_state.store import GraphStore
@@ -36,7 +39,7 @@ def _without_node_deletes(seed: int, n: int) -> list:
 @pytest.mark.parametrize("seed", range(6))
 def test_bulk_load_equals_apply(tmp_path: Path, seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
     if seed % 2:  # neighbour lists ranked a few entries at a time: slices end between whole lists
-        monkeypatch.setattr(bulk_module, "_RANK_SLICE", 1 + seed)
+        monkeypatch.setattr(bulk_tables, "_RANK_SLICE", 1 + seed)
     events = _without_node_deletes(seed, n=[5, 30, 80][seed % 3])
     with GraphStore(tmp_path / "applied", seed=seed) as applied:
         for start in range(0, len(events), 64):
@@ -184,6 +187,24 @@ def test_graph_load_into_a_new_state_takes_files_without_edges(tmp_path: Path) -
         assert (summary["events"], summary["nodes"], summary["bulk_events"]) == (len(events), nodes, bulk), summary
 
 
+def test_graph_load_takes_the_number_of_workers(tmp_path: Path) -> None:
+    from gnnstream.stream.events import encode_event
+    from tests.workers.reference import run_gnnstream
+    path = tmp_path / "events.jsonl"
+    path.write_bytes(b"".join(encode_event(ev) + b"\n" for ev in _without_node_deletes(2, n=40)))
+    states = {}
+    for workers in ("1", "2"):
+        done = run_gnnstream("graph", "load", "--state", tmp_path / workers, path, "--seed", 0, "--workers", workers)
+        assert done.returncode == 0, done.stderr
+        with GraphStore(tmp_path / workers) as store:
+            states[workers] = {family: list(store.column(family).items()) for family in keys.COLUMN_FAMILIES}
+    assert states["1"] == states["2"] and len(states["1"]["nbrs"]) > 50
+    refused = run_gnnstream("graph", "load", "--state", tmp_path / "zero", path, "--workers", "0")
+    assert refused.returncode == 2
+    assert refused.stderr.strip().splitlines()[-1] == (
+        "gnnstream graph load: error: argument --workers: expected an integer >= 1 (got '0')")
+
+
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("ttl", [0, 7, 40])
 def test_a_windowed_bulk_load_equals_apply(tmp_path: Path, seed: int, ttl: int) -> None:
@@ -210,3 +231,105 @@ def test_a_windowed_bulk_load_equals_apply(tmp_path: Path, seed: int, ttl: int) 
         load.finish()
         assert {f: list(store.column(f).items()) for f in families} == want
         assert store.stream_time == want_time
+
+
+def _renamed(name: str) -> str:
+    """Names of several lengths, some with multi-byte characters (their UTF-8 is what the keys hold)."""
+    return name if not name[1:].isdigit() else name + "é" * (int(name[1:]) % 3) + "x" * (int(name[1:]) % 5)
+
+
+def _load_with_workers(path: Path, events: list, columns: list, workers: int, ttl: int,
+                       record_pids: Path | None = None) -> dict:
+    """The state a bulk load of ``events`` (one at a time), then of the edge upserts ``columns`` (as columns)
+    leaves, family by family."""
+    with GraphStore(path, seed=7, edge_ttl=ttl) as store:
+        if record_pids is not None:  # each table file's family and the process that wrote it
+            write = store.write_table
+
+            def recorded(family: str, file: str, items: object) -> int:
+                (record_pids / f"{os.getpid()}-{os.path.basename(file)}").touch()
+                return write(family, file, items)
+
+            store.write_table = recorded
+        load = BulkLoad(store, fanouts=(2, 3), workers=workers)
+        for ev in events:
+            load.add(ev)
+        load.add_edges([ev.src for ev in columns], [ev.dst for ev in columns],
+                       np.asarray([ev.weight for ev in columns]), np.asarray([ev.ts for ev in columns]))
+        load.finish()
+    with GraphStore(path) as store:
+        return {family: list(store.column(family).items()) for family in keys.COLUMN_FAMILIES}
+
+
+@pytest.mark.parametrize("ttl", [0, 400])
+def test_bulk_loads_with_one_two_and_three_workers_leave_the_same_state(
+        tmp_path: Path, ttl: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every column family, record for record, whatever the number of processes looking names up and writing
+    the table files, and as applying the events leaves it; the small parts, chunks and rank slices make each
+    worker's range span several of each."""
+    monkeypatch.setattr(bulk_module, "_LOOKUPS_PER_WORKER", 5)
+    monkeypatch.setattr(bulk_tables, "_CHUNK", 7)
+    monkeypatch.setattr(bulk_tables, "_RANK_SLICE", 11)
+    events = [dataclasses.replace(ev, **{field: _renamed(getattr(ev, field)) for field in ("id", "src", "dst")
+                                         if hasattr(ev, field)})
+              for ev in _without_node_deletes(4, n=60)]
+    events, columns = events[:600], [ev for ev in events[600:] if ev.op == "edge_upsert"]
+    columns += [EdgeUpsert(f"new{i % 7}", f"v{i}", 1001 + i, 0.5) for i in range(40)]  # names seen first here
+    (tmp_path / "pids").mkdir()
+    one = _load_with_workers(tmp_path / "one", events, columns, 1, ttl)
+    two = _load_with_workers(tmp_path / "two", events, columns, 2, ttl, record_pids=tmp_path / "pids")
+    three = _load_with_workers(tmp_path / "three", events, columns, 3, ttl)
+    assert one == two
+    assert one == three
+    assert len(one["nbrs"]) > 100 and one["sampled"] and one["feats"] and (one["expiry"] if ttl else True)
+    assert any(len(key) > 20 for key, _ in one["nbrs"])  # the multi-byte names are in it
+    families = GRAPH_FAMILIES + ("born", "expiry")
+    with GraphStore(tmp_path / "applied", seed=7, edge_ttl=ttl) as applied:
+        applied.apply(events)
+        applied.apply(columns)
+        assert {f: list(applied.column(f).items()) for f in families} == {f: one[f] for f in families}
+    writers: dict[str, set[int]] = {}
+    for marker in (tmp_path / "pids").iterdir():
+        pid, file = marker.name.split("-", 1)
+        writers.setdefault(file.rsplit("-", 1)[0], set()).add(int(pid))
+    assert {family: len(pids) for family, pids in writers.items()} == {
+        **{family: 2 for family in ("ids", "names", "nodes", "born", "feats", "edges", "nbrs")},
+        **({"expiry": 2} if ttl else {}), "sampled.sst": 1}, writers  # two processes; the snapshot after them
+
+
+def test_neighbour_entries_that_share_a_rank_are_ordered_by_name() -> None:
+    vs = np.asarray([0, 0, 0, 1, 1])
+    us = np.asarray([3, 1, 2, 4, 0])
+    name_order = np.asarray([4, 0, 3, 1, 2])  # names by bytes: 1, 3, 4, 2, 0
+    tied = np.asarray([5, 5, 2, 7, 7], dtype=">u8")
+    assert bulk_tables._index_order(vs, tied, us, name_order).tolist() == [2, 1, 0, 3, 4]
+    rng = np.random.default_rng(0)
+    vs = np.sort(rng.integers(0, 50, 1000))
+    us = rng.permutation(1000)
+    ranks = rng.integers(0, 1 << 63, 1000).astype(">u8") << 1  # no two alike: one sort
+    assert bulk_tables._index_order(vs, ranks, us, np.arange(1000)).tolist() == np.lexsort((us, ranks, vs)).tolist()
+
+
+def test_a_failing_bulk_load_worker_fails_the_load_and_leaves_the_state_empty(tmp_path: Path) -> None:
+    parent = os.getpid()
+    with GraphStore(tmp_path / "s", seed=0) as store:
+        write = store.write_table
+
+        def full_disk(family: str, path: str, items: object) -> int:
+            if os.getpid() != parent:
+                raise OSError(28, "No space left on device")
+            return write(family, path, items)
+
+        store.write_table = full_disk
+        load = BulkLoad(store, workers=2)
+        for ev in _without_node_deletes(0, n=30):
+            load.add(ev)
+        with pytest.raises(OSError, match="No space left on device") as failed:
+            load.finish()
+        assert "(in bulk load worker 1)" in failed.value.__notes__
+        assert BulkLoad.takes(store) and store.num_nodes() == 0
+        assert [p.name for p in Path(store.path).iterdir() if p.name.startswith(".bulk-")] == []
+    for workers in (0, -1, 1.5, True):
+        with GraphStore(tmp_path / f"w{workers}", seed=0) as store, \
+                pytest.raises(ValueError, match="positive whole number of bulk load workers"):
+            BulkLoad(store, workers=workers)

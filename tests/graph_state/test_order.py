@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gnnstream.graph_state.sampler import rank_bytes, seeded_rank_bytes
+from gnnstream.graph_state.sampler import rank_bytes, rank_message_prefix, ranks_of, seeded_rank_bytes
 from gnnstream.graph_state.store import GraphStore
 from gnnstream.stream.events import EdgeDelete, EdgeUpsert, NodeUpsert
 from tests.graph_state._model import DIM, GraphModel, assert_store_matches
@@ -160,3 +160,11 @@ def test_seeded_rank_bytes_equals_rank_bytes(seed, v, u):
     assert rank(v, u) == rank_bytes(seed, v, u)
     assert len(rank(v, u)) == 8
     assert seeded_rank_bytes(seed + 1)(v, u) != rank(v, u)  # the seed is part of the hash
+
+
+@settings(max_examples=100, deadline=None)
+@given(seed=st.integers(0, 2**63), pairs=st.lists(st.tuples(st.text(min_size=1), st.text(min_size=1)), max_size=5))
+def test_ranks_of_messages_are_the_ranks_of_the_pairs(seed, pairs):
+    """The bulk load's many-at-once ranks: a message is the seed's prefix, v, ':' and u, UTF-8."""
+    messages = [rank_message_prefix(seed) + v.encode() + b":" + u.encode() for v, u in pairs]
+    assert ranks_of(messages) == b"".join(rank_bytes(seed, v, u) for v, u in pairs)

@@ -231,11 +231,12 @@ class EventsFileChanged(ValueError):
 # ---------------------------------------------------------------------- commands
 def load_events(state: str, path: str, *, seed: int | None = None, model_dir: str | None = None,
                 batch: int = 1000, report: str | None = None, dead_letters: str | None = None,
-                edge_ttl: int | None = None) -> dict[str, Any]:
+                edge_ttl: int | None = None, workers: int | None = None) -> dict[str, Any]:
     """``graph load``: apply a JSONL event file to the graph store (no embeddings).
 
     ``edge_ttl`` is the edge window of a new state (``--edge-ttl``; an existing
     state must hold the same one); the bulk part applies it at its final stream time.
+    ``workers`` write its table files (``--workers``; default one per core).
 
     A new state takes its seed from ``model_dir`` when given, else ``seed``,
     else 0; with a model, features must have its ``in_dim``, and the state
@@ -274,7 +275,7 @@ def load_events(state: str, path: str, *, seed: int | None = None, model_dir: st
         events = _numbered_events(path, 0, invalid, dim, source)
         last = 0
         if BulkLoad.takes(store):  # an empty state: table files, up to the first node_delete
-            load = BulkLoad(store, fanouts=config.fanouts if config is not None else ())
+            load = BulkLoad(store, fanouts=config.fanouts if config is not None else (), workers=workers)
             rest: list[tuple[int, Event]] = []
             seen = last
             for line_no, ev in events:
