@@ -28,11 +28,11 @@ bound allows (:meth:`BatchSizer.fill`): a poll returns at its first record,
 so without waiting a batch would hold only what arrived while the last one
 was processed, and each batch has a cost of its own besides its events'.
 It takes more records, without blocking, after pauses of half the time
-left (at most 50 ms): until the target is reached or the oldest record's age plus the
-predicted time of the batch (its size times ``cost``) would pass
-``WAIT_SHARE`` of the bound, and never more records than fit in it then.
-The rest of the bound is left to the hand-over to the publisher and the
-delivery. Without a bound a poll takes what is there.
+left (at most 50 ms), until the target is reached or the oldest record's
+age plus the predicted time of the batch (its size times ``cost``) would
+pass ``WAIT_SHARE`` of the bound, and never more records than fit in it
+then. The rest of the bound is left to the hand-over to the publisher and
+the delivery. Without a bound a poll takes what is there.
 
 Events that already waited longer than the bound cannot meet it, whatever
 the batch size (a backlog left by a restart, an outage or a burst above
@@ -42,8 +42,8 @@ the halving on freshness are suspended, the target grows towards
 again once the worker is back within the bound.
 
 The worker's thread calls :meth:`target` before each poll, :meth:`fill`
-and :meth:`polled` after it and :meth:`processed` once the batch was handed to the publisher;
-the publisher thread calls :meth:`delivered`. ``clock`` gives the time in
+and :meth:`polled` after it and :meth:`processed` once the batch was
+handed to the publisher; the publisher thread calls :meth:`delivered`. ``clock`` gives the time in
 seconds since the epoch, the scale of Kafka timestamps.
 """
 
