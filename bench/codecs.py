@@ -1,9 +1,16 @@
-"""The delivery process's encoding cost per update, per output format (no broker).
+"""The delivery process's cost per update, per output format: encoding alone, or whole delivery rounds.
 
 ``python -m bench.codecs [--nodes N] [--dim D] [--partitions P] [--repeat R]`` encodes one batch of update
 columns the way :class:`gnnstream.stream.delivery.Delivery` does (JSON and binary: ``encode_columns``;
-packed: ``encode_frames`` into frames of at most 1 MB) and prints JSON: per format the CPU time per update
-(best of ``--repeat``), the bytes per update and the messages.
+packed: ``encode_frames`` into frames of at most 1 MB), no broker, and prints JSON: per format the CPU time
+per update (best of ``--repeat``), the bytes per update and the messages.
+
+``--rounds K [--round-updates U]`` measures the delivery process instead: per format, a
+:class:`gnnstream.stream.delivery.DeliveryProcess` (confluent client) on an embedded broker is handed every
+one of the ``N`` nodes once (what it remembers of them, as in a worker that ran a while), then ``K`` rounds
+of ``U`` distinct random nodes, 20 ms apart, the way the worker's publisher hands them over (interned ids,
+the headers of a worker); reported: the process's CPU (``/proc``, every thread) per round and per update,
+and the wall time of a round.
 """
 
 from __future__ import annotations
@@ -11,14 +18,17 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import time
 
 import numpy as np
 
+from bench.common import log, machine_load
 from gnnstream.stream.clients import MAX_MESSAGE_BYTES
-from gnnstream.stream.delivery import UpdateColumns, encode_columns, encode_frames
+from gnnstream.stream.delivery import DeliveryProcess, UpdateColumns, encode_columns, encode_frames
+from gnnstream.stream.partitioning import partitions_for
 
-__all__ = ["measure", "main"]
+__all__ = ["measure", "rounds", "main"]
 
 logger = logging.getLogger(__name__)
 
@@ -31,7 +41,8 @@ def measure(nodes: int, dim: int, partitions: int, repeat: int) -> dict[str, dic
                          rng.normal(size=(nodes, dim)).astype(np.float32), np.zeros(nodes, dtype=bool))
     runs = {"json": lambda: [v for _, v, _ in encode_columns([cols], "otc-sage:1", "json")],
             "binary": lambda: [v for _, v, _ in encode_columns([cols], "otc-sage:1", "binary")],
-            "packed": lambda: [v for _, _, v in encode_frames([cols], "otc-sage:1", partitions,
+            "packed": lambda: [v for _, _, v in encode_frames([cols], "otc-sage:1",
+                                                              partitions_for(cols.names, partitions),
                                                               MAX_MESSAGE_BYTES - 2048)]}
     out = {}
     for name, run in runs.items():
@@ -45,15 +56,74 @@ def measure(nodes: int, dim: int, partitions: int, repeat: int) -> dict[str, dic
     return out
 
 
+def _cpu_s(pid: int) -> float:
+    """User and system CPU seconds of process ``pid`` so far (every thread)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rounds(nodes: int, dim: int, partitions: int, count: int, size: int) -> dict[str, dict[str, float]]:
+    """``{format: {"cpu_ms_per_round", "cpu_us_per_update", "wall_ms_per_round"}}`` of ``count`` delivery rounds
+    of ``size`` updates each (see the module's text)."""
+    from gnnstream.stream.broker import EmbeddedBroker
+    from gnnstream.stream.kafka import ensure_topics
+    from gnnstream.stream.rollout import stamp_headers
+    rng = np.random.default_rng(0)
+    names = [str(i) for i in range(nodes)]
+
+    def columns(iids: np.ndarray) -> UpdateColumns:
+        n = len(iids)
+        return UpdateColumns([names[i] for i in iids.tolist()], rng.integers(1, 2**40, n),
+                             rng.uniform(1.7e9, 1.8e9, n), time.time(), ["full"] * n,
+                             rng.normal(size=(n, dim)).astype(np.float32), np.zeros(n, dtype=bool), iids)
+
+    every = [columns(np.arange(start, min(start + 50_000, nodes))) for start in range(0, nodes, 50_000)]
+    batches = [[columns(np.sort(rng.choice(nodes, size, replace=False)))] for _ in range(count)]
+    headers = stamp_headers("bench:1", 0)
+    out = {}
+    with EmbeddedBroker() as broker:
+        for fmt in ("json", "binary", "packed"):
+            topic = f"bench-codecs-{fmt}"
+            ensure_topics(broker.bootstrap, {topic: partitions})
+            delivery = DeliveryProcess("confluent", broker.bootstrap, topic, "bench:1", fmt, worker="w1")
+            try:
+                delivery.deliver(every, 60.0, headers)
+                assert delivery.pid is not None
+                cpu0, wall, t0 = _cpu_s(delivery.pid), 0.0, time.perf_counter()
+                for columns_ in batches:
+                    start = time.perf_counter()
+                    delivery.deliver(columns_, 60.0, headers)
+                    wall += time.perf_counter() - start
+                    time.sleep(0.02)
+                cpu = _cpu_s(delivery.pid) - cpu0
+            finally:
+                delivery.close()
+            out[fmt] = {"cpu_ms_per_round": round(cpu / count * 1e3, 3),
+                        "cpu_us_per_update": round(cpu / (count * size) * 1e6, 3),
+                        "wall_ms_per_round": round(wall / count * 1e3, 2)}
+            log(f"{fmt}: {out[fmt]} ({time.perf_counter() - t0:.1f} s)")
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--nodes", type=int, default=50_000)
-    parser.add_argument("--dim", type=int, default=32)
-    parser.add_argument("--partitions", type=int, default=4)
-    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--nodes", type=int, default=50_000, help="nodes, ids 0 .. N-1 (all of them encoded once)")
+    parser.add_argument("--dim", type=int, default=32, help="values per embedding")
+    parser.add_argument("--partitions", type=int, default=4, help="partitions of the output topic")
+    parser.add_argument("--repeat", type=int, default=5, help="encoding passes, the best reported")
+    parser.add_argument("--rounds", type=int, default=0,
+                        help="measure this many delivery rounds per format on an embedded broker instead")
+    parser.add_argument("--round-updates", type=int, default=3000, help="updates a delivery round (with --rounds)")
     args = parser.parse_args(argv)
-    result = {"nodes": args.nodes, "dim": args.dim, "partitions": args.partitions,
-              "formats": measure(args.nodes, args.dim, args.partitions, args.repeat)}
+    if args.rounds > 0 and not 0 < args.round_updates <= args.nodes:
+        parser.error(f"--round-updates must be in 1..--nodes ({args.nodes}) (got {args.round_updates})")
+    result = {"nodes": args.nodes, "dim": args.dim, "partitions": args.partitions, "load": machine_load()}
+    if args.rounds > 0:
+        result.update(rounds=args.rounds, round_updates=args.round_updates,
+                      delivery=rounds(args.nodes, args.dim, args.partitions, args.rounds, args.round_updates))
+    else:
+        result["formats"] = measure(args.nodes, args.dim, args.partitions, args.repeat)
     print(json.dumps(result, indent=1))
 
 

@@ -517,17 +517,15 @@ class ConfluentProducer(ProducerClient):
                 for ``max_block_ms``, record too large, ...).
         """
         producer = self._producer if self._producer is not None else self._client()
-        if partition is not None:  # rare (rollout markers): no fast path
-            self._send_when_room(producer, topic, key, value, headers, partition)
-            self._sent += 1
-            return
         try:
-            if headers:
+            if partition is not None:  # packed frames, rollout markers
+                producer.produce(topic, value, key, partition=partition, headers=header_list(headers))
+            elif headers:
                 producer.produce(topic, value, key, headers=header_list(headers))
             else:
                 producer.produce(topic, value, key)
         except BufferError:
-            self._send_when_room(producer, topic, key, value, headers)
+            self._send_when_room(producer, topic, key, value, headers, -1 if partition is None else partition)
         except KafkaException as exc:
             raise DeliveryError(f"could not queue a record for {topic!r}: {exc.args[0]}", failed=1,
                                 cause=exc) from exc
@@ -544,7 +542,7 @@ class ConfluentProducer(ProducerClient):
         count = 0
         try:
             for key, value, own in messages:
-                extra = joined_headers(own, common)
+                extra = joined_headers(own, common) if own else common
                 try:
                     produce(topic, value, key, headers=extra)
                 except BufferError:

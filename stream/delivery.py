@@ -28,6 +28,7 @@ the socket closes, so a killed worker never leaves it behind.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import itertools
 import logging
 import math
@@ -51,7 +52,8 @@ from gnnstream.stream.deadletter import RECORD_OVERHEAD
 from gnnstream.stream.partitioning import partitions_for
 from gnnstream.stream.updates import encode_packed, encode_updates, tombstone
 
-__all__ = ["UpdateColumns", "Delivery", "DeliveryProcess", "encode_columns", "encode_frames", "WORKER_HEADER"]
+__all__ = ["UpdateColumns", "Delivery", "DeliveryProcess", "NodePartitions", "encode_columns", "encode_frames",
+           "WORKER_HEADER"]
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +62,7 @@ Frame = tuple[int, bytes, bytes]  # (partition, key, value) of a packed frame
 Format = Literal["json", "binary", "packed"]
 WORKER_HEADER = "gnnstream.worker"  # names the worker of a group that published a message
 _CHUNK = 4096  # messages encoded, then sent, at a time: the client sends a chunk while the next is encoded
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (malloc.h)
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -70,7 +73,9 @@ class UpdateColumns:
     marks withdrawn nodes, published as tombstones. ``iids`` and
     ``mode_codes`` (the nodes' interned ids and the small integers standing
     for ``modes``, stable within a process) let the worker compare with
-    what it sent before without looking names up; they are not sent.
+    what it sent before without looking names up; they are not sent, but
+    ``iids`` cross to the delivery process, which remembers each node's
+    output partition by them.
     """
 
     names: list[str]
@@ -86,9 +91,9 @@ class UpdateColumns:
     def __len__(self) -> int:
         return len(self.names)
 
-    def __reduce__(self) -> tuple:  # what crosses to the child: the columns it encodes, not the worker's ids
+    def __reduce__(self) -> tuple:  # what crosses to the child: the columns it encodes, and the ids
         return (UpdateColumns, (self.names, self.versions, self.event_ts, self.computed_at, self.modes, self.rows,
-                                self.deleted))
+                                self.deleted, self.iids))
 
 
 def encode_columns(columns: Sequence[UpdateColumns], model: str, fmt: Literal["json", "binary"]) -> list[Message]:
@@ -113,10 +118,11 @@ def encode_columns(columns: Sequence[UpdateColumns], model: str, fmt: Literal["j
     return messages
 
 
-def encode_frames(columns: Sequence[UpdateColumns], model: str, partitions: int, max_bytes: int) -> list[Frame]:
-    """The packed frames ``(partition, key, value)`` of ``columns``: per output partition (the one each node id
-    maps to among ``partitions``, in partition order) the rows in order, tombstones as flagged rows, split into
-    frames of at most ``max_bytes`` (value and key); the key is the partition number in decimal ASCII.
+def encode_frames(columns: Sequence[UpdateColumns], model: str, partitions: np.ndarray, max_bytes: int) -> list[Frame]:
+    """The packed frames ``(partition, key, value)`` of ``columns``: per output partition (``partitions``, that
+    of each node of ``columns`` in order: the one its id maps to, :mod:`gnnstream.stream.partitioning`), in
+    partition order, the rows in order, tombstones as flagged rows, split into frames of at most ``max_bytes``
+    (value and key); the key is the partition number in decimal ASCII.
 
     Raises:
         ValueError: a row or time that cannot be encoded, or a row that alone exceeds ``max_bytes``.
@@ -124,26 +130,72 @@ def encode_frames(columns: Sequence[UpdateColumns], model: str, partitions: int,
     columns = [c for c in columns if len(c)]
     if not columns:
         return []
-    names = list(itertools.chain.from_iterable(c.names for c in columns))
-    modes = list(itertools.chain.from_iterable(c.modes for c in columns))
-    versions = np.concatenate([c.versions for c in columns])
-    event_ts = np.concatenate([c.event_ts for c in columns])
-    computed = np.repeat([c.computed_at for c in columns], [len(c) for c in columns])
-    rows = np.concatenate([c.rows for c in columns]) if len(columns) > 1 else columns[0].rows
-    deleted = np.concatenate([c.deleted for c in columns])
-    part = partitions_for(names, partitions) if partitions > 1 else np.zeros(len(names), dtype=np.int32)
-    order = np.argsort(part, kind="stable")
-    cuts = np.flatnonzero(np.diff(part[order])) + 1
+    if len(columns) == 1:
+        (c,) = columns
+        names, modes, versions, event_ts, rows, deleted = c.names, c.modes, c.versions, c.event_ts, c.rows, c.deleted
+        computed: float | np.ndarray = c.computed_at
+    else:
+        names = list(itertools.chain.from_iterable(c.names for c in columns))
+        modes = list(itertools.chain.from_iterable(c.modes for c in columns))
+        versions = np.concatenate([c.versions for c in columns])
+        event_ts = np.concatenate([c.event_ts for c in columns])
+        computed = np.repeat([c.computed_at for c in columns], [len(c) for c in columns])
+        rows = np.concatenate([c.rows for c in columns])
+        deleted = np.concatenate([c.deleted for c in columns])
+    if len(partitions) != len(names):
+        raise ValueError(f"Expected a partition for each of the {len(names)} rows (got {len(partitions)})")
+    order = np.argsort(partitions, kind="stable")
+    ordered = partitions[order]
+    starts = [0, *(np.flatnonzero(np.diff(ordered)) + 1).tolist()]
+    if len(starts) > 1:  # rows of several partitions: put in partition order once, each partition's a slice then
+        pick = order.tolist()
+        names, modes = list(map(names.__getitem__, pick)), list(map(modes.__getitem__, pick))
+        versions, event_ts, rows, deleted = versions[order], event_ts[order], rows[order], deleted[order]
+        computed = computed if np.ndim(computed) == 0 else computed[order]
     frames: list[Frame] = []
-    for idx in np.split(order, cuts):
-        p = int(part[idx[0]])
+    for a, b in zip(starts, [*starts[1:], len(names)]):
+        p = int(ordered[a])
         key = str(p).encode()
-        pick = idx.tolist()
-        for value in encode_packed(list(map(names.__getitem__, pick)), model, versions[idx], event_ts[idx],
-                                   computed[idx], list(map(modes.__getitem__, pick)), rows[idx], deleted[idx],
-                                   max_bytes=max_bytes - len(key)):
+        for value in encode_packed(names[a:b], model, versions[a:b], event_ts[a:b],
+                                   computed if np.ndim(computed) == 0 else computed[a:b], modes[a:b], rows[a:b],
+                                   deleted[a:b], max_bytes=max_bytes - len(key)):
             frames.append((p, key, value))
     return frames
+
+
+class NodePartitions:
+    """The output partition of each node (among ``count``), remembered by its interned id: a node's updates go
+    out again and again, and looking its hash up by name costs more than encoding its row.
+
+    Columns without ``iids`` are looked up by name each time (:func:`partitions_for`).
+    """
+
+    def __init__(self, count: int):
+        self.count = count
+        self._known = np.zeros(0, dtype=np.int32)  # by iid: the node's partition, -1 = not known yet
+
+    def of(self, columns: Sequence[UpdateColumns]) -> np.ndarray:
+        """The partition of each node of ``columns``, in order."""
+        parts = [self._of(c) for c in columns if len(c)]
+        return parts[0] if len(parts) == 1 else np.concatenate(parts or [np.zeros(0, dtype=np.int32)])
+
+    def _of(self, cols: UpdateColumns) -> np.ndarray:
+        if self.count == 1:
+            return np.zeros(len(cols), dtype=np.int32)
+        iids = cols.iids
+        if iids is None:
+            return partitions_for(cols.names, self.count)
+        top = int(iids.max()) + 1
+        if top > len(self._known):
+            grown = np.full(max(top, len(self._known) * 3 // 2), -1, dtype=np.int32)
+            grown[:len(self._known)] = self._known
+            self._known = grown
+        part = self._known[iids]
+        unknown = np.flatnonzero(part < 0)
+        if len(unknown):
+            part[unknown] = partitions_for([cols.names[i] for i in unknown.tolist()], self.count)
+            self._known[iids[unknown]] = part[unknown]
+        return part
 
 
 def _chunks(columns: Sequence[UpdateColumns], size: int) -> list[UpdateColumns]:
@@ -179,21 +231,25 @@ class Delivery:
         self.producer, self.topic, self.model, self.fmt = producer, topic, model, fmt
         self._worker = [(WORKER_HEADER, worker.encode())] if worker else None
         self._partitions = partitions
+        self._nodes: NodePartitions | None = None
 
-    def partitions(self) -> int:
-        """The output topic's partition count (packed), looked up once.
+    def partitions(self) -> NodePartitions:
+        """The output partition of each node (packed), the topic's partition count looked up once.
 
         Raises:
             DeliveryError: the look-up failed (transient: the batch is sent again).
         """
-        if callable(self._partitions):
-            try:
-                self._partitions = int(self._partitions())
-            except Exception as exc:
-                raise DeliveryError(f"the partitions of topic {self.topic!r} are not known yet ({exc}); the "
-                                    f"batch is sent again", cause=exc, kind="kafka") from exc
-        assert isinstance(self._partitions, int)
-        return self._partitions
+        if self._nodes is None:
+            count = self._partitions
+            if callable(count):
+                try:
+                    count = int(count())
+                except Exception as exc:
+                    raise DeliveryError(f"the partitions of topic {self.topic!r} are not known yet ({exc}); the "
+                                        f"batch is sent again", cause=exc, kind="kafka") from exc
+            assert isinstance(count, int)
+            self._nodes = NodePartitions(count)
+        return self._nodes
 
     def deliver(self, columns: Sequence[UpdateColumns], timeout_s: float = 30.0,
                 headers: list[tuple[str, bytes]] | None = None) -> int:
@@ -207,20 +263,21 @@ class Delivery:
             DeliveryError: the flush failed: all of them count as unsent.
         """
         send_many, topic = self.producer.send_many, self.topic
-        for cols in columns:
-            if not (np.isfinite(cols.rows).all() and np.isfinite(cols.event_ts).all()
-                    and math.isfinite(cols.computed_at)):
-                encode_columns([cols], self.model, "binary")  # raises, naming the nodes
         count = 0
         extra = [*(self._worker or ()), *(headers or ())] or None
-        if self.fmt == "packed":
+        if self.fmt == "packed":  # every frame is encoded before the first is sent
             room = (self.producer.max_message_bytes - RECORD_OVERHEAD
                     - sum(len(k.encode()) + len(v) for k, v in extra or ()))
-            for partition, key, value in encode_frames(columns, self.model, self.partitions(), room):
+            frames = encode_frames(columns, self.model, self.partitions().of(columns), room)
+            for partition, key, value in frames:
                 self.producer.send(topic, key, value, extra, partition=partition)
                 count += 1
             self.producer.flush(timeout_s)
             return count
+        for cols in columns:  # the messages go out chunk by chunk: nothing is sent if any cannot be encoded
+            if not (np.isfinite(cols.rows).all() and np.isfinite(cols.event_ts).all()
+                    and math.isfinite(cols.computed_at)):
+                encode_columns([cols], self.model, "binary")  # raises, naming the nodes
         for cols in _chunks(columns, _CHUNK):
             count += send_many(topic, encode_columns([cols], self.model, self.fmt), extra)
         self.producer.flush(timeout_s)
@@ -442,6 +499,22 @@ def topic_partitions(client: str, bootstrap: str, topic: str, timeout_s: float =
         consumer.close()
 
 
+def _keep_freed_memory() -> None:
+    """Have glibc's allocator keep the memory this process frees (elsewhere: nothing).
+
+    A round's frames and the client's copies of them take megabytes, allocated and freed every round. By
+    default glibc maps each block of more than 128 KiB anew and unmaps it when freed, so the next round
+    faults every page in again: for packed updates, about half of the CPU of a round. Blocks of up to
+    32 MiB come from the heap instead, and up to 64 MiB freed at its top stay with the process.
+    """
+    try:
+        libc = ctypes.CDLL(None)
+        libc.mallopt(_M_MMAP_THRESHOLD, 32 << 20)
+        libc.mallopt(_M_TRIM_THRESHOLD, 64 << 20)
+    except (OSError, AttributeError):  # not glibc
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="the worker's delivery process (started by the worker)")
     parser.add_argument("--fd", type=int, required=True, help="the socket to the worker")
@@ -456,6 +529,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the worker stops it: a Ctrl-C reaches it through the worker
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s delivery: %(message)s")
+    _keep_freed_memory()
     from gnnstream.stream.backends import open_producer
     conn = _Pipe(socket.socket(fileno=args.fd))
     producer = open_producer(args.client, args.bootstrap, max_message_bytes=args.max_message_bytes)

@@ -9,7 +9,6 @@ partitions assigned to it, so it computes the same function here.
 from __future__ import annotations
 
 import struct
-from functools import lru_cache
 from typing import Iterable
 
 import numpy as np
@@ -52,15 +51,24 @@ def partition_for(key: bytes, partitions: int) -> int:
     return (murmur2(key) & 0x7FFFFFFF) % partitions
 
 
-@lru_cache(maxsize=1 << 18)
-def _id_hash(node_id: str) -> int:
-    """The positive murmur2 hash of a node id (UTF-8), remembered for the ids seen most recently: a node's
-    updates go out again and again, and the hash is pure Python."""
-    return murmur2(node_id.encode()) & 0x7FFFFFFF
+_HASHES: dict[str, int] = {}  # node id -> its positive murmur2 hash: a node's updates go out again and again
+_HASHES_KEPT = 1 << 18  # ids remembered at most (emptied when full)
 
 
 def partitions_for(names: Iterable[str], partitions: int) -> np.ndarray:
-    """:func:`partition_for` of each node id (UTF-8 encoded), as an int32 array."""
+    """:func:`partition_for` of each node id (UTF-8 encoded), as an int32 array.
+
+    The hashes of the last ids seen (up to ``2**18``) are remembered: looking one up costs a dict lookup, a
+    hash in pure Python a hundred times that.
+    """
     if partitions < 1:
         raise ValueError(f"Expected at least one partition (got {partitions})")
-    return np.fromiter((_id_hash(n) % partitions for n in names), dtype=np.int32)
+    names = names if isinstance(names, list) else list(names)
+    hashes = list(map(_HASHES.get, names))
+    if None in hashes:
+        if len(_HASHES) + len(names) > _HASHES_KEPT:
+            _HASHES.clear()
+        for i, name in enumerate(names):
+            if hashes[i] is None:
+                hashes[i] = _HASHES[name] = murmur2(name.encode()) & 0x7FFFFFFF
+    return (np.array(hashes, dtype=np.int64) % partitions).astype(np.int32)

@@ -139,6 +139,8 @@ _PACKED_HEAD = struct.Struct(">BBIIHB")
 _PACKED_COLUMNS = 2 + 8 + 8 + 8 + 1 + 1  # column bytes per row, besides its id and embedding
 VERSION_HEADER = "gnnstream.version"
 _HEADER = struct.Struct(">BQddIHHB")
+_BINARY_HEAD = np.dtype([("magic", "u1"), ("version", ">u8"), ("event_ts", ">f8"), ("computed_at", ">f8"),
+                         ("dim", ">u4"), ("id_len", ">u2"), ("model_len", ">u2"), ("mode_len", "u1")])  # _HEADER
 _NUMBER_TYPES = frozenset((int, float))
 _JSON_KEYS = ("id", "model", "version", "embedding", "event_ts", "computed_at", "mode")
 
@@ -249,21 +251,37 @@ def encode_updates(ids: Sequence[str], model: str, versions: Sequence[int], even
         return [dumps({"id": node, "model": model, "version": int(version), "embedding": row,
                        "event_ts": _number_json(ts), "computed_at": computed, "mode": mode}, option=option)
                 for node, version, row, ts, mode in zip(ids, versions, values, times.tolist(), modes)]
+    if not n:
+        return []
     values = np.ascontiguousarray(rows, dtype="<f4")
     model_b = model.encode("utf-8")
     dim = values.shape[1]
     if len(model_b) > 0xFFFF or dim > 0xFFFFFFFF:
         raise ValueError(f"Expected a model name < 64 KiB and at most 2**32 - 1 values (got {model!r}, {dim})")
-    out = []
-    pack = _HEADER.pack
-    for node, version, row, ts, mode in zip(ids, versions, values, times.tolist(), modes):
-        node_b, mode_b = node.encode("utf-8"), mode.encode("utf-8")
-        if len(node_b) > 0xFFFF or len(mode_b) > 0xFF:
-            raise ValueError(f"Expected id < 64 KiB and mode < 256 bytes (node {node!r})")
-        header = pack(BINARY_MAGIC, int(version), ts, float(computed_at), dim, len(node_b), len(model_b),
-                      len(mode_b))
-        out.append(b"".join((header, node_b, model_b, mode_b, row.tobytes())))
-    return out
+    version_list = versions.tolist() if isinstance(versions, np.ndarray) else list(map(int, versions))
+    if min(version_list) < 0 or max(version_list) >= 2**64:
+        raise ValueError(f"Expected versions in [0, 2**64) (got {min(version_list)} .. {max(version_list)})")
+    ids_b = [node.encode("utf-8") for node in ids]
+    table = {mode: mode.encode("utf-8") for mode in dict.fromkeys(modes)}
+    modes_b = list(map(table.__getitem__, modes))
+    id_lens = np.fromiter(map(len, ids_b), dtype=np.int64, count=n)
+    mode_lens = np.fromiter(map(len, modes_b), dtype=np.int64, count=n)
+    if id_lens.max() > 0xFFFF or mode_lens.max() > 0xFF:
+        i = int(np.flatnonzero((id_lens > 0xFFFF) | (mode_lens > 0xFF))[0])
+        raise ValueError(f"Expected id < 64 KiB and mode < 256 bytes (node {ids[i]!r})")
+    head = np.empty(n, dtype=_BINARY_HEAD)  # every header at once, each then joined with its id, mode and row
+    head["magic"] = BINARY_MAGIC
+    head["version"] = version_list
+    head["event_ts"] = times
+    head["computed_at"] = float(computed_at)
+    head["dim"] = dim
+    head["id_len"] = id_lens
+    head["model_len"] = len(model_b)
+    head["mode_len"] = mode_lens
+    heads, size = head.tobytes(), _HEADER.size
+    join = b"".join
+    return [join((heads[at:at + size], node_b, model_b, mode_b, row))
+            for at, node_b, mode_b, row in zip(range(0, n * size, size), ids_b, modes_b, values)]
 
 
 def encode_update(update: EmbeddingUpdate, fmt: Literal["json", "binary"] = "json") -> bytes:
@@ -388,12 +406,19 @@ def encode_packed(ids: Sequence[str], model: str, versions: Sequence[int] | np.n
     times = np.asarray(event_ts, dtype=np.float64)
     computed = np.broadcast_to(np.asarray(computed_at, dtype=np.float64), (n,))
     flags = np.zeros(n, dtype=np.uint8) if deleted is None else np.asarray(deleted, dtype=bool).astype(np.uint8)
-    bad = ~np.isfinite(rows).all(axis=1) | ~np.isfinite(times) | ~np.isfinite(computed)
-    if bad.any():
+    if not (np.isfinite(rows).all() and np.isfinite(times).all() and np.isfinite(computed).all()):
+        bad = ~np.isfinite(rows).all(axis=1) | ~np.isfinite(times) | ~np.isfinite(computed)
         raise ValueError(f"Expected finite embeddings and timestamps (got non-finite values for nodes "
                          f"{[ids[i] for i in np.flatnonzero(bad)[:3]]})")
-    encoded = list(map(str.encode, ids))
-    id_lens = np.fromiter(map(len, encoded), dtype=np.int64, count=n)
+    text = "".join(ids)
+    if text.isascii():  # one character a byte: the ids encoded at once
+        id_blob = text.encode("ascii")
+        id_lens = np.fromiter(map(len, ids), dtype=np.int64, count=n)
+    else:
+        encoded = list(map(str.encode, ids))
+        id_blob = b"".join(encoded)
+        id_lens = np.fromiter(map(len, encoded), dtype=np.int64, count=n)
+    id_ends = np.cumsum(id_lens).tolist()
     if n and (id_lens.min() == 0 or id_lens.max() > 0xFFFF):
         raise ValueError("Expected node ids of 1 to 65535 UTF-8 bytes")
     dim = rows.shape[1]
@@ -422,15 +447,15 @@ def encode_packed(ids: Sequence[str], model: str, versions: Sequence[int] | np.n
         if len(table) > 0xFF or max(map(len, table_b)) > 0xFF:
             raise ValueError(f"Expected at most 255 modes of at most 255 bytes in a frame (got {table[:5]}...)")
         index = {m: i for i, m in enumerate(table)}
+        codes = np.zeros(b - a, dtype=np.uint8) if len(table) == 1 else \
+            np.fromiter(map(index.__getitem__, part), dtype=np.uint8, count=b - a)
         head = b"".join([_PACKED_HEAD.pack(PACKED_MAGIC, PACKED_VERSION, b - a, dim, len(model_b), len(table)),
                          model_b, *(bytes((len(m),)) + m for m in table_b)])
-        ids_b = b"".join(encoded[a:b])
+        ids_b = id_blob[id_ends[a - 1] if a else 0:id_ends[b - 1]]
         pad = -(len(head) + (b - a) * _PACKED_COLUMNS + len(ids_b)) % 4
-        frames.append(b"".join((head, id_lens[a:b].astype(">u2").tobytes(), big_versions[a:b].tobytes(),
-                                times[a:b].astype(">f8").tobytes(), computed[a:b].astype(">f8").tobytes(),
-                                flags[a:b].tobytes(),
-                                np.fromiter(map(index.__getitem__, part), dtype=np.uint8, count=b - a).tobytes(),
-                                ids_b, bytes(pad), values[a:b].tobytes())))
+        # the columns' and rows' memory joined as it is: one copy into the frame
+        frames.append(b"".join((head, id_lens[a:b].astype(">u2"), big_versions[a:b], times[a:b].astype(">f8"),
+                                computed[a:b].astype(">f8"), flags[a:b], codes, ids_b, bytes(pad), values[a:b])))
     return frames
 
 

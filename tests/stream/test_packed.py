@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import pickle
 import struct
 
 import numpy as np
@@ -10,9 +12,9 @@ import pytest
 from gnnstream.fraud.scorer import FraudScorer
 from gnnstream.model.head import ScoreHead
 from gnnstream.stream.clients import Record
-from gnnstream.stream.delivery import UpdateColumns, encode_frames
+from gnnstream.stream.delivery import NodePartitions, UpdateColumns, encode_frames
 from gnnstream.stream.exceptions import InvalidUpdate
-from gnnstream.stream.partitioning import partition_for
+from gnnstream.stream.partitioning import partition_for, partitions_for
 from gnnstream.stream.updates import (PACKED_MAGIC, EmbeddingUpdate, decode_packed, decode_packed_columns,
                                       decode_update, encode_packed, encode_update, largest_update_bytes,
                                       packed_frame_overhead, packed_row_bytes)
@@ -128,7 +130,7 @@ def test_encode_frames_puts_each_row_in_its_partition() -> None:
                              deleted[:half]),
                UpdateColumns(names[half:], np.arange(half, n), np.full(n - half, 2.0), 20.0, ["cold_start"] * (n - half),
                              rows[half:], deleted[half:])]
-    frames = encode_frames(columns, "m:1", partitions, 2000)
+    frames = encode_frames(columns, "m:1", partitions_for(names, partitions), 2000)
     seen = []
     for p, key, value in frames:
         assert key == str(p).encode() and len(value) + len(key) <= 2000
@@ -164,3 +166,22 @@ def test_scorer_scores_packed_rows_in_order_and_passes_tombstones_on() -> None:
     assert (scorer.scored, scorer.deleted, scorer.invalid) == (3, 1, 0)
     scorer._score_poll([Record("emb", 0, 11, b"0", frame[:-2], 0)], lambda *a: sent.append(a))
     assert scorer.invalid == 1
+
+
+def test_node_partitions_are_remembered_by_interned_id() -> None:
+    n = 300
+    names = [f"u{i}" for i in range(n)]
+    cols = UpdateColumns(names, np.arange(n), np.zeros(n), 1.0, ["full"] * n, np.zeros((n, 2), dtype=np.float32),
+                         np.zeros(n, dtype=bool), np.arange(n) * 7)
+    expected = partitions_for(names, 5).tolist()
+    nodes = NodePartitions(5)
+    assert nodes.of([cols]).tolist() == expected
+    # known now: looked up by interned id, the names are not read again
+    assert nodes.of([dataclasses.replace(cols, names=["renamed"] * n)]).tolist() == expected
+    halves = [dataclasses.replace(cols, names=names[:100], iids=cols.iids[:100]),
+              dataclasses.replace(cols, names=names[100:], iids=None)]  # without ids: by name
+    assert nodes.of(halves).tolist() == expected
+    assert NodePartitions(1).of([cols]).tolist() == [0] * n
+    # the ids cross to the delivery process with the columns (the worker's mode codes do not)
+    crossed = pickle.loads(pickle.dumps(dataclasses.replace(cols, mode_codes=np.zeros(n, dtype=np.int16)), protocol=5))
+    assert crossed.iids.tolist() == cols.iids.tolist() and crossed.mode_codes is None

@@ -4,14 +4,18 @@
 * with a bound, it grows only while the records' wait plus the predicted time of the batch fit in it;
 * a round delivered later than 0.8 of the bound halves it, once;
 * records already older than the bound are caught up at the largest batches;
-* the target never leaves ``batch_size .. max_batch_size``.
+* the target never leaves ``batch_size .. max_batch_size``;
+* a light poll waits for more records while their age plus the batch's predicted time stays within
+  ``WAIT_SHARE`` of the bound, and never takes a record that would not fit in it.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from gnnstream.workers.runtime.batching import BatchSizer
+from gnnstream.stream.clients import Record
+from gnnstream.stream.exceptions import StreamError
+from gnnstream.workers.runtime.batching import WAIT_SHARE, BatchSizer
 
 NOW = 1_000_000.0
 
@@ -113,3 +117,123 @@ def test_a_light_poll_measures_the_wait_from_the_poll() -> None:
     clock.now += 0.5
     assert sizer.age() == 0.5
     assert sizer.target() == 100  # 0.5 s left: 50 events, at least batch_size (30 s old: 400, a catch-up)
+
+
+class Stream:
+    """Records produced at ``rate`` a second from ``start`` on (Kafka time = production time), read in order;
+    the consumer side of :meth:`BatchSizer.fill` on ``clock``, which only ``pause`` moves."""
+
+    def __init__(self, clock: Clock, rate: float, start: float):
+        self.clock, self.rate, self.start = clock, rate, start
+        self.read = 0  # records handed out
+        self.taken: list[tuple[float, int, float]] = []  # per more(): when, the batch's records then, its oldest
+
+    def produced(self, i: int) -> float:
+        return self.start + i / self.rate
+
+    def poll(self, n: int) -> list[Record]:
+        """Up to ``n`` of the records produced by now, without waiting."""
+        there = int((self.clock.now - self.start) * self.rate) + 1 - self.read
+        got = [Record("ev", 0, i, b"k", b"v", round(self.produced(i) * 1000))
+               for i in range(self.read, self.read + max(0, min(n, there)))]
+        self.read += len(got)
+        return got
+
+    def more(self, records: list[Record]):
+        def more(n: int) -> list[Record]:
+            got = self.poll(n)
+            self.taken.append((self.clock.now, len(records) + len(got), records[0].timestamp_ms / 1000))
+            return got
+        return more
+
+    def pause(self, seconds: float) -> bool:
+        self.clock.now += seconds
+        return False
+
+
+def _fill(sizer: BatchSizer, stream: Stream) -> list[Record]:
+    """One poll as the worker makes it; the batch then takes the time its cost predicts."""
+    sizer.target()
+    records = stream.poll(sizer._asked)
+    records = sizer.fill(records, stream.more(records), stream.pause)
+    sizer.polled(len(records), max(r.timestamp_ms for r in records) / 1000 if records else None)
+    if records and sizer._cost:
+        stream.clock.now += len(records) * sizer._cost
+        sizer.processed(len(records), len(records) * sizer._cost)
+    return records
+
+
+def test_a_light_stream_waits_for_bigger_batches_within_the_bound() -> None:
+    clock = Clock()
+    sizer = BatchSizer(1000, 10_000, 1.0, clock=clock)
+    sizer.processed(10, 10 * 4e-4)  # 0.4 ms an event
+    stream = Stream(clock, rate=1000.0, start=NOW)  # a record every ms, the first one there now
+    sizes = [len(_fill(sizer, stream)) for _ in range(6)]
+    # without waiting a poll would return what came while the last batch was processed; waiting, each batch
+    # holds what arrives while its oldest record's wait plus the batch's time stay within WAIT_SHARE of the
+    # bound: (0.5 s - n * 0.4 ms) * 1000/s, n = 357 at most
+    assert all(300 <= n <= 357 for n in sizes), sizes
+    assert sum(sizes) == stream.read  # nothing polled was left out
+    for when, held, oldest in stream.taken:  # no record was taken that would not fit
+        assert when + held * 4e-4 <= oldest + WAIT_SHARE * 1.0 + 1e-9
+
+
+def test_a_poll_never_plans_past_the_bound() -> None:
+    clock = Clock()
+    sizer = BatchSizer(1000, 10_000, 1.0, clock=clock)
+    sizer.processed(100, 0.1)  # 1 ms an event
+    stream = Stream(clock, rate=10_000.0, start=NOW - 0.3)  # 3,000 records there already, more coming fast
+    sizer.target()
+    first = stream.poll(11)  # the poll got eleven of them, 0.3 s old: 0.2 s are left of WAIT_SHARE
+    records = sizer.fill(list(first), stream.more(first), stream.pause)
+    assert 140 <= len(records) <= 200  # about 0.05 s after the first pause, 150 fit
+    for when, held, oldest in stream.taken:
+        assert when + held * 1e-3 <= oldest + WAIT_SHARE * 1.0 + 1e-9
+    # records older than the bound's share: nothing more is waited for
+    late = BatchSizer(1000, 10_000, 1.0, clock=clock)
+    late.target()
+    stale = [Record("ev", 0, 0, b"k", b"v", round((clock.now - 0.6) * 1000))]
+    assert late.fill(list(stale), lambda n: pytest.fail("polled"), lambda s: pytest.fail("paused")) == stale
+
+
+def test_a_poll_stops_waiting_at_the_target_or_a_stop() -> None:
+    clock = Clock()
+    sizer = BatchSizer(100, 100, 1.0, clock=clock)
+    stream = Stream(clock, rate=1000.0, start=NOW)
+    assert len(_fill(sizer, stream)) == 100  # no cost known yet: the target ends the wait, at 0.1 s
+    assert clock.now - NOW == pytest.approx(0.1)
+    stopping = BatchSizer(100, 100, 1.0, clock=clock)
+    stopping.target()
+    first = stream.poll(100)
+    waits: list[float] = []
+    assert stopping.fill(list(first), stream.more(first), lambda s: waits.append(s) or True) == first
+    assert len(waits) == 1
+
+
+def test_without_a_bound_a_poll_takes_what_is_there() -> None:
+    sizer = BatchSizer(1000, 10_000, 0.0, clock=Clock())
+    sizer.target()
+    first = [Record("ev", 0, 0, b"k", b"v", round(NOW * 1000))]
+    assert sizer.fill(list(first), lambda n: pytest.fail("polled"), lambda s: pytest.fail("paused")) == first
+
+
+def test_a_failing_poll_ends_the_wait_and_keeps_the_records() -> None:
+    clock = Clock()
+    sizer = BatchSizer(1000, 10_000, 1.0, clock=clock)
+    sizer.target()
+    first = [Record("ev", 0, 0, b"k", b"v", round(NOW * 1000))]
+
+    def down(n: int) -> list[Record]:
+        raise OSError("broker down")
+
+    def pause(s: float) -> bool:
+        clock.now += s
+        return False
+
+    assert sizer.fill(list(first), down, pause) == first  # the next poll reports the failure
+
+    def fatal(n: int) -> list[Record]:
+        raise StreamError("assignment hook failed")
+
+    with pytest.raises(StreamError):
+        sizer.fill(list(first), fatal, pause)

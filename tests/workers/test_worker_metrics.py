@@ -336,6 +336,38 @@ def test_the_batch_target_metric_shows_what_each_poll_asked_for(tmp_path: Path) 
         WorkerSettings(max_latency_ms=-1)
 
 
+class _Trickle(_Backlog):
+    """``first`` records at the first poll, then ``then`` more at each later one (produced at ``produced_s``)."""
+
+    def __init__(self, produced_s: float, first: int, then: int):
+        super().__init__(produced_s)
+        self.first, self.then, self.timeouts = first, then, []
+        self.offset = 0
+
+    def poll_batch(self, max_records: int = 500, timeout_s: float = 1.0) -> list[Record]:
+        self.asked.append(max_records)
+        self.timeouts.append(timeout_s)
+        n = min(self.first if self.offset == 0 else self.then, max_records)
+        out = [Record("ev", 0, self.offset + i, b"k", b"v", int(self.produced_s * 1000)) for i in range(n)]
+        self.offset += n
+        return out
+
+
+def test_a_light_poll_waits_for_more_records_up_to_the_target(tmp_path: Path) -> None:
+    worker = Worker(WorkerSettings(state=str(tmp_path / "s"), metrics_port=0, batch_size=100, max_batch_size=700,
+                                   max_latency_ms=1000, batch_wait_ms=200))
+    now = 1_000_000.0
+    worker.batching.clock = lambda: now  # the records were just produced: the whole share of the bound is left
+    consumer = _Trickle(produced_s=now, first=10, then=30)
+    records = worker._poll(consumer)
+    assert [r.offset for r in records] == list(range(100))
+    assert consumer.asked == [100, 90, 60, 30]  # what is missing to the target, each time
+    assert consumer.timeouts == [0.2, 0.0, 0.0, 0.0]  # --batch-wait-ms for the first record; then no waiting in a poll
+    assert "gnnstream_batch_events_sum 100.0" in worker.metrics.render().decode()
+    unbound = Worker(WorkerSettings(state=str(tmp_path / "u"), metrics_port=0, batch_size=100, max_latency_ms=0))
+    assert len(unbound._poll(_Trickle(produced_s=now, first=10, then=30))) == 10  # no bound: what is there
+
+
 def _records(topic: str, partition: int, offsets: range) -> list[Record]:
     return [Record(topic, partition, o, b"k", b"{}", 0) for o in offsets]
 

@@ -23,6 +23,17 @@ past (a replay of history), and no batch size makes such events fresher.
 ``age`` is the time since the newest record of the last poll (the records
 behind it are younger) or, when that poll was not full, since the poll.
 
+A light poll (fewer records than the target) waits for more while the
+bound allows (:meth:`BatchSizer.fill`): a poll returns at its first record,
+so without waiting a batch would hold only what arrived while the last one
+was processed, and each batch has a cost of its own besides its events'.
+It takes more records, without blocking, after pauses of half the time
+left (at most 50 ms), until the target is reached or the oldest record's
+age plus the predicted time of the batch (its size times ``cost``) would
+pass ``WAIT_SHARE`` of the bound, and never more records than fit in it
+then. The rest of the bound is left to the hand-over to the publisher and
+the delivery. Without a bound a poll takes what is there.
+
 Events that already waited longer than the bound cannot meet it, whatever
 the batch size (a backlog left by a restart, an outage or a burst above
 capacity): while the records behind the last poll are that old, the cap and
@@ -30,21 +41,32 @@ the halving on freshness are suspended, the target grows towards
 ``max_batch_size`` (the fastest way through the backlog) and both apply
 again once the worker is back within the bound.
 
-The worker's thread calls :meth:`target` before each poll, :meth:`polled`
-after it and :meth:`processed` once the batch was handed to the publisher;
-the publisher thread calls :meth:`delivered`. ``clock`` gives the time in
+The worker's thread calls :meth:`target` before each poll, :meth:`fill`
+and :meth:`polled` after it and :meth:`processed` once the batch was
+handed to the publisher; the publisher thread calls :meth:`delivered`. ``clock`` gives the time in
 seconds since the epoch, the scale of Kafka timestamps.
 """
 
 from __future__ import annotations
 
+import logging
+import operator
 import threading
 import time
 from typing import Callable
 
-__all__ = ["BatchSizer", "SHRINK_AT"]
+from gnnstream.stream.clients import Record
+from gnnstream.stream.exceptions import StreamError
+
+__all__ = ["BatchSizer", "SHRINK_AT", "WAIT_SHARE"]
+
+logger = logging.getLogger(__name__)
 
 SHRINK_AT = 0.8  # a delivered round fresher than this share of the bound leaves the target as it is
+WAIT_SHARE = 0.5  # a light poll waits for more records while their age plus the batch's time stays within this share
+_MIN_PAUSE_S = 0.001  # a light poll stops waiting when less than twice this is left
+_MAX_PAUSE_S = 0.05  # and looks for more records at least this often
+_timestamp_ms = operator.attrgetter("timestamp_ms")
 
 
 class BatchSizer:
@@ -91,6 +113,43 @@ class BatchSizer:
         if not self.bound or self._behind is None:
             return None
         return max(0.0, self.clock() - self._behind)
+
+    def fill(self, records: list[Record], more: Callable[[int], list[Record]],
+             pause: Callable[[float], bool]) -> list[Record]:
+        """``records`` (what the poll for :meth:`target` returned) and the records polled after it while the bound
+        allows (see the module's text); ``records`` is extended in place.
+
+        Args:
+            records: the poll's records; none: nothing is waited for.
+            more: ``more(n)`` polls up to ``n`` records without waiting.
+            pause: ``pause(s)`` waits ``s`` seconds; True ends the wait (the worker stops).
+
+        Raises:
+            StreamError: a poll failed for good (as the consumer's ``poll_batch``). A poll that fails otherwise
+                (Kafka unavailable) ends the wait: the records polled before it are kept, the next poll
+                reports it.
+        """
+        if not self.bound or not records:
+            return records
+        cost = self._cost or 0.0
+        # a record produced "later" than now (its producer's clock ahead) counts as produced now
+        limit = min(min(map(_timestamp_ms, records)) / 1000, self.clock()) + WAIT_SHARE * self.bound
+        while len(records) < self._asked:
+            slack = limit - self.clock() - len(records) * cost
+            if slack < 2 * _MIN_PAUSE_S or pause(min(slack / 2, _MAX_PAUSE_S)):
+                break
+            fits = int((limit - self.clock()) / cost) - len(records) if cost else self._asked
+            room = min(self._asked - len(records), fits)
+            if room <= 0:
+                break
+            try:
+                records += more(room)
+            except StreamError:
+                raise
+            except Exception as exc:
+                logger.debug("polling for more records failed: %r", exc)
+                break
+        return records
 
     def polled(self, count: int, newest_record_s: float | None = None) -> None:
         """A poll returned ``count`` records, the newest of them produced at ``newest_record_s``."""

@@ -6,11 +6,12 @@
 a micro-batch, in numbered steps:
 
 1. poll up to the current batch target of records (waiting at most
-   ``batch_wait_ms``); the target starts at ``batch_size``, doubles while
-   polls come back full (a backlog) up to ``max_batch_size`` and as far as
-   ``max_latency_ms`` allows, and halves back while they come back less than
-   half full (light load, small batches) or rounds are delivered late
-   (:mod:`.batching`);
+   ``batch_wait_ms`` for the first); the target starts at ``batch_size``,
+   doubles while polls come back full (a backlog) up to ``max_batch_size``
+   and as far as ``max_latency_ms`` allows, and halves back while they come
+   back less than half full (light load, small batches) or rounds are
+   delivered late; a poll that came back light waits for more records as
+   long as ``max_latency_ms`` allows (:mod:`.batching`);
 2. check the stored offsets against the partitions' ends (:mod:`.offsets`)
    and hold partitions at rollout markers (:mod:`.markers`);
 3. decode and validate; invalid records are queued to the dead-letter topic
@@ -496,10 +497,12 @@ class Worker:
             self.latency_timeline.append((now, latency))
 
     def _poll(self, consumer: ConsumerClient) -> list[Record]:
-        """Step 1: poll up to the batch target (:class:`BatchSizer`), and tell it what came back."""
+        """Step 1: poll up to the batch target, a light poll waiting for more while the bound allows
+        (:class:`BatchSizer`), and tell it what came back."""
         target = self.batching.target()
         self.metrics.batch_target.set(target)
-        records = consumer.poll_batch(target, self.settings.batch_wait_ms / 1000)
+        records = self.batching.fill(consumer.poll_batch(target, self.settings.batch_wait_ms / 1000),
+                                     lambda n: consumer.poll_batch(n, 0.0), self._stop.wait)
         self.batching.polled(len(records), max(map(_timestamp_ms, records)) / 1000 if records else None)
         if records:
             self.metrics.batch_size.observe(len(records))
