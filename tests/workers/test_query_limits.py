@@ -243,6 +243,20 @@ def test_http_framing_pipelined_chunked_encoded_and_malformed(state: tuple[str, 
         status, answer = _answer(_until_closed(bad))
         bad.close()
         assert status == 400 and answer["error"].startswith("malformed HTTP request"), answer
+        # a target or headers past their bounds, sent in pieces: 414 and 431; a body announced over the limit with
+        # Expect: 100-continue gets its 413 without the 100
+        from gnnstream.workers.query.http import MAX_HEADER_BYTES, MAX_URL_BYTES
+        from gnnstream.workers.query.server import MAX_BODY_BYTES
+        for head, want in ((b"GET /v1/embeddings/" + b"x" * MAX_URL_BYTES, 414),
+                           (b"GET /v1/health HTTP/1.1\r\n" + b"X-Pad: " + b"y" * (2 * MAX_HEADER_BYTES), 431),
+                           (b"POST /v1/infer HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
+                            b"Content-Length: %d\r\n\r\n" % (MAX_BODY_BYTES + 1), 413)):
+            long = _connect(port)
+            for at in range(0, len(head), 4096):
+                long.sendall(head[at:at + 4096])
+            status, answer = _answer(_until_closed(long))
+            long.close()
+            assert status == want and answer["error"], (want, answer)
         assert client.request("GET", f"/v1/embeddings/{nodes[0]}") == plain[nodes[0]]
 
 

@@ -27,7 +27,11 @@ A body over the handler's ``max_body`` is read and dropped up to
 :data:`DRAIN_BYTES` (so that the client reads the answer), and the handler
 is called with ``body=None``; past :data:`DRAIN_BYTES` that answer goes at
 once and the connection closes. A request the parser refuses gets 400 and
-the connection closes.
+the connection closes; so does a request whose URL is over
+:data:`MAX_URL_BYTES` (414) or whose headers are still incomplete
+after :data:`MAX_HEADER_BYTES` read (431). A request announcing a body over
+``max_body`` with ``Expect: 100-continue`` gets its 413 instead of the
+``100 Continue``.
 """
 
 from __future__ import annotations
@@ -44,12 +48,14 @@ import orjson
 
 from gnnstream.workers.query.limits import HttpLimits
 
-__all__ = ["HttpServer", "Handler", "KEEP_ALIVE_S", "DRAIN_BYTES"]
+__all__ = ["HttpServer", "Handler", "KEEP_ALIVE_S", "DRAIN_BYTES", "MAX_URL_BYTES", "MAX_HEADER_BYTES"]
 
 logger = logging.getLogger(__name__)
 
 KEEP_ALIVE_S = 30.0  # an idle keep-alive connection closes after this
 DRAIN_BYTES = 16 << 20  # a body over the limit is read and dropped up to this, so the answer reaches the client
+MAX_URL_BYTES = 8 << 10  # a longer request target gets 414 (node ids are far shorter)
+MAX_HEADER_BYTES = 1 << 20  # bytes read while a request's headers are incomplete; more gets 431
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _HEADS = {s.value: b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: "
           % (s.value, s.phrase.encode()) for s in HTTPStatus}
@@ -136,7 +142,7 @@ class _Connection(asyncio.Protocol):
         self.closed = False
         self._url = b""
         self._body: list[bytes] = []
-        self._size = 0
+        self._size = self._length = 0
         self._continue = False
 
     # ---------------------------------------------------------------- the connection
@@ -167,6 +173,11 @@ class _Connection(asyncio.Protocol):
         except httptools.HttpParserError as exc:
             if not self.closed:
                 self._close(_error(400, f"malformed HTTP request: {exc}"))
+            return
+        if self.phase == "headers" and not self.closed:  # the parser holds a header line until it ends
+            self._header_size += len(data)  # (all of a read a request's headers began in: an upper bound)
+            if self._header_size > MAX_HEADER_BYTES:
+                self._close(_error(431, f"the request's headers went on past {MAX_HEADER_BYTES} bytes"))
 
     def pause_writing(self) -> None:  # the client does not read its answers: stop reading its requests
         self.transport.pause_reading()
@@ -202,22 +213,35 @@ class _Connection(asyncio.Protocol):
         if self.phase != "connected":  # a new connection's first request counts from the connection
             self.deadline = self.loop.time() + self.limits.header_timeout_s
         self.phase = "headers"
-        self._url = b""
+        self._url: list[bytes] = []
+        self._url_size = self._header_size = 0
         self._body = []
-        self._size = 0
+        self._size = self._length = 0
         self._continue = False
 
     def on_url(self, url: bytes) -> None:
-        self._url += url
+        self._url_size += len(url)
+        if self._url_size > MAX_URL_BYTES:
+            if not self.closed:
+                self._close(_error(414, f"the request target is over {MAX_URL_BYTES} bytes"))
+            return
+        self._url.append(url)
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        if name.lower() == b"expect" and value.lower() == b"100-continue":
+        name = name.lower()
+        if name == b"expect" and value.lower() == b"100-continue":
             self._continue = True
+        elif name == b"content-length" and value.strip().isdigit():
+            self._length = int(value)
 
     def on_headers_complete(self) -> None:
         self.phase = "body"
         self.deadline = self.loop.time() + self.limits.body_timeout_s
         if self._continue and not self.closed:
+            if self._length > self.handler.max_body:
+                self._size = self._length  # the handler is told of a body over the limit
+                self._answer(close=True)
+                return
             self.transport.write(_CONTINUE)
 
     def on_body(self, chunk: bytes) -> None:
@@ -233,7 +257,7 @@ class _Connection(asyncio.Protocol):
 
     def _answer(self, close: bool) -> None:
         method = self.parser.get_method().decode("ascii", "replace")
-        path = self._url.partition(b"?")[0].decode("utf-8", "replace")
+        path = b"".join(self._url).partition(b"?")[0].decode("utf-8", "replace")
         if "%" in path:
             path = unquote(path)
         body = b"".join(self._body) if self._size <= self.handler.max_body else None

@@ -99,13 +99,14 @@ class QueryApp:
         self.requests += 1
         t = time.perf_counter()
         try:
-            status, answer = self._route(method, path, body)
-        except QueryError as exc:
-            status, answer = exc.status, {"error": str(exc), **exc.extra}
+            try:
+                status, answer = self._route(method, path, body)
+            except QueryError as exc:
+                status, answer = exc.status, {"error": str(exc), **exc.extra}
+            payload = orjson.dumps(answer, option=orjson.OPT_SERIALIZE_NUMPY)
         except Exception as exc:  # a bug: answer, log, keep serving
             logger.exception("query failed: %s %s", method, path[:200])
-            status, answer = 500, {"error": f"{type(exc).__name__}: {exc}"}
-        payload = orjson.dumps(answer, option=orjson.OPT_SERIALIZE_NUMPY)
+            status, payload = 500, orjson.dumps({"error": f"{type(exc).__name__}: {exc}"})
         self.busy += time.perf_counter() - t
         return status, payload
 
