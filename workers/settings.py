@@ -100,14 +100,11 @@ _HELP = {
     "max_batch_size": "largest micro-batch: under a backlog the batch target doubles after every full poll up "
                       "to this (updates of one node within a batch coalesce); below batch_size, batch_size",
     "batch_wait_ms": "how long a poll waits for a first record when none is there, in ms (how often an idle "
-                     "worker wakes); waiting for more records is max_latency_ms's job",
-    "max_latency_ms": "freshness bound of dynamic micro-batching, in ms: the batch target grows only as far as "
-                      "the records' wait plus the predicted time of the batch (its size times the last batch's "
-                      "seconds per event) stays within this, and halves after a delivered round later than 0.8 "
-                      "of it; a poll that came back with fewer records than the target waits for more while "
-                      "that sum stays within half of it; records already older than this (a backlog) are caught "
-                      "up at batches up to max_batch_size (0 = no bound: a poll takes what is there; see "
-                      "docs/operations.md)",
+                     "worker wakes); --max-latency-ms decides how long it waits for more",
+    "max_latency_ms": "freshness bound of dynamic micro-batching, in ms: batches grow only as far as their "
+                      "records' wait plus their predicted time stays within it, and a light poll waits for more "
+                      "records up to half of it (0 = no bound: a poll takes what is there; docs/operations.md, "
+                      "Batch size and the latency bound)",
     "output_format": "embedding encoding: json, binary (raw float32) or packed (many updates a message), see "
                      "stream/updates.py",
     "metrics_port": "port of the Prometheus /metrics and /healthz endpoint (0 = off)",

@@ -155,8 +155,9 @@ def _fill(sizer: BatchSizer, stream: Stream) -> list[Record]:
     """One poll as the worker makes it; the batch then takes the time its cost predicts."""
     sizer.target()
     records = stream.poll(sizer._asked)
+    first = len(records)
     records = sizer.fill(records, stream.more(records), stream.pause)
-    sizer.polled(len(records), max(r.timestamp_ms for r in records) / 1000 if records else None)
+    sizer.polled(len(records), max(r.timestamp_ms for r in records) / 1000 if records else None, first)
     if records and sizer._cost:
         stream.clock.now += len(records) * sizer._cost
         sizer.processed(len(records), len(records) * sizer._cost)
@@ -176,6 +177,19 @@ def test_a_light_stream_waits_for_bigger_batches_within_the_bound() -> None:
     assert sum(sizes) == stream.read  # nothing polled was left out
     for when, held, oldest in stream.taken:  # no record was taken that would not fit
         assert when + held * 4e-4 <= oldest + WAIT_SHARE * 1.0 + 1e-9
+
+
+def test_batches_topped_up_by_waiting_are_not_a_backlog() -> None:
+    """A light stream whose waits fill the target does not double it: only a first poll that comes back full
+    tells of a backlog."""
+    clock = Clock()
+    sizer = BatchSizer(200, 10_000, 1.0, clock=clock)
+    sizer.processed(10, 10 * 4e-4)
+    stream = Stream(clock, rate=1000.0, start=NOW)  # fills 200 records in 0.2 s of waiting
+    sizes = [len(_fill(sizer, stream)) for _ in range(6)]
+    assert sizes[1:] == [200] * 5 and sizer.target() == 200, sizes
+    sizer.polled(200, clock.now, first=200)  # a first poll that is full: a backlog
+    assert sizer.target() > 200
 
 
 def test_a_poll_never_plans_past_the_bound() -> None:

@@ -132,8 +132,9 @@ class BatchSizer:
         if not self.bound or not records:
             return records
         cost = self._cost or 0.0
-        # a record produced "later" than now (its producer's clock ahead) counts as produced now
-        limit = min(min(map(_timestamp_ms, records)) / 1000, self.clock()) + WAIT_SHARE * self.bound
+        # a record produced "later" than now (its producer's clock ahead), or without a time, counts as produced now
+        oldest = min(map(_timestamp_ms, records)) / 1000
+        limit = (min(oldest, self.clock()) if oldest > 0 else self.clock()) + WAIT_SHARE * self.bound
         while len(records) < self._asked:
             slack = limit - self.clock() - len(records) * cost
             if slack < 2 * _MIN_PAUSE_S or pause(min(slack / 2, _MAX_PAUSE_S)):
@@ -151,14 +152,17 @@ class BatchSizer:
                 break
         return records
 
-    def polled(self, count: int, newest_record_s: float | None = None) -> None:
-        """A poll returned ``count`` records, the newest of them produced at ``newest_record_s``."""
-        full = count >= self._asked
+    def polled(self, count: int, newest_record_s: float | None = None, first: int | None = None) -> None:
+        """A poll returned ``count`` records, the newest of them produced at ``newest_record_s`` (0 or less: not
+        known), ``first`` of them (default all) from its first poll, before :meth:`fill` waited for more: only a
+        first poll that came back full tells of a backlog."""
+        full = (count if first is None else first) >= self._asked
         if full:
             self._target = min(2 * self._asked, self.ceiling)
         elif count < self._asked // 2:
             self._target = max(self._asked // 2, self.floor)
-        self._behind = newest_record_s if full and newest_record_s is not None else self.clock()
+        known = newest_record_s is not None and newest_record_s > 0
+        self._behind = newest_record_s if full and known else self.clock()
 
     def processed(self, count: int, seconds: float) -> None:
         """The last poll's ``count`` records were decoded, applied, recomputed and handed over in ``seconds``."""

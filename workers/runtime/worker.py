@@ -501,9 +501,10 @@ class Worker:
         (:class:`BatchSizer`), and tell it what came back."""
         target = self.batching.target()
         self.metrics.batch_target.set(target)
-        records = self.batching.fill(consumer.poll_batch(target, self.settings.batch_wait_ms / 1000),
-                                     lambda n: consumer.poll_batch(n, 0.0), self._stop.wait)
-        self.batching.polled(len(records), max(map(_timestamp_ms, records)) / 1000 if records else None)
+        records = consumer.poll_batch(target, self.settings.batch_wait_ms / 1000)
+        first = len(records)
+        records = self.batching.fill(records, lambda n: consumer.poll_batch(n, 0.0), self._stop.wait)
+        self.batching.polled(len(records), max(map(_timestamp_ms, records)) / 1000 if records else None, first)
         if records:
             self.metrics.batch_size.observe(len(records))
         return records
