@@ -177,13 +177,14 @@ class EventApplier:
             edge = key[8:]  # an expiry key ends with its edge's key
             if edge not in written:  # an edge this batch wrote is judged below
                 due.append(edge)
-        for key, present in written.items():
-            if present and times[key] <= threshold:
-                due.append(key)
+        own = [keys.time_key(times[key]) + key for key, present in written.items()
+               if present and times[key] <= threshold]
+        due += [key[8:] for key in own]
         if not due:
             return
-        # the index up to stop, in one range delete: the keys read above and this batch's puts of edges due now
-        batch.wb.delete_range(b"", stop + b"\xff" * 17, batch.handles["expiry"])
+        # the index from the first key due up to stop, in one range delete: the keys read above and this batch's
+        # puts of edges due now (a range no wider than that: tombstones do not pile up over earlier ones)
+        batch.wb.delete_range(min(expired[:1] + own), stop + b"\xff" * 17, batch.handles["expiry"])
         delete, family = batch.wb.delete, batch.handles["edges"]
         for key in due:
             delete(key, family)

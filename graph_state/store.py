@@ -133,6 +133,7 @@ class GraphStore:
                 raise state_corrupted(self.path, exc) from exc
             raise
         self._invalidate_caches(keep_ids=True)  # a name's id never changes once handed out
+        self._trim_caches()  # the ids kept stay within the cache's bound
         self.fanouts = self._meta.fanouts()
 
     def close(self) -> None:

@@ -58,8 +58,8 @@ _HASHES_KEPT = 1 << 18  # ids remembered at most (emptied when full)
 def partitions_for(names: Iterable[str], partitions: int) -> np.ndarray:
     """:func:`partition_for` of each node id (UTF-8 encoded), as an int32 array.
 
-    The hashes of the last ids seen (up to ``2**18``) are remembered: looking one up costs a dict lookup, a
-    hash in pure Python a hundred times that.
+    The hashes of up to ``2**18`` ids are remembered (all are forgotten when that many are held): looking one
+    up costs a dict lookup, a hash in pure Python a hundred times that.
     """
     if partitions < 1:
         raise ValueError(f"Expected at least one partition (got {partitions})")

@@ -1,7 +1,7 @@
 """The RocksDB graph store against a networkx model of docs/design.md.
 
 Property tests drive random event streams (hubs past the in-memory rank
-prefix, as wide as the largest fanout, self loops, reciprocal edges, deletes, cascading node deletes)
+prefix, which holds at least the largest fanout's entries of a list, self loops, reciprocal edges, deletes, cascading node deletes)
 through random batchings, cache drops and reopens, and compare every public
 read with :class:`GraphModel` after every batch.
 """
@@ -154,7 +154,8 @@ def test_random_streams_match_model(tmp_path_factory, scenario):
 @settings(max_examples=35, **_SETTINGS)
 @given(scenario=scenarios(hub_min=36, max_events=70))
 def test_hub_past_cached_prefix_matches_model(tmp_path_factory, scenario):
-    """A hub with more than 32 neighbours: past the in-memory prefix (the largest fanout) several times."""
+    """A hub with more than 32 neighbours: past the in-memory prefix (the largest fanout, 10, plus 8 held in
+    reserve for removals) more than once."""
     _run_scenario(tmp_path_factory, scenario, require_hub_over=32)
 
 
