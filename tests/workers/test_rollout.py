@@ -5,8 +5,9 @@ A v1 worker streams Bitcoin OTC while ``gnnstream rollout start`` prepares v2
 publishes to its own topic; ``promote``, ``rollback`` and ``promote`` switch
 the serving version in the stream while a scorer with both heads runs, and
 each worker is SIGKILLed and restarted on the way. At the end both topics are
-checked against the independent PyG reference with each version's weights,
-and the scorer's output against the serving header of every message. Waits
+checked against the independent PyG reference with each version's weights and
+cold-start policy (v2 stages new users by age, v1 does not), and the scorer's
+output against the serving header of every message. Waits
 end on progress (positions, messages), never on a clock.
 """
 
@@ -30,7 +31,7 @@ from gnnstream.stream.kafka import ensure_topics
 from gnnstream.stream.rollout import SERVING_HEADER, Marker, encode_marker, is_serving, version_topic
 from gnnstream.stream.updates import decode_update
 from tests.support import Proc, expected, healthz, otc_stream, wait_for_workers
-from tests.workers.reference import ATOL, gnnstream_command
+from tests.workers.reference import ATOL, GraphFold, fold_embeddings, gnnstream_command
 
 pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"),
               pytest.mark.xdist_group("scale-out")]  # several workers at once: one such test at a time
@@ -41,8 +42,12 @@ RATE = 40  # events per feeder step (a step every 0.05 s: a continuous stream, p
 
 
 # ---------------------------------------------------------------------- models
+STAGED = {"policy": "staged", "feature_only_s": 86_400, "expand_s": 7 * 86_400, "min_neighbours": 3}
+
+
 def make_models(tmp_path: Path, name: str) -> tuple[str, str]:
-    """v1 and v2 of one model: same config and sampling seed, other weights; each with a fraud head."""
+    """v1 and v2 of one model: same sampling seed, other weights, v2 with the staged cold-start policy; each
+    with a fraud head."""
     from gnnstream.model import init_model_dir
     from gnnstream.model.directory import load_model_dir, save_model_dir
     v1, v2, other = tmp_path / "v1", tmp_path / "v2", tmp_path / "other-weights"
@@ -50,7 +55,8 @@ def make_models(tmp_path: Path, name: str) -> tuple[str, str]:
     init_model_dir(str(v1), seed=0, **args)
     init_model_dir(str(other), seed=1, **args)
     loaded = load_model_dir(other)
-    save_model_dir(v2, replace(loaded.config, seed=0, version=2, weights_sha256=None), loaded.model.state_dict())
+    save_model_dir(v2, replace(loaded.config, seed=0, version=2, weights_sha256=None, cold_start=STAGED),
+                   loaded.model.state_dict())
     rng = np.random.default_rng(3)
     for path, model in ((v1, f"{name}:1"), (v2, f"{name}:2")):
         head = {"weights": rng.normal(size=8).round(4).tolist(), "bias": 0.1, "model": model}
@@ -308,7 +314,12 @@ def test_rollout_promote_rollback_retire_under_stream(broker: EmbeddedBroker, tm
         produced = feeder.sent
         ro.caught_up("v1", "v2")
         want1, _ = expected(events[:produced], [], v1)
-        want2, _ = expected(events[:produced], [], v2)
+        fold = GraphFold()
+        for ev in events[:produced]:
+            fold.apply_event(ev)
+        want2 = fold_embeddings(fold, v2)  # ages at the stream's time
+        assert any(age < STAGED["expand_s"] for age in fold.ages().values()), "no node young enough to stage"
+        assert any(np.abs(want1[v] - want2[v]).max() > ATOL for v in want1), "the policies give the same embeddings"
         ro.wait(lambda: mismatch(out1.poll(), want1) is None, "v1's newest output to be exact")
         ro.wait(lambda: mismatch(out2.poll(), want2) is None, "v2's newest output to be exact")
         print(f"{produced} events: {len(out1.records)} v1 updates, {len(out2.records)} v2 updates, both exact")
