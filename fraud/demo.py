@@ -396,7 +396,8 @@ def _side_by_side(result: dict[str, Any]) -> str:
     for name, r in runs:
         users = f"{r['held_out_with_neighbours']} of {r['held_out_users']}"
         freshness = f"{r['freshness_p50_s']} / {r['freshness_p99_s']} s"
-        exact = f"{'yes' if r['embeddings_exact'] else 'NO'} ({r['max_abs_error_vs_from_scratch']:.1e})"
+        err = r["max_abs_error_vs_from_scratch"]
+        exact = f"{'yes' if r['embeddings_exact'] else 'NO'} ({'not finite' if err is None else f'{err:.1e}'})"
         lines.append(f"  {name:<26}{r['held_out_roc_auc']!s:>13}{users:>23}{freshness:>22}  {exact}")
     lines.append("  held-out AUC: users first rated after the 70 % training cut, each by its latest score: the graph "
                  "at the end of the stream, as the run's window shows it")
@@ -426,7 +427,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="replay a second time into a state with an edge window of this many days, served by a "
                              "model with the staged cold-start policy trained for that window, and print its "
                              "held-out ROC AUC, freshness and exactness beside the unwindowed run's (default 180; "
-                             "0: no second replay)")
+                             "0: no second replay; the second replay and its training about double the run)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     tune_collector()

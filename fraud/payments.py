@@ -4,10 +4,13 @@ No public typed fraud graph ships with the repository, so the typed example
 generates one. The same arguments give the same bytes on any machine (numpy
 PCG64, no wall clock). What it writes:
 
-- ``events.jsonl``: typed events in time order (the schema of docs/design.md,
-  "Typed graphs"): a ``node_upsert`` of each account, merchant and device
-  (with its features) before the first event that names it, then
-  ``edge_upsert`` events of three relations:
+- ``events.jsonl``: typed events in time order: the fields of today's events
+  plus ``type`` on a ``node_upsert``, ``src_type``, ``rel``, ``dst_type``,
+  ``features`` and ``txn_id`` on an ``edge_upsert`` (input for typed graphs:
+  gnnstream's event decoder, which reads untyped events, refuses these
+  fields). A ``node_upsert`` of each account, merchant and device (with its
+  features) comes before the first event that names it, then ``edge_upsert``
+  events of three relations:
 
   ========================  ===========================================  ==================
   relation                  what an event is                             edge features
@@ -28,7 +31,7 @@ PCG64, no wall clock). What it writes:
 **Legitimate behaviour.** Each account opens on a day of the period (a
 quarter exist from the start), owns one or two devices, has a few favourite
 merchants drawn by a power law of merchant popularity, and pays at a steady
-rate (``--payments-per-day``), a new merchant now and then; it logs in from
+rate (``--sessions-per-day``), a new merchant now and then; it logs in from
 one of its devices before a session of payments; amounts are log-normal
 around its merchant's category mean, mostly at daytime hours, card present
 for a share of categories; now and then it sends money to one of a few
@@ -66,6 +69,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from gnnstream.workers.settings import finite_number, whole_number
 
 __all__ = ["PaymentStream", "SCHEMA", "generate", "write_stream", "main"]
 
@@ -111,8 +116,7 @@ class PaymentStream:
 class _Builder:
     """Collects events (sorted at the end, ties kept in the order made) and creates nodes on first use."""
 
-    def __init__(self, rng: np.random.Generator):
-        self.rng = rng
+    def __init__(self) -> None:
         self.rows: list[tuple[float, int, dict[str, Any]]] = []
         self.first: dict[tuple[str, str], float] = {}  # (type, id) -> ts of its node_upsert
         self.features: dict[tuple[str, str], list[float]] = {}
@@ -169,13 +173,13 @@ def _daytime(rng: np.random.Generator, day: float) -> float:
 
 
 def generate(seed: int = 0, *, accounts: int = 5_000, merchants: int = 400, days: int = 30,
-             payments_per_day: float = 0.6, rings: int = 12, bursts: int = 6, chains: int = 20) -> PaymentStream:
+             sessions_per_day: float = 0.6, rings: int = 12, bursts: int = 6, chains: int = 20) -> PaymentStream:
     """Generate the stream (see the module's text for what it holds and plants)."""
     if accounts < 50 or merchants < 20 or days < 3:
         raise ValueError(f"expected at least 50 accounts, 20 merchants and 3 days (got {accounts}, {merchants}, "
                          f"{days})")
     rng = np.random.default_rng(seed)
-    b = _Builder(rng)
+    b = _Builder()
     ncat = len(CATEGORIES)
     # merchants: a category and a popularity drawn from a power law
     m_cat = rng.integers(ncat, size=merchants)
@@ -216,7 +220,7 @@ def generate(seed: int = 0, *, accounts: int = 5_000, merchants: int = 400, days
     for i, name in enumerate(a_names):
         day = float(opened[i])
         while True:
-            day += float(rng.exponential(1.0 / payments_per_day))
+            day += float(rng.exponential(1.0 / sessions_per_day))
             if day >= days:
                 break
             ts = _daytime(rng, math.floor(day))
@@ -236,7 +240,7 @@ def generate(seed: int = 0, *, accounts: int = 5_000, merchants: int = 400, days
     planted = {name: {"instances": 0, "payments": 0, "accounts": 0} for name in ("ring", "burst", "chain")}
     fresh = 0
 
-    def fresh_account(day: float) -> str:
+    def fresh_account() -> str:
         nonlocal fresh
         name = f"a{accounts + fresh}"
         fresh += 1
@@ -248,7 +252,7 @@ def generate(seed: int = 0, *, accounts: int = 5_000, merchants: int = 400, days
     # device-sharing rings
     for _ in range(rings):
         day = float(rng.uniform(1, days - 2))
-        members = [fresh_account(day) for _ in range(int(rng.integers(5, 13)))]
+        members = [fresh_account() for _ in range(int(rng.integers(5, 13)))]
         pool = [new_device() for _ in range(int(rng.integers(1, 4)))]
         targets = [int(x) for x in rng.choice(cash_out, size=min(len(cash_out), int(rng.integers(2, 4))),
                                               replace=False)]
@@ -281,7 +285,7 @@ def generate(seed: int = 0, *, accounts: int = 5_000, merchants: int = 400, days
         day = float(rng.uniform(1, days - 2))
         ts = T0 + day * DAY
         source = a_names[int(rng.integers(accounts))]
-        mules = [fresh_account(day) for _ in range(int(rng.integers(3, 7)))]
+        mules = [fresh_account() for _ in range(int(rng.integers(3, 7)))]
         amount = float(rng.uniform(2_000, 9_000))
         prev = source
         for mule in mules:
@@ -325,17 +329,18 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--out", required=True, metavar="DIR", help="directory for events.jsonl, labels.csv, schema.json")
     p.add_argument("--seed", type=int, default=0, help="the generator's seed")
-    p.add_argument("--accounts", type=int, default=5_000, help="legitimate accounts")
-    p.add_argument("--merchants", type=int, default=400, help="merchants")
-    p.add_argument("--days", type=int, default=30, help="days of payments")
-    p.add_argument("--payments-per-day", type=float, default=0.6, help="sessions per legitimate account and day")
-    p.add_argument("--rings", type=int, default=12, help="device-sharing rings planted")
-    p.add_argument("--bursts", type=int, default=6, help="card-testing bursts planted")
-    p.add_argument("--chains", type=int, default=20, help="mule chains planted")
+    p.add_argument("--accounts", type=whole_number(50), default=5_000, help="legitimate accounts")
+    p.add_argument("--merchants", type=whole_number(20), default=400, help="merchants")
+    p.add_argument("--days", type=whole_number(3), default=30, help="days of payments")
+    p.add_argument("--sessions-per-day", type=finite_number(0.001), default=0.6,
+                   help="payment sessions (one or two payments each) per legitimate account and day")
+    p.add_argument("--rings", type=whole_number(0), default=12, help="device-sharing rings planted")
+    p.add_argument("--bursts", type=whole_number(0), default=6, help="card-testing bursts planted")
+    p.add_argument("--chains", type=whole_number(0), default=20, help="mule chains planted")
     args = p.parse_args(argv)
     try:
         stream = generate(args.seed, accounts=args.accounts, merchants=args.merchants, days=args.days,
-                          payments_per_day=args.payments_per_day, rings=args.rings, bursts=args.bursts,
+                          sessions_per_day=args.sessions_per_day, rings=args.rings, bursts=args.bursts,
                           chains=args.chains)
     except ValueError as exc:
         p.error(str(exc))

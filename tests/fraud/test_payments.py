@@ -112,5 +112,7 @@ def test_the_command_writes_the_files_its_summary_counts(tmp_path: Path, capsys)
         rows = list(csv.DictReader(fh))
     assert len(rows) == summary["payments"] and sum(int(r["label"]) for r in rows) == summary["fraud_payments"]
     assert json.loads((tmp_path / "schema.json").read_text()) == SCHEMA
-    with pytest.raises(SystemExit):
-        main(["--out", str(tmp_path), "--accounts", "10"])
+    for bad in (["--accounts", "10"], ["--sessions-per-day", "0"], ["--rings", "-1"]):
+        with pytest.raises(SystemExit) as stop:
+            main(["--out", str(tmp_path), *bad])
+        assert stop.value.code == 2, bad
