@@ -151,43 +151,59 @@ class Stream:
         return False
 
 
-def _fill(sizer: BatchSizer, stream: Stream) -> list[Record]:
-    """One poll as the worker makes it; the batch then takes the time its cost predicts."""
+def _fill(sizer: BatchSizer, stream: Stream, per_event: float | None = None, per_batch: float = 0.0) -> list[Record]:
+    """One poll as the worker makes it; the batch then takes ``per_batch`` plus ``per_event`` a record (default:
+    the time its cost predicts; nothing when no cost is known)."""
     sizer.target()
     records = stream.poll(sizer._asked)
     first = len(records)
     records = sizer.fill(records, stream.more(records), stream.pause)
     sizer.polled(len(records), max(r.timestamp_ms for r in records) / 1000 if records else None, first)
-    if records and sizer._cost:
-        stream.clock.now += len(records) * sizer._cost
-        sizer.processed(len(records), len(records) * sizer._cost)
+    per_event = sizer._cost if per_event is None else per_event
+    if records and per_event:
+        took = per_batch + len(records) * per_event
+        stream.clock.now += took
+        sizer.processed(len(records), took)
     return records
 
 
-def test_a_light_stream_waits_for_bigger_batches_within_the_bound() -> None:
+def test_a_busy_stream_waits_for_bigger_batches_within_the_bound() -> None:
     clock = Clock()
     sizer = BatchSizer(1000, 10_000, 1.0, clock=clock)
-    sizer.processed(10, 10 * 4e-4)  # 0.4 ms an event
-    stream = Stream(clock, rate=1000.0, start=NOW)  # a record every ms, the first one there now
-    sizes = [len(_fill(sizer, stream)) for _ in range(6)]
-    # without waiting a poll would return what came while the last batch was processed; waiting, each batch
-    # holds what arrives while its oldest record's wait plus the batch's time stay within WAIT_SHARE of the
-    # bound: (0.5 s - n * 0.4 ms) * 1000/s, n = 357 at most
-    assert all(300 <= n <= 357 for n in sizes), sizes
+    sizer.processed(10, 0.013)  # the last batch: 10 events in 13 ms
+    stream = Stream(clock, rate=2000.0, start=NOW)  # a record every 0.5 ms; 9 ms a batch and 0.4 ms an event
+    sizes = [len(_fill(sizer, stream, 4e-4, 9e-3)) for _ in range(14)]
+    # each wait lasts about as long as the last batch took, so batches grow until the oldest record's wait plus
+    # the batch's predicted time reach WAIT_SHARE of the bound: (0.5 s - n * cost) * 2000/s
+    assert all(a < b for a, b in zip(sizes[:4], sizes[1:5])), sizes  # growing
+    assert all(500 <= n <= 560 for n in sizes[-3:]), sizes  # then held near the bound's share
     assert sum(sizes) == stream.read  # nothing polled was left out
     for when, held, oldest in stream.taken:  # no record was taken that would not fit
-        assert when + held * 4e-4 <= oldest + WAIT_SHARE * 1.0 + 1e-9
+        assert when + held * sizer._cost <= oldest + WAIT_SHARE * 1.0 + 1e-3
+
+
+def test_a_light_stream_waits_no_longer_than_its_batches_take() -> None:
+    """At a fifth of the worker's capacity a wait as long as the last batch took brings few records: batches
+    stay small, and fresh."""
+    clock = Clock()
+    sizer = BatchSizer(1000, 10_000, 1.0, clock=clock)
+    stream = Stream(clock, rate=500.0, start=NOW)
+    sizes = [len(_fill(sizer, stream, 4e-4, 9e-3)) for _ in range(30)]
+    assert max(sizes[-10:]) <= 15 and sum(sizes) == stream.read, sizes
 
 
 def test_batches_topped_up_by_waiting_are_not_a_backlog() -> None:
-    """A light stream whose waits fill the target does not double it: only a first poll that comes back full
+    """A busy stream whose waits fill the target does not double it: only a first poll that comes back full
     tells of a backlog."""
     clock = Clock()
     sizer = BatchSizer(200, 10_000, 1.0, clock=clock)
-    sizer.processed(10, 10 * 4e-4)
-    stream = Stream(clock, rate=1000.0, start=NOW)  # fills 200 records in 0.2 s of waiting
-    sizes = [len(_fill(sizer, stream)) for _ in range(6)]
-    assert sizes[1:] == [200] * 5 and sizer.target() == 200, sizes
+    stream = Stream(clock, rate=1500.0, start=NOW)  # the first poll gets what came during the batch, waits the rest
+    sizes, topped = [], 0
+    for _ in range(8):
+        before = len(stream.taken)  # a poll after the first one: the first was short, waiting topped it up
+        sizes.append(len(_fill(sizer, stream, 4e-4, 9e-3)))
+        topped += len(stream.taken) > before
+    assert sizes == [200] * 8 and sizer.target() == 200 and topped == 8, (sizes, topped)
     sizer.polled(200, clock.now, first=200)  # a first poll that is full: a backlog
     assert sizer.target() > 200
 

@@ -28,11 +28,15 @@ bound allows (:meth:`BatchSizer.fill`): a poll returns at its first record,
 so without waiting a batch would hold only what arrived while the last one
 was processed, and each batch has a cost of its own besides its events'.
 It takes more records, without blocking, after pauses of half the time
-left (at most 50 ms), until the target is reached or the oldest record's
-age plus the predicted time of the batch (its size times ``cost``) would
-pass ``WAIT_SHARE`` of the bound, and never more records than fit in it
-then. The rest of the bound is left to the hand-over to the publisher and
-the delivery. Without a bound a poll takes what is there.
+left (at most 50 ms), until the target is reached, the wait has lasted as
+long as the last batch took to process, or the oldest record's age plus the
+predicted time of the batch (its size times ``cost``) would pass
+``WAIT_SHARE`` of the bound, and never more records than fit in it then.
+Waiting no longer than the last batch took keeps a lightly loaded worker's
+batches small and fresh (it is idle at least as long as it waits) while a
+busy one's grow with its batches' time, up to what the bound allows. The
+rest of the bound is left to the hand-over to the publisher and the
+delivery. Without a bound a poll takes what is there.
 
 Events that already waited longer than the bound cannot meet it, whatever
 the batch size (a backlog left by a restart, an outage or a burst above
@@ -91,6 +95,7 @@ class BatchSizer:
         self._asked = batch_size  # what the last poll asked for
         self._behind: float | None = None  # the records the next poll returns came after this (epoch seconds)
         self._cost: float | None = None  # seconds per event of the last round
+        self._took = 0.0  # seconds the last round took (0: none yet): a light poll waits no longer than this
         self._lock = threading.Lock()  # delivered() runs on the publisher thread
         self._late = False  # a round delivered since the last target() was later than SHRINK_AT of the bound
 
@@ -134,9 +139,13 @@ class BatchSizer:
         cost = self._cost or 0.0
         # a record produced "later" than now (its producer's clock ahead), or without a time, counts as produced now
         oldest = min(map(_timestamp_ms, records)) / 1000
-        limit = (min(oldest, self.clock()) if oldest > 0 else self.clock()) + WAIT_SHARE * self.bound
+        start = self.clock()
+        limit = (min(oldest, start) if oldest > 0 else start) + WAIT_SHARE * self.bound
         while len(records) < self._asked:
-            slack = limit - self.clock() - len(records) * cost
+            now = self.clock()
+            slack = limit - now - len(records) * cost
+            if self._took:  # no longer than the last round took (none yet: as the bound allows)
+                slack = min(slack, start + self._took - now)
             if slack < 2 * _MIN_PAUSE_S or pause(min(slack / 2, _MAX_PAUSE_S)):
                 break
             fits = int((limit - self.clock()) / cost) - len(records) if cost else self._asked
@@ -168,6 +177,7 @@ class BatchSizer:
         """The last poll's ``count`` records were decoded, applied, recomputed and handed over in ``seconds``."""
         if count > 0 and seconds > 0:
             self._cost = seconds / count
+            self._took = seconds
 
     def delivered(self, freshness_s: float) -> None:
         """A round was delivered ``freshness_s`` after its oldest record was produced (any thread)."""
