@@ -6,11 +6,10 @@ PCG64, no wall clock). What it writes:
 
 - ``events.jsonl``: typed events in time order: the fields of today's events
   plus ``type`` on a ``node_upsert``, ``src_type``, ``rel``, ``dst_type``,
-  ``features`` and ``txn_id`` on an ``edge_upsert`` (input for typed graphs:
-  gnnstream's event decoder, which reads untyped events, refuses these
-  fields). A ``node_upsert`` of each account, merchant and device (with its
-  features) comes before the first event that names it, then ``edge_upsert``
-  events of three relations:
+  ``features`` and ``txn_id`` on an ``edge_upsert`` (the events of a typed
+  graph, which ``gnnstream train --schema`` trains on). A ``node_upsert`` of
+  each account, merchant and device (with its features) comes before the
+  first event that names it, then ``edge_upsert`` events of three relations:
 
   ========================  ===========================================  ==================
   relation                  what an event is                             edge features

@@ -32,6 +32,7 @@ def check_layer_inputs(
     index: Tensor,
     self_count: Tensor,
     nbr_count: Tensor,
+    self_dim: int | None = None,
 ) -> None:
     """Validate the five tensors every layer's ``forward`` takes.
 
@@ -43,17 +44,20 @@ def check_layer_inputs(
         index: target row of every neighbour row.
         self_count: sample size of every target.
         nbr_count: sample size of every neighbour.
+        self_dim: the width of the targets' own inputs where it differs from the neighbours' (a relation
+            between two node types); None: ``in_dim``.
 
     Raises:
         ValueError: if a shape, dtype or value is inconsistent; the message
             reads ``Expected … (got …)``.
 
     Shapes:
-        ``x_self: [B, in_dim]``, ``x_nbr: [E, in_dim]``, ``index: [E]``,
+        ``x_self: [B, self_dim]``, ``x_nbr: [E, in_dim]``, ``index: [E]``,
         ``self_count: [B]``, ``nbr_count: [E]``.
     """
-    if x_self.dim() != 2 or x_self.size(1) != in_dim:
-        raise ValueError(f"{name}: Expected x_self of shape [B, {in_dim}] (got {list(x_self.shape)})")
+    self_dim = in_dim if self_dim is None else self_dim
+    if x_self.dim() != 2 or x_self.size(1) != self_dim:
+        raise ValueError(f"{name}: Expected x_self of shape [B, {self_dim}] (got {list(x_self.shape)})")
     if x_nbr.dim() != 2 or x_nbr.size(1) != in_dim:
         raise ValueError(f"{name}: Expected x_nbr of shape [E, {in_dim}] (got {list(x_nbr.shape)})")
     if not x_self.is_floating_point() or x_nbr.dtype != x_self.dtype:

@@ -6,6 +6,9 @@ Example ``config.json``::
      "num_layers": 2, "fanouts": [10, 5], "seed": 7, "heads": 1,
      "cold_start": {"policy": "plain"}, "name": "fraud", "version": 3,
      "weights_sha256": "…64 hex digits…"}
+
+A typed model (:mod:`gnnstream.model.hetero`) adds ``"schema"`` (:class:`~gnnstream.model.schema.GraphSchema`)
+and sets ``in_dim`` to 0: each node type's input width is in the schema.
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from gnnstream.model.coldstart import ColdStartPolicy, policy_from_config
-from gnnstream.model.exceptions import InvalidModelConfig, UnknownArchitecture
+from gnnstream.model.exceptions import InvalidModelConfig, ModelError, UnknownArchitecture
+from gnnstream.model.schema import GraphSchema
 
 __all__ = ["ARCHITECTURES", "ModelConfig"]
 
@@ -39,7 +43,7 @@ class ModelConfig:
 
     Args:
         arch: ``sage`` | ``gcn`` | ``gat``.
-        in_dim: node feature dimension.
+        in_dim: node feature dimension (0 in a typed model: the schema gives each node type's).
         hidden_dim: width of the hidden layers (ignored when ``num_layers == 1``).
         out_dim: embedding dimension.
         num_layers: number of message-passing layers.
@@ -50,6 +54,7 @@ class ModelConfig:
         name: model name, published as ``name:version``.
         version: model version.
         weights_sha256: hex sha256 of ``weights.pt``; ``None`` before saving.
+        schema: a typed model's graph schema (the ``schema.json`` object); ``None``: untyped.
 
     Raises:
         UnknownArchitecture: for an ``arch`` other than the three above.
@@ -69,11 +74,21 @@ class ModelConfig:
     name: str = "model"
     version: int = 1
     weights_sha256: str | None = None
+    schema: dict[str, Any] | None = field(default=None, hash=False)
 
     def __post_init__(self) -> None:
         if self.arch not in ARCHITECTURES:
             raise UnknownArchitecture(f"unknown arch {self.arch!r}; set \"arch\" to one of {list(ARCHITECTURES)}")
-        for key in ("in_dim", "hidden_dim", "out_dim", "num_layers", "heads"):
+        if self.schema is not None:
+            object.__setattr__(self, "schema", GraphSchema.from_dict(self.schema).to_dict())
+            if self.arch != "sage":
+                raise InvalidModelConfig(f"a typed model (with a schema) is served with arch 'sage' only (got "
+                                         f"{self.arch!r})")
+            if self.in_dim != 0:
+                raise InvalidModelConfig(f"in_dim must be 0 in a typed model: the schema gives each node type's "
+                                         f"feature width (got {self.in_dim!r})")
+        for key in ("hidden_dim", "out_dim", "num_layers", "heads") if self.schema is not None else (
+                "in_dim", "hidden_dim", "out_dim", "num_layers", "heads"):
             value = getattr(self, key)
             if not _is_int(value) or value < 1:
                 raise InvalidModelConfig(f"{key} must be a positive integer (got {value!r})")
@@ -113,6 +128,21 @@ class ModelConfig:
         return policy_from_config(self.cold_start)
 
     @property
+    def graph_schema(self) -> GraphSchema | None:
+        """The :class:`GraphSchema` of a typed model; None for an untyped one."""
+        return None if self.schema is None else GraphSchema.from_dict(self.schema)
+
+    def check_untyped(self, doing: str) -> None:
+        """Refuse a typed model for work that serves untyped graphs only (``doing`` names it).
+
+        Raises:
+            ModelError: the model has a schema.
+        """
+        if self.schema is not None:
+            raise ModelError(f"model {self.model_id} is typed (its config.json has a schema); {doing} serves "
+                             f"untyped models only: use an untyped model")
+
+    @property
     def model_id(self) -> str:
         """``name:version``, the ``model`` field of published embeddings."""
         return f"{self.name}:{self.version}"
@@ -125,6 +155,8 @@ class ModelConfig:
         """Return the JSON-ready ``config.json`` object."""
         out = asdict(self)
         out["fanouts"] = list(self.fanouts)
+        if out["schema"] is None:  # an untyped model's config has no schema
+            del out["schema"]
         return out
 
     @classmethod
@@ -136,6 +168,8 @@ class ModelConfig:
         """
         if not isinstance(data, Mapping):
             raise InvalidModelConfig(f"config must be a JSON object (got {type(data).__name__})")
+        if data.get("schema") is not None and "in_dim" not in data:
+            data = {**data, "in_dim": 0}
         missing = [k for k in _REQUIRED if k not in data]
         if missing:
             raise InvalidModelConfig(f"config is missing required key(s) {missing}; add them to config.json")

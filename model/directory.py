@@ -36,6 +36,7 @@ from gnnstream.model.exceptions import (
     ModelFileMissing,
     WeightsMismatch,
 )
+from gnnstream.model.hetero import HeteroSAGE
 from gnnstream.model.network import GNN
 
 __all__ = [
@@ -47,6 +48,7 @@ __all__ = [
     "init_model_dir",
     "check_state_dict",
     "file_sha256",
+    "build_network",
 ]
 
 logger = logging.getLogger(__name__)
@@ -66,7 +68,7 @@ class LoadedModel:
     """
 
     config: ModelConfig
-    model: GNN
+    model: GNN | HeteroSAGE
     path: Path
 
     @property
@@ -84,6 +86,14 @@ def file_sha256(path: str | os.PathLike[str]) -> str:
     return digest.hexdigest()
 
 
+def build_network(config: ModelConfig) -> GNN | HeteroSAGE:
+    """A freshly initialised network for ``config``: :class:`HeteroSAGE` for a typed model, else :class:`GNN`."""
+    schema = config.graph_schema
+    if schema is not None:
+        return HeteroSAGE(schema, config.hidden_dim, config.out_dim, config.num_layers)
+    return GNN.from_config(config)
+
+
 def check_state_dict(config: ModelConfig, state_dict: Mapping[str, Any]) -> None:
     """Check that a state dict has exactly the keys and shapes the config implies.
 
@@ -92,7 +102,7 @@ def check_state_dict(config: ModelConfig, state_dict: Mapping[str, Any]) -> None
             whose shape differs, with the expected and actual shapes.
     """
     with torch.device("meta"):  # shapes only: no memory, no draw from the caller's RNG
-        expected = GNN.from_config(config).state_dict()
+        expected = build_network(config).state_dict()
     dims = (f"arch={config.arch!r}, in_dim={config.in_dim}, hidden_dim={config.hidden_dim}, "
             f"out_dim={config.out_dim}, num_layers={config.num_layers}, heads={config.heads}")
     missing = [k for k in expected if k not in state_dict]
@@ -212,7 +222,7 @@ def load_model_dir(path: str | os.PathLike[str]) -> LoadedModel:
     except WeightsMismatch as exc:
         raise WeightsMismatch(f"{directory}: {exc}") from exc
     with torch.random.fork_rng(devices=[]):  # the init is overwritten; keep the caller's RNG as it was
-        model = GNN.from_config(config)
+        model = build_network(config)
     model.load_state_dict(state_dict)
     model.eval()
     logger.info("loaded model %s from %s: %r", config.model_id, directory, model)

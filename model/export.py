@@ -179,6 +179,7 @@ def export_model(model_dir: str | os.PathLike[str], out: str | os.PathLike[str],
     if fmt not in FORMATS:
         raise ModelError(f"unknown export format {fmt!r}; use one of {list(FORMATS)}")
     loaded = load_model_dir(model_dir)
+    loaded.config.check_untyped("model export")
     module = ExportedGNN(loaded).eval()
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -1,5 +1,6 @@
-"""A scoring head over a model's final embeddings, saved in the model directory (``head.json``): what the
-scorer and the query API's what-ifs turn an embedding into a score with."""
+"""Scoring heads saved in the model directory (``head.json``): a node head over a model's final embeddings
+(what the scorer and the query API's what-ifs turn an embedding into a score with), or a typed model's
+transaction head over the two ends' embeddings and the transaction's own features."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["ScoreHead", "load_head", "HEAD_FILE"]
+__all__ = ["ScoreHead", "TransactionHead", "load_head", "HEAD_FILE"]
 
 HEAD_FILE = "head.json"
 
@@ -39,11 +40,39 @@ class ScoreHead:
         (directory / HEAD_FILE).write_text(json.dumps(data))
 
 
+@dataclass(frozen=True)
+class TransactionHead:
+    """``score = sigmoid(weights · (h_src ‖ h_dst ‖ x_e) + bias)``: probability that a transaction of
+    ``relation`` (``src__rel__dst``) is fraudulent, from its two ends' final embeddings and its edge features."""
+
+    relation: str
+    weights: tuple[float, ...]
+    bias: float
+    model: str
+
+    def score(self, h_src: np.ndarray, h_dst: np.ndarray, x_edge: np.ndarray) -> np.ndarray:
+        z = np.concatenate([np.asarray(h_src, dtype=np.float64), np.asarray(h_dst, dtype=np.float64),
+                            np.asarray(x_edge, dtype=np.float64)], axis=-1) @ np.asarray(self.weights) + self.bias
+        return 1.0 / (1.0 + np.exp(-z))
+
+    def save(self, directory: Path) -> None:
+        (directory / HEAD_FILE).write_text(json.dumps({"relation": self.relation, "weights": list(self.weights),
+                                                       "bias": self.bias, "model": self.model}))
+
+
 def load_head(directory: str | Path) -> ScoreHead:
+    """The node head of a model directory.
+
+    Raises:
+        FileNotFoundError: the directory has no ``head.json``.
+        ValueError: its head scores transactions (a typed model's), not nodes.
+    """
     path = Path(directory) / HEAD_FILE
     if not path.exists():
         raise FileNotFoundError(f"{path} is missing: train the model with `gnnstream train` to get a fraud head")
     data = json.loads(path.read_text())
+    if "relation" in data:
+        raise ValueError(f"{path} scores transactions of {data['relation']} (a typed model's head), not nodes")
     model = data.get("model")
     return ScoreHead(tuple(float(x) for x in data["weights"]), float(data["bias"]),
                      None if model is None else str(model))

@@ -15,6 +15,11 @@ naming the option: another aggregation, jumping knowledge, normalisation
 layers, ``project=True``, ``root_weight=False``, residual or edge features in
 GAT, a dropout left on (a module in training mode), layers of another kind.
 
+A typed GraphSAGE, ``to_hetero(GraphSAGE((-1, -1), …), metadata, aggr="sum")``,
+imports the same way with its graph schema (:mod:`gnnstream.model.schema`), whose
+``metadata()`` is the one ``to_hetero`` was given: its state dict holds a
+``SAGEConv`` per layer and edge type, keyed ``PREFIX.{src}__{rel}__{dst}.*``.
+
 Reading a checkpoint never unpickles code (``torch.load(...,
 weights_only=True)``) and needs no PyG; only :func:`import_pyg` imports it.
 """
@@ -34,6 +39,7 @@ from torch import Tensor, nn
 from gnnstream.model.config import ARCHITECTURES, ModelConfig
 from gnnstream.model.directory import CONFIG_FILE, save_model_dir
 from gnnstream.model.exceptions import CorruptWeights, ModelDirExists, ModelError
+from gnnstream.model.schema import GraphSchema, edge_type_name
 
 __all__ = ["UnsupportedModel", "import_checkpoint", "import_state_dict", "import_pyg", "read_checkpoint"]
 
@@ -183,10 +189,68 @@ def _convert(arch: str, layers: list[dict[str, Tensor]]) -> tuple[dict[str, Tens
     return out, dims
 
 
+def _convert_hetero(schema: GraphSchema, state_dict: Mapping[str, Tensor]) -> tuple[dict[str, Tensor], dict[str, int]]:
+    """Our state dict (``convs.{l}.{edge type}.*``) of a ``to_hetero`` GraphSAGE and the dims it implies."""
+    names = {edge_type_name(e): e for e in schema.edge_types()}
+    prefixes: list[str] = []
+    layers: list[dict[str, dict[str, Tensor]]] = []
+    for key, value in state_dict.items():
+        what = _refusal(key)
+        if what is not None:
+            raise UnsupportedModel(f"cannot serve the model exactly: key {key!r} means {what}; retrain without it")
+        parts = key.split(".")
+        at = next((i for i, part in enumerate(parts) if "__" in part), None)
+        suffix = ".".join(parts[at + 1:]) if at is not None else ""
+        if at is None or parts[at] not in names or suffix not in _KEYS["sage"]:
+            hint = (f"edge type {parts[at]!r} is not one of the schema's {sorted(names)} (after ToUndirected)"
+                    if at is not None and parts[at] not in names else
+                    f"expected PREFIX.SRC__REL__DST.{{{', '.join(_KEYS['sage'])}}}")
+            raise UnsupportedModel(f"cannot serve the model exactly: key {key!r} is no parameter of a typed "
+                                   f"GraphSAGE's SAGEConv layers: {hint}")
+        prefix = ".".join(parts[:at])
+        if prefix not in prefixes:
+            prefixes.append(prefix)
+            layers.append({})
+        layers[prefixes.index(prefix)].setdefault(parts[at], {})[suffix] = value
+    if not layers:
+        raise UnsupportedModel("the state dict has no typed SAGEConv layer")
+    out: dict[str, Tensor] = {}
+    widths = dict(schema.node_types)
+    for l, convs in enumerate(layers):
+        missing = sorted(set(names) - set(convs))
+        if missing:
+            raise _shape_error(l, f"has no SAGEConv for edge type(s) {missing}; train the model with "
+                                  f"to_hetero(..., metadata) of this schema, after ToUndirected()")
+        out_width = set()
+        for name, p in convs.items():
+            src, _, dst = names[name]
+            if "lin_r.weight" not in p:
+                raise _shape_error(l, f"{name} has no lin_r: root_weight=False; retrain with root_weight=True")
+            w = p["lin_l.weight"]
+            for what, have, want in (("neighbour", w.size(1), widths[src]), ("root", p["lin_r.weight"].size(1),
+                                                                                widths[dst])):
+                if have != want:
+                    raise _shape_error(l, f"{name} takes {have} {what} inputs but {src if what == 'neighbour' else dst!r}"
+                                          f" gives {want}; check the schema's feature widths")
+            out_width.add(int(w.size(0)))
+            out.update({f"convs.{l}.{name}.lin_l.weight": w,
+                        f"convs.{l}.{name}.lin_l.bias": p.get("lin_l.bias", w.new_zeros(w.size(0))),
+                        f"convs.{l}.{name}.lin_r.weight": p["lin_r.weight"]})
+        if len(out_width) > 1:
+            raise _shape_error(l, f"has outputs of widths {sorted(out_width)}; every edge type's must agree")
+        width = out_width.pop()
+        widths = {t: width for t in widths}
+    last = len(layers) - 1
+    hidden = int(out[f"convs.0.{next(iter(names))}.lin_l.weight"].size(0)) if last else next(iter(widths.values()))
+    dims = {"in_dim": 0, "hidden_dim": hidden, "out_dim": next(iter(widths.values())), "num_layers": len(layers),
+            "heads": 1}
+    return out, dims
+
+
 def import_state_dict(state_dict: Mapping[str, Tensor], out: str | os.PathLike[str], *, arch: str,
                       fanouts: Sequence[int], seed: int = 0, cold_start: Mapping[str, Any] | None = None,
                       name: str = "model", version: int = 1, aggr: str = "mean", act: str = "relu",
-                      overwrite: bool = False) -> ModelConfig:
+                      schema: Mapping[str, Any] | None = None, overwrite: bool = False) -> ModelConfig:
     """Write a model directory from a PyG state dict.
 
     Args:
@@ -198,6 +262,8 @@ def import_state_dict(state_dict: Mapping[str, Tensor], out: str | os.PathLike[s
         seed, cold_start, name, version: the :class:`ModelConfig` fields.
         aggr: SAGE's aggregation as the model was built (only ``mean`` is served).
         act: the activation between layers as the model was built (only ``relu`` is served).
+        schema: the graph schema (``schema.json`` object) of a ``to_hetero`` GraphSAGE's state dict; None for
+            an untyped model.
         overwrite: replace a model already in ``out``.
 
     Returns:
@@ -215,10 +281,16 @@ def import_state_dict(state_dict: Mapping[str, Tensor], out: str | os.PathLike[s
         raise UnsupportedModel(f"cannot serve the model exactly: aggr={aggr!r}; only aggr='mean' is served")
     if act != "relu":
         raise UnsupportedModel(f"cannot serve the model exactly: act={act!r}; only act='relu' is served")
-    weights, dims = _convert(arch, _layers(arch, state_dict))
+    if schema is not None:
+        if arch != "sage":
+            raise UnsupportedModel(f"cannot serve the model exactly: a typed model is served with arch 'sage' only "
+                                   f"(got {arch!r})")
+        weights, dims = _convert_hetero(GraphSchema.from_dict(schema), state_dict)
+    else:
+        weights, dims = _convert(arch, _layers(arch, state_dict))
     config = ModelConfig(arch=arch, fanouts=tuple(fanouts), seed=seed,
                          cold_start=dict(cold_start) if cold_start is not None else {"policy": "plain"},
-                         name=name, version=version, **dims)
+                         name=name, version=version, schema=None if schema is None else dict(schema), **dims)
     if (Path(out) / CONFIG_FILE).exists() and not overwrite:
         raise ModelDirExists(f"{out} already holds a model; choose another directory, or replace it with "
                              f"--force (overwrite=True in Python)")

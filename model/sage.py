@@ -31,23 +31,28 @@ class SAGELayer(nn.Module):
     sample; the neighbours' sample sizes (``nbr_count``) are not used.
 
     Parameters (state-dict keys as PyG): ``lin_l.weight [out, in]``,
-    ``lin_l.bias [out]``, ``lin_r.weight [out, in]``.
+    ``lin_l.bias [out]``, ``lin_r.weight [out, root]``.
 
     Args:
-        in_dim: input dimension.
+        in_dim: input dimension (of the neighbours).
         out_dim: output dimension.
+        root_dim: the targets' input dimension where it differs from the
+            neighbours' (``SAGEConv((in_dim, root_dim), out_dim)``, a relation
+            between two node types); None: ``in_dim``.
     """
 
     uses_neighbour_counts: ClassVar[bool] = False
 
-    def __init__(self, in_dim: int, out_dim: int) -> None:
+    def __init__(self, in_dim: int, out_dim: int, root_dim: int | None = None) -> None:
         super().__init__()
-        if in_dim <= 0 or out_dim <= 0:
-            raise ValueError(f"Expected positive in_dim and out_dim (got {in_dim}, {out_dim})")
+        root_dim = in_dim if root_dim is None else root_dim
+        if in_dim <= 0 or out_dim <= 0 or root_dim <= 0:
+            raise ValueError(f"Expected positive in_dim, out_dim and root_dim (got {in_dim}, {out_dim}, {root_dim})")
         self.in_dim = in_dim
         self.out_dim = out_dim
+        self.root_dim = root_dim
         self.lin_l = nn.Linear(in_dim, out_dim, bias=True)
-        self.lin_r = nn.Linear(in_dim, out_dim, bias=False)
+        self.lin_r = nn.Linear(root_dim, out_dim, bias=False)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -78,10 +83,11 @@ class SAGELayer(nn.Module):
             The output of every target.
 
         Shapes:
-            ``x_self: [B, in_dim]``, ``x_nbr: [E, in_dim]``, ``index: [E]``,
+            ``x_self: [B, root_dim]``, ``x_nbr: [E, in_dim]``, ``index: [E]``,
             ``self_count: [B]``, ``nbr_count: [E]`` -> ``[B, out_dim]``.
         """
-        check_layer_inputs(type(self).__name__, self.in_dim, x_self, x_nbr, index, self_count, nbr_count)
+        check_layer_inputs(type(self).__name__, self.in_dim, x_self, x_nbr, index, self_count, nbr_count,
+                           self.root_dim)
         return self._combine(scatter_mean(x_nbr, index, self_count), x_self)
 
     def forward_indexed(
@@ -99,12 +105,12 @@ class SAGELayer(nn.Module):
         the same order as :meth:`forward`'s.
 
         Shapes:
-            ``x_self: [B, in_dim]``, ``table: [N, in_dim]``, ``nbr_rows: [E]``,
+            ``x_self: [B, root_dim]``, ``table: [N, in_dim]``, ``nbr_rows: [E]``,
             ``self_count: [B]``, ``nbr_count: [E]`` -> ``[B, out_dim]``.
         """
-        if x_self.dim() != 2 or x_self.size(1) != self.in_dim or table.dim() != 2 or table.size(1) != self.in_dim:
-            raise ValueError(f"{type(self).__name__}: Expected x_self [B, {self.in_dim}] and table [N, {self.in_dim}] "
-                             f"(got {list(x_self.shape)} and {list(table.shape)})")
+        if x_self.dim() != 2 or x_self.size(1) != self.root_dim or table.dim() != 2 or table.size(1) != self.in_dim:
+            raise ValueError(f"{type(self).__name__}: Expected x_self [B, {self.root_dim}] and table "
+                             f"[N, {self.in_dim}] (got {list(x_self.shape)} and {list(table.shape)})")
         if self_count.numel() != x_self.size(0) or int(self_count.sum()) != nbr_rows.numel():
             raise ValueError(f"{type(self).__name__}: Expected self_count to sum to the {nbr_rows.numel()} "
                              f"neighbour rows, one entry per target")
@@ -114,7 +120,7 @@ class SAGELayer(nn.Module):
         if nbr_rows.numel():
             total = F.embedding_bag(nbr_rows, table, offsets, mode="sum")
         else:
-            total = x_self.new_zeros(x_self.shape)
+            total = x_self.new_zeros((x_self.size(0), self.in_dim))
         mean = total.div_(self_count.clamp(min=1).to(x_self.dtype).unsqueeze(-1))
         return self._combine(mean, x_self)
 
@@ -163,4 +169,6 @@ class SAGELayer(nn.Module):
         return out.addmm_(x_self, self.lin_r.weight.t())
 
     def __repr__(self) -> str:
+        if self.root_dim != self.in_dim:
+            return f"{type(self).__name__}(({self.in_dim}, {self.root_dim}), {self.out_dim})"
         return f"{type(self).__name__}({self.in_dim}, {self.out_dim})"

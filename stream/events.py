@@ -8,6 +8,16 @@ machine-readable reason so that it can be routed to the dead-letter topic::
     {"op":"node_upsert","id":"a1","ts":1700000000,"features":[0.1, ...]}
     {"op":"node_delete","id":"a1","ts":1700000200}
 
+A typed graph's events also name node types and relations (docs/design.md,
+Typed graphs); :func:`decode_event_json` takes those fields with ``typed=True``
+only, and :func:`check_schema` checks them against the model's schema::
+
+    {"op":"node_upsert","type":"account","id":"a1","ts":1700000000,"features":[0.1, ...]}
+    {"op":"edge_upsert","src_type":"account","src":"a1","rel":"pays","dst_type":"merchant","dst":"m9",
+     "ts":1700000000,"features":[3.2, ...],"txn_id":"t77"}
+
+An omitted type is ``node`` and an omitted relation ``edge``.
+
 Node ids are strings; JSON integers are accepted and canonicalised to their
 decimal string. The decoder is strict: unknown or duplicated fields, wrong
 types (``true`` is not a number), NaN/inf, empty ids and the like are all
@@ -40,7 +50,10 @@ dead-letter headers):
 ``bad_ts``                a negative timestamp
 ``bad_features``          an empty feature list
 ``wrong_feature_length``  in ``check_features``, a feature count that is not
-                          the model's input width
+                          the model's input width (in ``check_schema``: of
+                          the node type, or of the relation's edge features)
+``unknown_type``          in ``check_schema``, a node type or relation that is
+                          not in the model's schema
 ========================  ====================================================
 """
 
@@ -49,6 +62,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any, ClassVar, Union
 
 import orjson
@@ -66,7 +80,10 @@ __all__ = [
     "decode_event",
     "decode_event_json",
     "check_features",
+    "check_schema",
     "MAX_FEATURE",
+    "UNTYPED_NODE",
+    "UNTYPED_REL",
     "encode_event",
     "event_key",
 ]
@@ -77,48 +94,62 @@ MAX_EVENT_BYTES = 1 << 20  # 1 MiB: the default size limit of one encoded event
 INVALID_EVENT_REASONS = frozenset({
     "empty", "oversize", "not_utf8", "not_json", "not_object", "duplicate_field",
     "missing_field", "unknown_op", "unknown_field", "bad_id", "empty_id", "bad_type",
-    "not_finite", "bad_ts", "bad_features", "wrong_feature_length",
+    "not_finite", "bad_ts", "bad_features", "wrong_feature_length", "unknown_type",
 })
+UNTYPED_NODE = "node"  # the type of a node an event names without one
+UNTYPED_REL = "edge"  # the relation of an edge an event names without one
+_MAX_NAME = 64  # the longest node type, relation or transaction id
 _MAX_DETAIL = 200
 
 
 @dataclass(frozen=True, slots=True)
 class EdgeUpsert:
-    """Create or update the directed edge ``src -> dst``."""
+    """Create or update the directed edge ``src -> dst`` (of relation ``rel`` between the two types, with the
+    edge's ``features`` and the transaction's ``txn_id`` where the relation has them)."""
 
     src: str
     dst: str
     ts: float
     weight: float = 1.0
+    src_type: str = UNTYPED_NODE
+    rel: str = UNTYPED_REL
+    dst_type: str = UNTYPED_NODE
+    features: tuple[float, ...] = ()
+    txn_id: str | None = None
     op: ClassVar[str] = "edge_upsert"
 
 
 @dataclass(frozen=True, slots=True)
 class EdgeDelete:
-    """Remove the directed edge ``src -> dst`` (a no-op when absent)."""
+    """Remove the directed edge ``src -> dst`` (of relation ``rel``; a no-op when absent)."""
 
     src: str
     dst: str
     ts: float
+    src_type: str = UNTYPED_NODE
+    rel: str = UNTYPED_REL
+    dst_type: str = UNTYPED_NODE
     op: ClassVar[str] = "edge_delete"
 
 
 @dataclass(frozen=True, slots=True)
 class NodeUpsert:
-    """Create node ``id`` or replace its features."""
+    """Create node ``id`` (of ``type``) or replace its features."""
 
     id: str
     ts: float
     features: tuple[float, ...]
+    type: str = UNTYPED_NODE
     op: ClassVar[str] = "node_upsert"
 
 
 @dataclass(frozen=True, slots=True)
 class NodeDelete:
-    """Remove node ``id``, its features and all its edges (a no-op when absent)."""
+    """Remove node ``id`` (of ``type``), its features and all its edges (a no-op when absent)."""
 
     id: str
     ts: float
+    type: str = UNTYPED_NODE
     op: ClassVar[str] = "node_delete"
 
 
@@ -145,6 +176,12 @@ _FIELDS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
     "edge_delete": (frozenset({"op", "src", "dst", "ts"}), frozenset()),
     "node_upsert": (frozenset({"op", "id", "ts", "features"}), frozenset()),
     "node_delete": (frozenset({"op", "id", "ts"}), frozenset()),
+}
+_TYPED_FIELDS = {  # op: the optional fields of a typed graph's events
+    "edge_upsert": frozenset({"src_type", "rel", "dst_type", "features", "txn_id"}),
+    "edge_delete": frozenset({"src_type", "rel", "dst_type"}),
+    "node_upsert": frozenset({"type"}),
+    "node_delete": frozenset({"type"}),
 }
 
 
@@ -202,11 +239,19 @@ def _features(value: Any) -> tuple[float, ...]:
     return tuple(_number(x, "features[]") for x in value)
 
 
-def decode_event(obj: Any) -> Event:
+def _type_name(value: Any, field: str) -> str:
+    if not isinstance(value, str) or not 0 < len(value) <= _MAX_NAME:
+        raise InvalidEvent("bad_type", f"{field} must be a non-empty string of at most {_MAX_NAME} characters "
+                                       f"(got {_short(value)})")
+    return value
+
+
+def decode_event(obj: Any, typed: bool = False) -> Event:
     """Validate a decoded JSON value and build the event it describes.
 
     Args:
         obj: the parsed JSON value of one message or line.
+        typed: take the fields of a typed graph's events (node types, relations, edge features, txn_id).
 
     Returns:
         One of :class:`EdgeUpsert`, :class:`EdgeDelete`, :class:`NodeUpsert`,
@@ -225,6 +270,8 @@ def decode_event(obj: Any) -> Event:
     if op not in _FIELDS:
         raise InvalidEvent("unknown_op", f"op {_short(op)} is not one of {sorted(_FIELDS)}")
     required, optional = _FIELDS[op]
+    if typed:
+        optional = optional | _TYPED_FIELDS[op]
     keys = obj.keys()
     missing = required - keys
     if missing:
@@ -234,14 +281,17 @@ def decode_event(obj: Any) -> Event:
         names = ", ".join(sorted(_short(k) for k in extra))
         raise InvalidEvent("unknown_field", f"{op} does not take {_short(names)}")
     ts = _timestamp(obj["ts"])
+    names = {f: _type_name(obj[f], f) for f in ("type", "src_type", "rel", "dst_type", "txn_id") if f in obj}
     if op == "edge_upsert":
         weight = _number(obj["weight"], "weight") if "weight" in obj else 1.0
-        return EdgeUpsert(_node_id(obj["src"], "src"), _node_id(obj["dst"], "dst"), ts, weight)
+        features = _features(obj["features"]) if "features" in obj else ()
+        return EdgeUpsert(_node_id(obj["src"], "src"), _node_id(obj["dst"], "dst"), ts, weight, features=features,
+                          **names)
     if op == "edge_delete":
-        return EdgeDelete(_node_id(obj["src"], "src"), _node_id(obj["dst"], "dst"), ts)
+        return EdgeDelete(_node_id(obj["src"], "src"), _node_id(obj["dst"], "dst"), ts, **names)
     if op == "node_upsert":
-        return NodeUpsert(_node_id(obj["id"], "id"), ts, _features(obj["features"]))
-    return NodeDelete(_node_id(obj["id"], "id"), ts)
+        return NodeUpsert(_node_id(obj["id"], "id"), ts, _features(obj["features"]), **names)
+    return NodeDelete(_node_id(obj["id"], "id"), ts, **names)
 
 
 MAX_FEATURE = 1e15
@@ -267,6 +317,32 @@ def check_features(ev: Event, dim: int, expected: str = "the model expects") -> 
                                          f"model's sums could overflow float32")
 
 
+def check_schema(ev: Event, node_types: Mapping[str, int], relations: Mapping[tuple[str, str, str], int]) -> None:
+    """Refuse an event of a typed graph that its schema does not take.
+
+    Args:
+        node_types: feature width by node type.
+        relations: edge-feature width by relation ``(src_type, rel, dst_type)`` (0: none).
+
+    Raises:
+        InvalidEvent: ``unknown_type`` for a node type or relation outside the schema, ``wrong_feature_length``
+            for node or edge features of another width, ``not_finite`` as :func:`check_features`.
+    """
+    if isinstance(ev, (EdgeUpsert, EdgeDelete)):
+        relation = (ev.src_type, ev.rel, ev.dst_type)
+        width = relations.get(relation)
+        if width is None:
+            raise InvalidEvent("unknown_type", f"relation {_short('__'.join(relation))} is not in the schema")
+        if isinstance(ev, EdgeUpsert) and len(ev.features) != width:
+            raise InvalidEvent("wrong_feature_length", f"edge {ev.src!r} -{ev.rel}-> {ev.dst!r} has "
+                                                       f"{len(ev.features)} features, the schema gives {width}")
+        return
+    width = node_types.get(ev.type)
+    if width is None:
+        raise InvalidEvent("unknown_type", f"node type {_short(ev.type)} is not in the schema")
+    check_features(ev, width, f"the schema gives {ev.type!r}")
+
+
 def _reject_constant(name: str) -> float:
     raise InvalidEvent("not_finite", f"{name} is not valid JSON")
 
@@ -283,12 +359,13 @@ def _unique_fields(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 
 def decode_event_json(data: bytes | bytearray | memoryview | str | None, *,
-                      max_bytes: int = MAX_EVENT_BYTES) -> Event:
+                      max_bytes: int = MAX_EVENT_BYTES, typed: bool = False) -> Event:
     """Parse and validate one JSON-encoded event (a Kafka value or a JSONL line).
 
     Args:
         data: the encoded event; ``None`` (a Kafka tombstone) is rejected.
         max_bytes: size limit of the encoded event in bytes (UTF-8 for ``str``).
+        typed: take the fields of a typed graph's events (:func:`decode_event`).
 
     Returns:
         The decoded event.
@@ -327,7 +404,7 @@ def decode_event_json(data: bytes | bytearray | memoryview | str | None, *,
         raise
     except (ValueError, RecursionError, MemoryError) as exc:
         raise InvalidEvent("not_json", str(exc)[:_MAX_DETAIL]) from None
-    return decode_event(obj)
+    return decode_event(obj, typed)
 
 
 _NUMBER = (int, float)
@@ -399,11 +476,19 @@ def encode_event(event: Event) -> bytes:
     obj: dict[str, Any] = {"op": event.op}
     if isinstance(event, (EdgeUpsert, EdgeDelete)):
         obj["src"], obj["dst"] = event.src, event.dst
+        if (event.src_type, event.rel, event.dst_type) != (UNTYPED_NODE, UNTYPED_REL, UNTYPED_NODE):
+            obj.update(src_type=event.src_type, rel=event.rel, dst_type=event.dst_type)
     else:
         obj["id"] = event.id
+        if event.type != UNTYPED_NODE:
+            obj["type"] = event.type
     obj["ts"] = int(event.ts) if float(event.ts).is_integer() else event.ts
     if isinstance(event, EdgeUpsert):
         obj["weight"] = event.weight
+        if event.features:
+            obj["features"] = list(event.features)
+        if event.txn_id is not None:
+            obj["txn_id"] = event.txn_id
     elif isinstance(event, NodeUpsert):
         obj["features"] = list(event.features)
     return json.dumps(obj, separators=(",", ":")).encode()

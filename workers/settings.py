@@ -19,7 +19,7 @@ from gnnstream.stream.clients import MAX_MESSAGE_BYTES
 
 __all__ = ["WorkerSettings", "add_worker_arguments", "settings_from_args", "ENV_PREFIX", "whole_number",
            "fanout_list", "model_name", "model_version", "LOG_FORMAT", "configure_logging", "events_path",
-           "finite_number", "port_number"]
+           "finite_number", "port_number", "schema_file"]
 
 ENV_PREFIX = "GNNSTREAM_"
 
@@ -233,6 +233,23 @@ def model_version(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a non-negative whole number like 2 (got {text!r})")
     return int(text)
 
+
+def schema_file(path: str) -> dict[str, Any]:
+    """The graph schema in a JSON file (``schema.json``), checked as a model checks it."""
+    import json
+
+    from gnnstream.model.exceptions import InvalidModelConfig
+    from gnnstream.model.schema import GraphSchema
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+        return GraphSchema.from_dict(data).to_dict()
+    except OSError as exc:
+        raise argparse.ArgumentTypeError(f"cannot read schema file {path!r}: {exc.strerror}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise argparse.ArgumentTypeError(f"schema file {path!r} is not JSON ({exc})") from None
+    except InvalidModelConfig as exc:
+        raise argparse.ArgumentTypeError(f"{path}: {exc}") from None
 
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"

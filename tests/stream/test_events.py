@@ -168,3 +168,48 @@ def test_fuzz_near_valid_events(obj: dict) -> None:
 @given(st.text(max_size=100))
 def test_fuzz_random_text(text: str) -> None:
     _check_decode(text)
+
+
+_TYPED_PAY = ('{"op":"edge_upsert","src_type":"account","src":"a1","rel":"pays","dst_type":"merchant","dst":"m9",'
+              '"ts":5,"features":[1.5,-2,0.25,1],"txn_id":"t7"}')
+
+
+def test_typed_fields_are_taken_only_for_a_typed_graph():
+    with pytest.raises(InvalidEvent) as info:
+        decode_event_json(_TYPED_PAY)
+    assert info.value.reason == "unknown_field"
+    ev = decode_event_json(_TYPED_PAY, typed=True)
+    assert ev == EdgeUpsert("a1", "m9", 5.0, 1.0, src_type="account", rel="pays", dst_type="merchant",
+                            features=(1.5, -2.0, 0.25, 1.0), txn_id="t7")
+    assert decode_event_json(encode_event(ev), typed=True) == ev
+    node = decode_event_json('{"op":"node_upsert","type":"device","id":"d1","ts":3,"features":[1]}', typed=True)
+    assert node == NodeUpsert("d1", 3.0, (1.0,), type="device")
+    assert decode_event_json(encode_event(node), typed=True) == node
+    # an omitted type is node, an omitted relation edge: an untyped event decodes the same either way
+    line = '{"op":"edge_delete","src":"a","dst":"b","ts":1}'
+    assert decode_event_json(line, typed=True) == decode_event_json(line) == EdgeDelete("a", "b", 1.0, "node", "edge",
+                                                                                       "node")
+    assert encode_event(decode_event_json(line, typed=True)) == b'{"op":"edge_delete","src":"a","dst":"b","ts":1}'
+    with pytest.raises(InvalidEvent) as info:
+        decode_event_json('{"op":"node_delete","type":"","id":"d1","ts":3}', typed=True)
+    assert info.value.reason == "bad_type"
+
+
+def test_check_schema_refuses_what_the_schema_does_not_take():
+    from gnnstream.stream.events import check_schema
+
+    node_types = {"account": 2, "merchant": 1}
+    relations = {("account", "pays", "merchant"): 4}
+    check_schema(decode_event_json(_TYPED_PAY, typed=True), node_types, relations)  # passes
+    cases = [
+        (_TYPED_PAY.replace('"pays"', '"owns"'), "unknown_type", "relation 'account__owns__merchant'"),
+        (_TYPED_PAY.replace(',1],', '],'), "wrong_feature_length", "has 3 features, the schema gives 4"),
+        ('{"op":"node_upsert","type":"device","id":"d","ts":1,"features":[1]}', "unknown_type", "node type 'device'"),
+        ('{"op":"node_upsert","type":"account","id":"a","ts":1,"features":[1]}', "wrong_feature_length",
+         "the schema gives 'account' 2"),
+        ('{"op":"edge_upsert","src":"a","dst":"b","ts":1}', "unknown_type", "relation 'node__edge__node'"),
+    ]
+    for line, reason, detail in cases:
+        with pytest.raises(InvalidEvent) as info:
+            check_schema(decode_event_json(line, typed=True), node_types, relations)
+        assert info.value.reason == reason and detail in info.value.detail, (line, info.value)

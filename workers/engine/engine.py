@@ -68,6 +68,7 @@ class Engine:
         self.store = store
         self.model = model
         cfg = model.config
+        cfg.check_untyped("the engine (apply, backfill, run, verify)")
         self.fanouts: list[int] = list(cfg.fanouts)
         self.num_layers = len(self.fanouts)
         self.model_tag = f"{cfg.name}:{cfg.version}"

@@ -6,7 +6,8 @@ import argparse
 import json
 from typing import Any
 
-from gnnstream.workers.settings import events_path, fanout_list, finite_number, model_name, model_version, whole_number
+from gnnstream.workers.settings import (events_path, fanout_list, finite_number, model_name, model_version, schema_file,
+                                        whole_number)
 
 __all__ = ["add_model_commands"]
 
@@ -38,7 +39,7 @@ def _model_import(args: argparse.Namespace) -> int:
     from gnnstream.model.pyg import import_checkpoint
     cfg = import_checkpoint(args.checkpoint, args.dir, arch=args.arch, fanouts=args.fanouts, seed=args.seed,
                             cold_start=_cold_start(args), name=args.name, version=args.version, aggr=args.aggr,
-                            act=args.act, overwrite=args.force)
+                            act=args.act, schema=args.schema, overwrite=args.force)
     _print_json(cfg.to_dict())
     return 0
 
@@ -50,12 +51,29 @@ def _model_export(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
+    if args.schema is not None:
+        return _train_typed(args)
     from gnnstream.workers.offline.train import train_model
     _print_json(train_model(events_path(args.events), args.labels, args.out, arch=args.arch, hidden=args.hidden,
                        out_dim=args.out_dim, fanouts=args.fanouts, heads=args.heads, seed=args.seed,
                        epochs=args.epochs, lr=args.lr, train_fraction=args.train_fraction,
                        cold_start=_cold_start(args), edge_ttl=args.edge_ttl, name=args.name, version=args.version,
                        overwrite=args.force))
+    return 0
+
+
+def _train_typed(args: argparse.Namespace) -> int:
+    from gnnstream.workers.offline.typed_train import train_typed_model
+    for flag, value, default in (("--arch", args.arch, "sage"), ("--cold-start", args.cold_start, "plain"),
+                                 ("--edge-ttl", args.edge_ttl, 0), ("--heads", args.heads, 1)):
+        if value != default:
+            raise ValueError(f"{flag} {value} does not apply to a typed model (--schema): it is a GraphSAGE with "
+                             f"the plain cold-start policy, without an edge window")
+    _print_json(train_typed_model(events_path(args.events), args.labels, args.schema, args.out, hidden=args.hidden,
+                                  out_dim=args.out_dim, fanouts=args.fanouts, seed=args.seed, epochs=args.epochs,
+                                  lr=args.lr, train_fraction=args.train_fraction, slices=args.slices,
+                                  alert_rate=args.alert_rate, name=args.name, version=args.version,
+                                  overwrite=args.force))
     return 0
 
 
@@ -128,6 +146,9 @@ def add_model_commands(sub: Any) -> None:
                                                  "only one served)")
     p.add_argument("--act", default="relu", help="activation between the layers (default relu, the only one "
                                                 "served)")
+    p.add_argument("--schema", type=schema_file, default=None, metavar="SCHEMA.json",
+                   help="a typed model: the graph schema (node types, relations) whose metadata() the state_dict's "
+                        "to_hetero(GraphSAGE(...), metadata, aggr='sum') was built with (docs/models.md)")
     _model_identity_args(p)
     p.add_argument("--force", action="store_true", help="overwrite an existing directory")
     p.set_defaults(func=_model_import)
@@ -146,12 +167,26 @@ def add_model_commands(sub: Any) -> None:
                        description="Train a GNN and a logistic scoring head on the first --train-fraction of the "
                                    "edge events (file order is time order) and write a model directory with "
                                    "head.json and train.json (held-out metrics: labelled nodes first seen, or "
-                                   "labelled, after the cut, scored with the whole stream's embeddings).")
+                                   "labelled, after the cut, scored with the whole stream's embeddings). With "
+                                   "--schema: a typed GraphSAGE and a transaction head on the first "
+                                   "--train-fraction of the scored relation's transactions (held-out metrics: "
+                                   "each later transaction scored with the graph as it stood before it, "
+                                   "docs/models.md).")
     p.add_argument("--events", required=True, metavar="FILE",
-                   help="JSON lines of the events schema, or a SNAP signed-network CSV (*.csv, *.csv.gz)")
+                   help="JSON lines of the events schema, or a SNAP signed-network CSV (*.csv, *.csv.gz); with "
+                        "--schema, JSON lines of a typed graph")
     p.add_argument("--labels", required=True, metavar="FILE.csv",
                    help="id,label[,ts] lines, label 0 or 1; ts: when the label is known (default: the node's "
-                        "first event)")
+                        "first event); with --schema, a CSV with txn_id and label columns")
+    p.add_argument("--schema", type=schema_file, default=None, metavar="SCHEMA.json",
+                   help="train a typed model over this graph schema, scoring its scored relation's transactions "
+                        "(python -m gnnstream.fraud.payments writes one)")
+    p.add_argument("--slices", type=whole_number(1), default=8,
+                   help="with --schema: parts of the held-out window, each scored with the graph at its start "
+                        "(default 8)")
+    p.add_argument("--alert-rate", type=_fraction, default=0.01,
+                   help="with --schema: the share of held-out transactions alerted on, for the precision "
+                        "reported (default 0.01)")
     p.add_argument("--out", required=True, metavar="MODEL_DIR", help="model directory to write (servable by run)")
     p.add_argument("--force", action="store_true", help="overwrite an existing non-empty MODEL_DIR")
     p.add_argument("--train-fraction", type=_fraction, default=0.7,

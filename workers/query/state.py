@@ -147,6 +147,7 @@ class QueryState:
                 model_dir = raw.decode()
             self.model = model = load_model_dir(model_dir)
             cfg = model.config
+            cfg.check_untyped("the query API")
             if self.store.seed != cfg.seed:
                 raise StoreConfigError(f"model {cfg.name}:{cfg.version} samples with seed {cfg.seed} but state "
                                        f"{self.store.path!r} holds seed {self.store.seed}")
