@@ -3,7 +3,6 @@ to the PyG module's own forward pass, and the per-relation rank against one writ
 
 from __future__ import annotations
 
-import hashlib
 import json
 import random
 
@@ -15,6 +14,7 @@ from gnnstream.model import InvalidModelConfig, load_model_dir
 from gnnstream.model.pyg import UnsupportedModel, import_checkpoint
 from gnnstream.model.schema import GraphSchema
 from gnnstream.workers.cli import main
+from tests.workers.typed_reference import hetero_data, rank, sampled
 
 SCHEMA = {
     "node_types": {"account": 6, "merchant": 5, "device": 3},
@@ -28,50 +28,26 @@ SCHEMA = {
 COUNTS = {"account": 40, "merchant": 9, "device": 12}
 
 
-def _rank(seed: int, edge_type: tuple[str, str, str], v_key: str, u_key: str) -> int:
-    message = f"{seed}:{'__'.join(edge_type)}:{v_key}:{u_key}"
-    return int.from_bytes(hashlib.blake2b(message.encode(), digest_size=8).digest(), "big")
-
-
 def _typed_graph(seed: int):
-    """A random typed graph as PyG's HeteroData with ToUndirected applied, and its declared edges."""
-    from torch_geometric.data import HeteroData
-    from torch_geometric.transforms import ToUndirected
-
+    """A random typed graph as PyG's HeteroData after ToUndirected, and each type's id -> row."""
     rng = random.Random(seed)
-    data = HeteroData()
     gen = torch.Generator().manual_seed(seed)
+    events = []
     for t, width in SCHEMA["node_types"].items():
-        data[t].x = torch.randn(COUNTS[t], width, generator=gen)
+        for i in range(COUNTS[t]):
+            events.append({"op": "node_upsert", "type": t, "id": f"{t[0]}{i}",
+                           "features": torch.randn(width, generator=gen).tolist()})
     for r in SCHEMA["relations"]:
         s, t = r["src_type"], r["dst_type"]
-        pairs = {(rng.randrange(COUNTS[s]), rng.randrange(COUNTS[t])) for _ in range(90)}
-        pairs = sorted((a, b) for a, b in pairs if s != t or a != b)
-        data[s, r["rel"], t].edge_index = torch.tensor(pairs, dtype=torch.long).t()
-    return ToUndirected()(data)
-
-
-def _sampled(data, seed: int, k: int):
-    """Bottom-k per edge type with the relation in the rank, ties by the neighbour's key (docs/design.md)."""
-    out = {}
-    for edge_type in data.edge_types:
-        s, _, t = edge_type
-        src, dst = data[edge_type].edge_index.tolist()
-        nbrs: dict[int, set[int]] = {}
-        for u, v in zip(src, dst):
-            if not (s == t and u == v):
-                nbrs.setdefault(v, set()).add(u)
-        cols = []
-        for v, members in sorted(nbrs.items()):
-            ranked = sorted((_rank(seed, edge_type, f"{t}/{v}", f"{s}/{u}"), f"{s}/{u}", u) for u in members)
-            cols += [(u, v) for _, _, u in ranked[:k]]
-        out[edge_type] = torch.tensor(cols, dtype=torch.long).t().reshape(2, -1)
-    return out
+        for _ in range(90):
+            events.append({"op": "edge_upsert", "src_type": s, "src": f"{s[0]}{rng.randrange(COUNTS[s])}",
+                           "rel": r["rel"], "dst_type": t, "dst": f"{t[0]}{rng.randrange(COUNTS[t])}"})
+    return hetero_data(events, SCHEMA)
 
 
 def test_schema_flows_as_to_undirected_builds_it():
     schema = GraphSchema.from_dict(SCHEMA)
-    data = _typed_graph(0)
+    data, _ = _typed_graph(0)
     node_types, edge_types = schema.metadata()
     assert sorted(node_types) == sorted(data.node_types) and edge_types == list(data.edge_types)
     assert schema.inbound("account") == [("account", "sends", "account"), ("merchant", "rev_pays", "account"),
@@ -100,7 +76,7 @@ def test_relation_rank_is_the_written_one():
     rng = random.Random(3)
     edge_type = ("merchant", "rev_pays", "account")
     members = [f"merchant/{rng.randrange(1000)}" for _ in range(50)]
-    want = [u for _, u in sorted((_rank(11, edge_type, "account/7", u), u) for u in set(members))[:6]]
+    want = [u for _, u in sorted((rank(11, edge_type, "account/7", u), u) for u in set(members))[:6]]
     assert sample_neighbors(11, "account/7", members, 6, relation="merchant__rev_pays__account") == want
     assert sample_neighbors(11, "account/7", members, 6) != want  # the relation is part of the rank
 
@@ -109,13 +85,13 @@ def test_relation_rank_is_the_written_one():
 def test_an_imported_to_hetero_model_equals_its_pyg_forward(tmp_path, seed, layers):
     from torch_geometric.nn import GraphSAGE, to_hetero
 
-    data = _typed_graph(seed)
+    data, rows = _typed_graph(seed)
     schema = GraphSchema.from_dict(SCHEMA)
     torch.manual_seed(seed)
     module = to_hetero(GraphSAGE((-1, -1), 16, layers, out_channels=8), schema.metadata(), aggr="sum").eval()
-    sampled = _sampled(data, seed, 3)
+    samples = sampled(data, rows, seed, 3)
     with torch.no_grad():
-        want = module(data.x_dict, sampled)  # initialises the lazy layers too
+        want = module(data.x_dict, samples)  # initialises the lazy layers too
     torch.save(module.state_dict(), tmp_path / "typed.pt")
     schema_path = tmp_path / "schema.json"
     schema_path.write_text(json.dumps(SCHEMA))
@@ -124,20 +100,20 @@ def test_an_imported_to_hetero_model_equals_its_pyg_forward(tmp_path, seed, laye
     loaded = load_model_dir(tmp_path / "m")
     assert loaded.config.in_dim == 0 and loaded.config.graph_schema == schema
     assert (loaded.config.hidden_dim, loaded.config.out_dim, loaded.config.num_layers) == (16 if layers > 1 else 8, 8, layers)
-    got = loaded.model(data.x_dict, sampled)
+    got = loaded.model(data.x_dict, samples)
     assert set(got) == set(want)
     for t in want:
         assert got[t].shape == want[t].shape
         assert torch.allclose(got[t], want[t], atol=1e-4), (t, float((got[t] - want[t]).abs().max()))
     # the layers read their samples: other samples give other embeddings
-    other = loaded.model(data.x_dict, _sampled(data, seed, 1))
+    other = loaded.model(data.x_dict, sampled(data, rows, seed, 1))
     assert not torch.allclose(other["account"], want["account"], atol=1e-3)
 
 
 def test_import_refuses_a_state_dict_of_another_schema(tmp_path):
     from torch_geometric.nn import GraphSAGE, to_hetero
 
-    data = _typed_graph(1)
+    data, _ = _typed_graph(1)
     schema = GraphSchema.from_dict(SCHEMA)
     module = to_hetero(GraphSAGE((-1, -1), 8, 2, out_channels=4), schema.metadata(), aggr="sum").eval()
     with torch.no_grad():
@@ -158,7 +134,7 @@ def test_import_refuses_a_state_dict_of_another_schema(tmp_path):
 def test_untyped_work_refuses_a_typed_model_in_one_line(tmp_path, capsys):
     from torch_geometric.nn import GraphSAGE, to_hetero
 
-    data = _typed_graph(2)
+    data, _ = _typed_graph(2)
     module = to_hetero(GraphSAGE((-1, -1), 8, 2, out_channels=4), GraphSchema.from_dict(SCHEMA).metadata(),
                        aggr="sum").eval()
     with torch.no_grad():

@@ -33,7 +33,7 @@ import os
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -47,7 +47,7 @@ from gnnstream.stream.snap import read_snap, snap_events
 from gnnstream.workers.engine.layers import LayerRunner
 from gnnstream.workers.engine.stages import STAGE_NAMES
 
-__all__ = ["read_events", "read_labels", "train_model", "roc_auc", "roc_curve", "TRAIN_FILE"]
+__all__ = ["read_events", "read_labels", "train_model", "fit", "roc_auc", "roc_curve", "TRAIN_FILE"]
 
 logger = logging.getLogger(__name__)
 
@@ -84,11 +84,13 @@ def roc_curve(labels: np.ndarray, scores: np.ndarray) -> tuple[np.ndarray, np.nd
     return fp / max(fp[-1], 1), tp / max(tp[-1], 1)
 
 
-def read_events(path: str | os.PathLike[str]) -> tuple[list[Event], int]:
+def read_events(path: str | os.PathLike[str],
+                decode: Callable[[bytes], Event] = decode_event_json) -> tuple[list[Event], int]:
     """The events of a file and the number of invalid lines skipped.
 
     A name ending in ``.csv`` or ``.csv.gz`` is a SNAP signed-network CSV (edges plus derived node features);
-    anything else is JSON lines of the events schema.
+    anything else is JSON lines of the events schema, each read with ``decode`` (which raises
+    :class:`InvalidEvent` for a line to skip).
     """
     name = str(path)
     if name.endswith((".csv", ".csv.gz")):
@@ -99,7 +101,7 @@ def read_events(path: str | os.PathLike[str]) -> tuple[list[Event], int]:
             if not line.strip():
                 continue
             try:
-                events.append(decode_event_json(line))
+                events.append(decode(line))
             except InvalidEvent:
                 invalid += 1
     if not events:
@@ -131,6 +133,25 @@ def read_labels(path: str | os.PathLike[str]) -> dict[str, int | tuple[int, floa
     if not out:
         raise ValueError(f"labels file {str(path)!r} holds no labels; write one id,label line per labelled node")
     return out
+
+
+def fit(gnn: torch.nn.Module, head: torch.nn.Module, logits: Callable[[], torch.Tensor], y: torch.Tensor, *,
+        epochs: int, lr: float) -> float:
+    """Fit ``gnn`` and ``head`` together, full batch: Adam on the logistic loss of ``logits()`` against the labels
+    ``y``, the rarer class weighted up; both are left in eval mode. Returns the last loss."""
+    optim = torch.optim.Adam(list(gnn.parameters()) + list(head.parameters()), lr=lr, weight_decay=5e-4)
+    pos_weight = torch.tensor([(len(y) - y.sum()) / max(float(y.sum()), 1.0)])
+    loss_fn = torch.nn.BCEWithLogitsLoss(pos_weight=pos_weight)
+    gnn.train()
+    for epoch in range(epochs):
+        optim.zero_grad()
+        loss = loss_fn(logits(), y)
+        loss.backward()
+        optim.step()
+        if epoch % 50 == 0:
+            logger.info("epoch %d loss %.4f", epoch, loss.item())
+    gnn.eval()
+    return loss.item()
 
 
 def _edge_cut(events: Sequence[Event], fraction: float) -> int:
@@ -254,18 +275,7 @@ def train_model(events: str | os.PathLike[str] | Sequence[Event], labels: str | 
     idx = torch.tensor([i for i, n in enumerate(names) if n in train_labels], dtype=torch.int64)
     y = torch.tensor([train_labels[names[i]] for i in idx.tolist()], dtype=torch.float32)
     head = torch.nn.Linear(out_dim, 1)
-    optim = torch.optim.Adam(list(gnn.parameters()) + list(head.parameters()), lr=lr, weight_decay=5e-4)
-    pos_weight = torch.tensor([(len(y) - y.sum()) / max(float(y.sum()), 1.0)])
-    loss_fn = torch.nn.BCEWithLogitsLoss(pos_weight=pos_weight)
-    gnn.train()
-    for epoch in range(epochs):
-        optim.zero_grad()
-        loss = loss_fn(head(gnn(x, edges)[idx]).squeeze(-1), y)
-        loss.backward()
-        optim.step()
-        if epoch % 50 == 0:
-            logger.info("epoch %d loss %.4f", epoch, loss.item())
-    gnn.eval()
+    loss = fit(gnn, head, lambda: head(gnn(x, edges)[idx]).squeeze(-1), y, epochs=epochs, lr=lr)
     with torch.no_grad():
         train_scores = torch.sigmoid(head(gnn(x, edges)[idx]).squeeze(-1)).numpy()
         all_scores = torch.sigmoid(head(gnn(all_x, all_edges)).squeeze(-1)).numpy()
@@ -283,7 +293,7 @@ def train_model(events: str | os.PathLike[str] | Sequence[Event], labels: str | 
         "train_until_ts": evs[cut - 1].ts if cut else None, "edge_ttl": edge_ttl, "train_nodes": len(names),
         "train_edges_sampled": [int(e.shape[1]) for e in edges], "train_stages": stages,
         "labelled": len(idx), "positive": int(y.sum()),
-        "train_auc": round(roc_auc(y.numpy(), train_scores), 4), "final_loss": round(loss.item(), 4),
+        "train_auc": round(roc_auc(y.numpy(), train_scores), 4), "final_loss": round(loss, 4),
         "held_out": len(held), "held_out_positive": int(held_y.sum()), "held_out_auc": held_auc,
         "epochs": epochs,
     }

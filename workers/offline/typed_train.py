@@ -29,12 +29,13 @@ model directory (``config.json`` with the schema, ``weights.pt`` keyed as
 from __future__ import annotations
 
 import csv
+import functools
 import json
 import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -44,10 +45,10 @@ from gnnstream.model import ModelConfig, ModelDirExists, save_model_dir
 from gnnstream.model.head import TransactionHead
 from gnnstream.model.hetero import HeteroSAGE
 from gnnstream.model.schema import EdgeType, GraphSchema, edge_type_name
-from gnnstream.stream.events import (EdgeDelete, EdgeUpsert, Event, InvalidEvent, NodeDelete, NodeUpsert,
-                                     check_schema, decode_event_json)
+from gnnstream.stream.events import (EdgeDelete, EdgeUpsert, Event, NodeDelete, NodeUpsert, check_schema,
+                                     decode_event_json)
 from gnnstream.stream.rollout import version_topic
-from gnnstream.workers.offline.train import TRAIN_FILE, roc_auc
+from gnnstream.workers.offline.train import TRAIN_FILE, fit, read_events, roc_auc
 
 __all__ = ["TypedGraph", "read_typed_events", "read_transaction_labels", "train_typed_model",
            "precision_at_rate"]
@@ -59,22 +60,13 @@ def read_typed_events(path: str | os.PathLike[str], schema: GraphSchema) -> tupl
     """The events of a typed event file that ``schema`` takes, and how many lines it did not."""
     node_types = dict(schema.node_types)
     relations = {r.edge_type: r.edge_features for r in schema.relations}
-    events, invalid = [], 0
-    with open(path, "rb") as fh:
-        for line in fh:
-            if not line.strip():
-                continue
-            try:
-                ev = decode_event_json(line, typed=True)
-                check_schema(ev, node_types, relations)
-            except InvalidEvent:
-                invalid += 1
-                continue
-            events.append(ev)
-    if not events:
-        raise ValueError(f"no events of the schema read from {str(path)!r}: expected JSON lines of a typed graph "
-                         f"(docs/design.md, Typed graphs)")
-    return events, invalid
+
+    def decode(line: bytes) -> Event:
+        ev = decode_event_json(line, typed=True)
+        check_schema(ev, node_types, relations)
+        return ev
+
+    return read_events(path, decode)
 
 
 def read_transaction_labels(path: str | os.PathLike[str]) -> dict[str, int]:
@@ -183,9 +175,24 @@ def _transaction_rows(graph: TypedGraph, txns: Sequence[EdgeUpsert]) -> tuple[np
             np.array([dst_rows[ev.dst] for ev in txns], dtype=np.int64), x_e)
 
 
+def _one_thread(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Run ``fn`` on one torch thread: weights that do not depend on how threads split a sum (300 epochs make
+    much of a last-bit difference), and no slower on a graph of this size."""
+    @functools.wraps(fn)
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            torch.set_num_threads(threads)
+    return wrapped
+
+
+@_one_thread
 def train_typed_model(events: str | os.PathLike[str], labels: str | os.PathLike[str] | Mapping[str, int],
                       schema: Mapping[str, Any], out: str | os.PathLike[str], *, hidden: int = 64,
-                      out_dim: int = 32, fanouts: Sequence[int] = (25, 10), seed: int = 0, epochs: int = 200,
+                      out_dim: int = 32, fanouts: Sequence[int] = (25, 10), seed: int = 0, epochs: int = 300,
                       lr: float = 0.01, train_fraction: float = 0.7, slices: int = 8, alert_rate: float = 0.01,
                       name: str = "model", version: int = 1, overwrite: bool = False) -> dict[str, Any]:
     """Train a typed GraphSAGE and a logistic transaction head; save them with their held-out metrics.
@@ -248,17 +255,7 @@ def train_typed_model(events: str | os.PathLike[str], labels: str | os.PathLike[
     def logits(h: dict[str, torch.Tensor], src: np.ndarray, dst: np.ndarray, x_e: torch.Tensor) -> torch.Tensor:
         return head(torch.cat([h[scored.src][src], h[scored.dst][dst], x_e], dim=1)).squeeze(-1)
 
-    optim = torch.optim.Adam(list(gnn.parameters()) + list(head.parameters()), lr=lr, weight_decay=5e-4)
-    loss_fn = torch.nn.BCEWithLogitsLoss(pos_weight=(len(y) - y.sum()) / y.sum())
-    gnn.train()
-    for epoch in range(epochs):
-        optim.zero_grad()
-        loss = loss_fn(logits(gnn(x, edges), src, dst, x_e), y)
-        loss.backward()
-        optim.step()
-        if epoch % 50 == 0:
-            logger.info("epoch %d loss %.4f", epoch, loss.item())
-    gnn.eval()
+    loss = fit(gnn, head, lambda: logits(gnn(x, edges), src, dst, x_e), y, epochs=epochs, lr=lr)
     with torch.no_grad():
         train_scores = torch.sigmoid(logits(gnn(x, edges), src, dst, x_e)).numpy()
         held_scores = []
@@ -288,7 +285,7 @@ def train_typed_model(events: str | os.PathLike[str], labels: str | os.PathLike[
         "train_events": cut, "train_transactions": len(train_at), "train_positive": int(y.sum()),
         "train_until_ts": evs[cut - 1].ts if cut else None,
         "train_nodes": train_nodes,
-        "train_auc": round(roc_auc(y.numpy(), train_scores), 4), "final_loss": round(loss.item(), 4),
+        "train_auc": round(roc_auc(y.numpy(), train_scores), 4), "final_loss": round(loss, 4),
         "held_out": len(held_at), "held_out_positive": int(held_y.sum()), "held_out_slices": slices,
         "held_out_auc": round(roc_auc(held_y, held_p), 4) if both else None,
         "alert_rate": alert_rate,
