@@ -50,8 +50,8 @@ def test_the_trainers_samples_and_layers_equal_the_typed_reference(payments):
     schema_dict = json.loads(open(paths["schema.json"]).read())
     schema = GraphSchema.from_dict(schema_dict)
     events = [json.loads(line) for line in open(paths["events.jsonl"])]
-    data, rows = hetero_data(events, schema_dict)
-    want = hetero_forward(model, data, sampled(data, rows, 5, 3))
+    data, rows, _ = hetero_data(events, schema_dict)
+    want = hetero_forward(model, data, [sampled(data, rows, 5, 3)] * 2)
     graph = TypedGraph(schema)
     for ev in read_typed_events(paths["events.jsonl"], schema)[0]:
         graph.apply(ev)

@@ -4,8 +4,9 @@ Nothing here uses gnnstream: a typed event file is folded into PyTorch
 Geometric's ``HeteroData`` with plain dicts, ``ToUndirected()`` builds the
 neighbourhoods, the bottom-k samples per edge type are drawn with an inline
 copy of the rank formula (relation in the message, nodes keyed ``type/id``),
-and a ``to_hetero(GraphSAGE((-1, -1), …), metadata, aggr="sum")`` computes the
-embeddings from a model directory's ``weights.pt``.
+and PyG's ``HeteroConv`` of a ``SAGEConv`` per edge type (``aggr="sum"``, what
+``to_hetero`` builds from a GraphSAGE), one per layer with ReLU between, computes
+the embeddings from a model directory's ``weights.pt``.
 """
 
 from __future__ import annotations
@@ -17,10 +18,10 @@ from typing import Any, Iterable, Mapping
 
 import torch
 from torch_geometric.data import HeteroData
-from torch_geometric.nn import GraphSAGE, to_hetero
+from torch_geometric.nn import HeteroConv, SAGEConv
 from torch_geometric.transforms import ToUndirected
 
-__all__ = ["rank", "hetero_data", "sampled", "hetero_forward"]
+__all__ = ["rank", "hetero_data", "sampled", "hetero_forward", "typed_embeddings"]
 
 
 def rank(seed: int, edge_type: tuple[str, str, str], v_key: str, u_key: str) -> int:
@@ -28,19 +29,32 @@ def rank(seed: int, edge_type: tuple[str, str, str], v_key: str, u_key: str) -> 
     return int.from_bytes(blake2b(message.encode(), digest_size=8).digest(), "big")
 
 
-def hetero_data(events: Iterable[Mapping[str, Any]], schema: Mapping[str, Any]) -> tuple[HeteroData, dict]:
-    """The graph the events leave, as ``HeteroData`` after ``ToUndirected()``, and each type's id -> row."""
+def hetero_data(events: Iterable[Mapping[str, Any]], schema: Mapping[str, Any]) -> tuple[HeteroData, dict, dict]:
+    """The graph the events leave, as ``HeteroData`` after ``ToUndirected()``, each type's id -> row (every node
+    ever named) and each type's nodes that exist at the end (named since their last ``node_delete``)."""
     rows: dict[str, dict[str, int]] = {t: {} for t in schema["node_types"]}
+    alive: dict[str, set[str]] = {t: set() for t in schema["node_types"]}
     feats: dict[str, dict[str, list[float]]] = {t: {} for t in schema["node_types"]}
     edges: dict[tuple[str, str, str], set[tuple[str, str]]] = {
         (r["src_type"], r["rel"], r["dst_type"]): set() for r in schema["relations"]}
+
+    def name(t: str, node: str) -> None:
+        rows[t].setdefault(node, len(rows[t]))
+        alive[t].add(node)
+
     for ev in events:
         if ev["op"] == "node_upsert":
-            rows[ev["type"]].setdefault(ev["id"], len(rows[ev["type"]]))
+            name(ev["type"], ev["id"])
             feats[ev["type"]][ev["id"]] = ev["features"]
+        elif ev["op"] == "node_delete":
+            t, node = ev["type"], ev["id"]
+            alive[t].discard(node)
+            feats[t].pop(node, None)
+            for (s, _, d), pairs in edges.items():
+                pairs -= {(a, b) for a, b in pairs if (s == t and a == node) or (d == t and b == node)}
         elif ev["op"] == "edge_upsert":
-            rows[ev["src_type"]].setdefault(ev["src"], len(rows[ev["src_type"]]))
-            rows[ev["dst_type"]].setdefault(ev["dst"], len(rows[ev["dst_type"]]))
+            name(ev["src_type"], ev["src"])
+            name(ev["dst_type"], ev["dst"])
             edges[(ev["src_type"], ev["rel"], ev["dst_type"])].add((ev["src"], ev["dst"]))
         elif ev["op"] == "edge_delete":
             edges[(ev["src_type"], ev["rel"], ev["dst_type"])].discard((ev["src"], ev["dst"]))
@@ -53,7 +67,7 @@ def hetero_data(events: Iterable[Mapping[str, Any]], schema: Mapping[str, Any]) 
     for (s, r, t), pairs in edges.items():
         data[s, r, t].edge_index = torch.tensor([[rows[s][u], rows[t][v]] for u, v in sorted(pairs)],
                                                 dtype=torch.long).reshape(-1, 2).t()
-    return ToUndirected()(data), rows
+    return ToUndirected()(data), rows, alive
 
 
 def sampled(data: HeteroData, rows: Mapping[str, Mapping[str, int]], seed: int, k: int) -> dict:
@@ -78,12 +92,35 @@ def sampled(data: HeteroData, rows: Mapping[str, Mapping[str, int]], seed: int, 
     return out
 
 
-def hetero_forward(model_dir: str | Path, data: HeteroData, edge_index: Mapping) -> dict[str, torch.Tensor]:
-    """The embeddings of PyG's ``to_hetero`` GraphSAGE with the directory's weights on one edge list."""
+def hetero_forward(model_dir: str | Path, data: HeteroData, edge_lists: list[Mapping]) -> dict[str, torch.Tensor]:
+    """The embeddings of the directory's typed GraphSAGE (weights keyed as ``to_hetero`` keys them) on one sampled
+    edge-list mapping per layer: a ``HeteroConv`` of ``SAGEConv((-1, -1), …)`` per layer, ReLU between."""
     config = json.loads((Path(model_dir) / "config.json").read_text())
-    module = to_hetero(GraphSAGE((-1, -1), config["hidden_dim"], config["num_layers"],
-                                 out_channels=config["out_dim"]), data.metadata(), aggr="sum")
+    weights = torch.load(Path(model_dir) / "weights.pt", weights_only=True)
+    layers = config["num_layers"]
+    assert len(edge_lists) == layers
+    x = dict(data.x_dict)
     with torch.no_grad():
-        module(data.x_dict, edge_index)  # the lazy layers take their shapes
-        module.load_state_dict(torch.load(Path(model_dir) / "weights.pt", weights_only=True))
-        return module.eval()(data.x_dict, edge_index)
+        for l, edges in enumerate(edge_lists):
+            width = config["out_dim"] if l == layers - 1 else config["hidden_dim"]
+            conv = HeteroConv({e: SAGEConv((-1, -1), width) for e in data.edge_types}, aggr="sum")
+            conv(x, dict(edges))  # the lazy layers take their shapes
+            for e in data.edge_types:
+                name = "__".join(e)
+                sage = conv.convs[e]
+                sage.lin_l.weight.copy_(weights[f"convs.{l}.{name}.lin_l.weight"])
+                sage.lin_l.bias.copy_(weights[f"convs.{l}.{name}.lin_l.bias"])
+                sage.lin_r.weight.copy_(weights[f"convs.{l}.{name}.lin_r.weight"])
+            out = conv(x, dict(edges))
+            x = {t: (h.relu() if l < layers - 1 else h) for t, h in out.items()}
+    return x
+
+
+def typed_embeddings(events: Iterable[Mapping[str, Any]], schema: Mapping[str, Any],
+                     model_dir: str | Path) -> dict[str, Any]:
+    """``{"type/id": embedding}`` of every node the events leave, from scratch (the model's seed and fanouts)."""
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    data, rows, alive = hetero_data(events, schema)
+    h = hetero_forward(model_dir, data, [sampled(data, rows, config["seed"], k) for k in config["fanouts"]])
+    return {f"{t}/{node}": h[t][row].numpy() for t, ids in rows.items() for node, row in ids.items()
+            if node in alive[t]}

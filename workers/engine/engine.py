@@ -34,6 +34,8 @@ from gnnstream.workers.engine.rows import CachedRows, DenseRows, Rows
 from gnnstream.workers.engine.shards import OutputShards
 from gnnstream.workers.engine.stages import STAGE_NAMES, StageClock
 from gnnstream.workers.engine.stats import EngineError, RecomputeStats
+from gnnstream.workers.engine.typed import TypedLayout, bind_schema
+from gnnstream.stream.events import MAX_EVENT_BYTES, check_features, decode_event_json
 
 __all__ = ["Engine", "RecomputeStats", "EngineError", "DEFERRED_TAG", "DELETED"]
 
@@ -68,7 +70,8 @@ class Engine:
         self.store = store
         self.model = model
         cfg = model.config
-        cfg.check_untyped("the engine (apply, backfill, run, verify)")
+        schema = cfg.graph_schema
+        self.typed = TypedLayout(schema, store) if schema is not None else None
         self.fanouts: list[int] = list(cfg.fanouts)
         self.num_layers = len(self.fanouts)
         self.model_tag = f"{cfg.name}:{cfg.version}"
@@ -87,17 +90,22 @@ class Engine:
                 f"model {self.model_tag} samples with seed {cfg.seed} but store {store.path!r} "
                 f"was created with seed {store.seed}; create the store with --seed {cfg.seed}"
             )
-        if store.feature_dim is not None and store.feature_dim != cfg.in_dim:
+        in_dim = self.typed.width if self.typed is not None else cfg.in_dim
+        bind_schema(store, cfg.schema, self.model_tag)
+        if self.typed is not None and not self.plain:
+            raise EngineError(f"model {self.model_tag} is typed with the {self.policy.name!r} cold-start policy; "
+                              f"typed graphs are served with the plain policy")
+        if store.feature_dim is not None and store.feature_dim != in_dim:
             raise EngineError(
-                f"model {self.model_tag} expects {cfg.in_dim} input features but store "
+                f"model {self.model_tag} expects {in_dim} input features but store "
                 f"{store.path!r} holds {store.feature_dim}-dim features"
             )
-        store.set_feature_dim(cfg.in_dim)
+        store.set_feature_dim(in_dim)
         store.set_fanouts(self.fanouts)
         for k in set(self.fanouts):  # build the in-memory sampled-by index now, not in the first batch
             store.sampled_by_many(k, np.zeros(0, dtype=np.int64), None)
         store.warm_ids()
-        dims = [cfg.in_dim]
+        dims = [in_dim]
         for layer in range(self.num_layers):
             dims.append(self._out_dim(layer, dims[-1]))
         self.meta = PageLog(store)  # versions, modes and final rows: the page log, cached
@@ -108,7 +116,8 @@ class Engine:
         self.tables = EmbeddingTables(store, dims, self.logs)
         for l, log in self.logs.items():
             log.row_cache = lambda iids, l=l: self.tables.cached(l, iids)
-        self.layers = LayerRunner(store, self.gnn, self.policy, self.fanouts, self.tables.dims, chunk_nodes)
+        self.layers = LayerRunner(store, self.gnn, self.policy, self.fanouts, self.tables.dims, chunk_nodes,
+                                  self.typed)
         self._deferred_since: float | None = None
         self.shards = OutputShards(store)  # whose final rows are kept and published (see own)
         self.outbox = Outbox(store)  # the nodes to publish, written with their rows
@@ -157,7 +166,22 @@ class Engine:
             for k in set(self.fanouts):
                 self.layers.samples(young, k)
 
+    def read_event(self, data: Any, max_bytes: int = MAX_EVENT_BYTES) -> list[Any]:
+        """One encoded event (a Kafka value or a JSONL line) as the events the store applies: itself, or a
+        typed graph's event as the untyped events that hold it (:mod:`gnnstream.workers.engine.typed`).
+
+        Raises:
+            InvalidEvent: as :func:`decode_event_json`, :func:`check_features` and (typed) :func:`check_schema`.
+        """
+        if self.typed is not None:
+            return self.typed.read(data, max_bytes)
+        ev = decode_event_json(data, max_bytes=max_bytes)
+        check_features(ev, self.model.config.in_dim)
+        return [ev]
+
     def _out_dim(self, layer: int, in_dim: int) -> int:
+        if self.typed is not None:
+            return self.gnn.widths[layer + 1][self.typed.schema.type_names[0]]
         empty = torch.zeros(0, dtype=torch.int64)
         with torch.no_grad():
             out = self.gnn.layer(layer, torch.zeros(1, in_dim), torch.zeros(0, in_dim), empty,
@@ -215,7 +239,8 @@ class Engine:
         stats = RecomputeStats()
         if self.shards.every or not partitions:
             return stats
-        every = np.fromiter((keys.decode_iid(k) for k in self.store.column("names").keys()), dtype=np.int64)
+        every = self._nodes(np.fromiter((keys.decode_iid(k) for k in self.store.column("names").keys()),
+                                        dtype=np.int64))
         every = every[self.shards.within(self.shards.mask(partitions), every)]
         alive = self.store.node_arrays(every)[0] >= 0
         targets, gone = every[alive], every[~alive]
@@ -245,6 +270,10 @@ class Engine:
         self._commit(tx)
         stats.seconds = time.perf_counter() - t0
         return stats
+
+    def _nodes(self, iids: np.ndarray) -> np.ndarray:
+        """The nodes among ``iids`` whose embeddings are kept: all of them, but a typed graph's slots."""
+        return iids if self.typed is None else self.typed.nodes(iids)
 
     # ------------------------------------------------------------------ binding
     def needs_backfill(self) -> bool:
@@ -279,7 +308,7 @@ class Engine:
     def _backfill(self, progress: Callable[[int], None] | None, publish: bool) -> RecomputeStats:
         t0 = time.perf_counter()
         stats = RecomputeStats()
-        targets = np.fromiter(self.store.node_iids(), dtype=np.int64)
+        targets = self._nodes(np.fromiter(self.store.node_iids(), dtype=np.int64))
         self.tables.clear()
         for log in self.logs.values():
             log.clear()
@@ -378,7 +407,7 @@ class Engine:
 
     def from_scratch(self) -> tuple[np.ndarray, np.ndarray]:
         """Every node's final embedding computed in memory (nothing is written)."""
-        targets = np.fromiter(self.store.node_iids(), dtype=np.int64)
+        targets = self._nodes(np.fromiter(self.store.node_iids(), dtype=np.int64))
         prev = self._full_inputs(targets)
         h = np.zeros((len(targets), self.tables.dims[0]), dtype=np.float32)
         for layer in range(self.num_layers):
@@ -513,6 +542,9 @@ class Engine:
             stats.newly_deferred += len(setdiff_ids(new_deferred[layer], carried))
             final_from = t if layer == self.num_layers - 1 else None
             dirty_ids = unique_ids(np.concatenate(dirty))
+            if self.typed is not None:  # a slot's sample or input changed: its node's layer is dirty
+                owners = self.typed.owners(dirty_ids)
+                dirty_ids = unique_ids(owners[owners >= 0])
             if layer == self.num_layers - 1 and not self.shards.every:  # the final layer: kept nodes only
                 dirty_ids = dirty_ids[self.shards.kept(dirty_ids)]
             alive = store.node_arrays(dirty_ids)[0] >= 0
@@ -539,7 +571,8 @@ class Engine:
             if layer == self.num_layers - 1:
                 final_iids, final_rows = moved, moved_rows
                 # a node whose mode changed is republished even if its vector did not move
-                touched = np.concatenate([input_ids[(input_flags & (DIRTY_INPUT | DIRTY_DEGREE)) != 0], fired])
+                touched = self._nodes(np.concatenate([input_ids[(input_flags & (DIRTY_INPUT | DIRTY_DEGREE)) != 0],
+                                                      fired]))
                 touched = touched[self.shards.kept(touched)]
                 recheck = setdiff_ids(np.concatenate([targets[~diff], touched]), moved)
                 degree, flags, _ = store.node_arrays(recheck)

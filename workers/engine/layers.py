@@ -31,15 +31,16 @@ class LayerRunner:
     """
 
     def __init__(self, store: GraphStore, gnn: Any, policy: Any, fanouts: list[int], dims: list[int],
-                 chunk_nodes: int):
+                 chunk_nodes: int, typed: Any = None):
         self.store, self.gnn, self.policy = store, gnn, policy
+        self.typed = typed  # a typed graph's TypedLayout (workers/engine/typed.py); None: untyped
         self.plain = policy.name == "plain"
         self.fanouts, self.dims, self.chunk_nodes = fanouts, dims, chunk_nodes
         self.device = torch.device("cpu")  # where the layers run: another only inside running_on
         self._device_table: tuple[np.ndarray, torch.Tensor] | None = None  # the input table copied to the device
-        self.uses_counts = [bool(getattr(c, "uses_neighbour_counts", False)) for c in gnn.convs]
+        self.uses_counts = [typed is None and bool(getattr(c, "uses_neighbour_counts", False)) for c in gnn.convs]
         # a layer past the first whose inputs (the engine's own h^l) can be kept projected: see compute
-        self.projects = [layer > 0 and gnn.projects(layer) for layer in range(len(fanouts))]
+        self.projects = [typed is None and layer > 0 and gnn.projects(layer) for layer in range(len(fanouts))]
         self.capped = 0  # targets whose sample was capped by the fanout, since take_capped
         self.staged = bool(policy.by_age)
         self._rank = seeded_rank_bytes(store.seed)
@@ -196,6 +197,8 @@ class LayerRunner:
         Returns:
             The new rows and the number of sampled neighbours read.
         """
+        if self.typed is not None:
+            return self._compute_typed(layer, targets, inputs)
         k = self.fanouts[layer]
         projected = getattr(inputs, "projected", None) if self.projects[layer] else None
         out = np.empty((len(targets) if len(targets) > self.chunk_nodes else 0, self.dims[layer + 1]),
@@ -231,4 +234,43 @@ class LayerRunner:
             if len(chunk) == len(targets):  # one chunk: keep torch's output, no copy
                 return h.numpy(), sampled
             out[start:start + len(chunk)] = h.numpy()
+        return out, sampled
+
+    def _compute_typed(self, layer: int, targets: np.ndarray, inputs: Rows) -> tuple[np.ndarray, int]:
+        """:meth:`compute` of a typed graph's nodes: per node type, the samples of each edge type reaching it
+        (its slots' lists, :mod:`gnnstream.workers.engine.typed`) into :meth:`HeteroSAGE.layer`."""
+        typed, store, k = self.typed, self.store, self.fanouts[layer]
+        out = np.zeros((len(targets), self.dims[layer + 1]), dtype=np.float32)
+        kinds = typed.types(targets)
+        sampled = 0
+        for t, index in typed.type_index.items():
+            sel = np.flatnonzero(kinds == index)
+            if not len(sel):
+                continue
+            chunk = targets[sel]
+            edge_types = typed.schema.inbound(t)
+            mats = []
+            for e in edge_types:
+                slots = typed.slots(chunk, e)
+                mat = np.full((len(chunk), k), -1, dtype=np.int64)
+                live = np.flatnonzero(slots >= 0)
+                live = live[store.node_arrays(slots[live])[0] >= 0]
+                if len(live) and k:
+                    mat[live] = store.sample_matrix(k, slots[live])
+                mats.append(mat)
+            flat = [mat[mat >= 0] for mat in mats]
+            table, pos = inputs(np.concatenate([chunk] + flat))
+            rows = table[pos]  # the rows this type reads, gathered: the first layer's widths are the types'
+            widths = self.gnn.widths[layer]
+            rel_inputs, start = [], len(chunk)
+            for e, mat, ids in zip(edge_types, mats, flat):
+                counts = (mat >= 0).sum(axis=1)
+                sampled += len(ids)
+                source = np.ascontiguousarray(rows[start:start + len(ids), :widths[e[0]]])
+                rel_inputs.append((e, torch.from_numpy(source), torch.arange(len(ids)),
+                                   torch.from_numpy(counts.astype(np.int64))))
+                start += len(ids)
+            x_self = torch.from_numpy(np.ascontiguousarray(rows[:len(chunk), :widths[t]]))
+            with torch.no_grad():
+                out[sel] = self.gnn.layer(layer, t, x_self, rel_inputs).numpy()
         return out, sampled

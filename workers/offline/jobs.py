@@ -36,6 +36,7 @@ from gnnstream.model import load_model_dir
 from gnnstream.stream.events import Event, InvalidEvent, NodeUpsert, check_features, decode_event_json
 from gnnstream.workers.atomic import atomic_output
 from gnnstream.workers.engine import check_device
+from gnnstream.workers.engine.typed import TypedLayout, bind_schema
 from gnnstream.workers.heap import freeze_warm_heap
 from gnnstream.workers.state import (BINDING_META, ReadOnlyStore, bind_model_dir, held_identity, holds_state,
                                      open_engine, open_store, other_model_error)
@@ -74,10 +75,12 @@ def _count_lines(path: str | os.PathLike[str]) -> int:
         return sum(1 for _ in fh)
 
 
-def _batches(events: Iterable[Any], size: int) -> Iterator[list[Any]]:
-    batch: list[Any] = []
-    for ev in events:
-        batch.append(ev)
+def _batches(lines: Iterable[tuple[int, list[Any]]], size: int) -> Iterator[list[tuple[int, Any]]]:
+    """The events of ``(line number, events)`` groups as ``(line number, event)`` pairs, in batches of at least
+    ``size`` events that end with a whole line (a typed event is several of the store's)."""
+    batch: list[tuple[int, Any]] = []
+    for line_no, events in lines:
+        batch += [(line_no, ev) for ev in events]
         if len(batch) >= size:
             yield batch
             batch = []
@@ -180,16 +183,16 @@ def _line_hash(line: bytes) -> str:
     return hashlib.blake2b(line.rstrip(b"\r\n"), digest_size=8).hexdigest()
 
 
-def _numbered_events(path: str | os.PathLike[str], done: int, invalid: _InvalidLines, dim: int | None,
-                     dim_source: str, position: dict[str, Any] | None = None) -> Iterator[tuple[int, Event]]:
-    """``(line number, event)`` of the valid lines after line ``done``; the others go to ``invalid``.
+def _numbered_events(path: str | os.PathLike[str], done: int, invalid: _InvalidLines,
+                     read: Callable[[bytes], list[Event]],
+                     position: dict[str, Any] | None = None) -> Iterator[tuple[int, list[Event]]]:
+    """``(line number, events)`` of the valid lines after line ``done``; the others go to ``invalid``.
 
-    A ``node_upsert`` must carry ``dim`` features (``dim_source`` says whose
-    dimension that is), as the worker requires; without ``dim`` the first one
-    read sets it, as the store would. ``position``, when given, holds the
-    number and bytes of the last line read (``line``, ``text``); if it comes
-    with the ``hash`` (:func:`_line_hash`) of line ``done`` as applied before,
-    a file whose line ``done`` differs, or that has fewer lines, raises
+    ``read(line)`` gives a line's events (one, or the untyped events that hold
+    a typed one) or raises :class:`InvalidEvent`. ``position``, when given,
+    holds the number and bytes of the last line read (``line``, ``text``); if
+    it comes with the ``hash`` (:func:`_line_hash`) of line ``done`` as applied
+    before, a file whose line ``done`` differs, or that has fewer lines, raises
     :class:`EventsFileChanged` before any event after it is yielded.
     """
     expect = position.get("hash") if position is not None and done else None
@@ -203,18 +206,30 @@ def _numbered_events(path: str | os.PathLike[str], done: int, invalid: _InvalidL
             if line_no <= done or not line.strip():
                 continue
             try:
-                ev = decode_event_json(line)
-                if isinstance(ev, NodeUpsert):
-                    if dim is None:
-                        dim = len(ev.features)
-                    check_features(ev, dim, dim_source)
+                events = read(line)
             except InvalidEvent as exc:
                 logger.info("%s:%d: skipped invalid event (%s)", path, line_no, exc)
                 invalid.add(line_no, line, exc)
                 continue
-            yield line_no, ev
+            yield line_no, events
     if expect is not None and line_no < done:
         raise EventsFileChanged(path, done)
+
+
+def _feature_checked(dim: int | None, source: str) -> Callable[[bytes], list[Event]]:
+    """A line's untyped event, whose features must number ``dim`` (``source`` says whose width that is); without
+    ``dim`` the first ``node_upsert`` read sets it, as the store would."""
+    width = [dim]
+
+    def read(line: bytes) -> list[Event]:
+        ev = decode_event_json(line)
+        if isinstance(ev, NodeUpsert):
+            if width[0] is None:
+                width[0] = len(ev.features)
+            check_features(ev, width[0], source)
+        return [ev]
+
+    return read
 
 
 class EventsFileChanged(ValueError):
@@ -267,22 +282,30 @@ def load_events(state: str, path: str, *, seed: int | None = None, model_dir: st
             other = other_model_error(store, model_dir, config, held_identity(store))
             if other is not None:
                 raise other
-            store.set_feature_dim(config.in_dim)
+            typed = TypedLayout(config.graph_schema, store) if config.schema is not None else None
+            bind_schema(store, config.schema, config.model_id)
+            store.set_feature_dim(typed.width if typed is not None else config.in_dim)
             bind_model_dir(store, model_dir)  # the default of --model for the commands that follow
         invalid = _InvalidLines(path, report, dead_letters, keep_through=0)
-        dim = store.feature_dim
-        source = "the model expects" if in_dim is not None else "the state's nodes have"
-        events = _numbered_events(path, 0, invalid, dim, source)
+        if config is not None and config.schema is not None:
+            read = TypedLayout(config.graph_schema, store).read
+        else:
+            source = "the model expects" if in_dim is not None else "the state's nodes have"
+            read = _feature_checked(store.feature_dim, source)
+        events = _numbered_events(path, 0, invalid, read)
         last = 0
         if BulkLoad.takes(store):  # an empty state: table files, up to the first node_delete
             load = BulkLoad(store, fanouts=config.fanouts if config is not None else (), workers=workers)
-            rest: list[tuple[int, Event]] = []
+            rest: list[tuple[int, list[Event]]] = []
             seen = last
-            for line_no, ev in events:
-                if ev.op == "node_delete":
-                    rest.append((line_no, ev))
+            lines = 0  # lines loaded
+            for line_no, group in events:
+                if any(ev.op == "node_delete" for ev in group):
+                    rest.append((line_no, group))
                     break
-                load.add(ev)
+                for ev in group:
+                    load.add(ev)
+                lines += 1
                 seen = line_no
                 if line_no - last >= 65_536:
                     bar.update(line_no - last)
@@ -292,12 +315,12 @@ def load_events(state: str, path: str, *, seed: int | None = None, model_dir: st
             invalid.flush()  # the lines skipped are listed before the tables go in
             bar.set_postfix_str("writing tables")
             load.finish()
-            bulk_events = applied = load.events
+            bulk_events = applied = lines
             events = itertools.chain(rest, events)
         for chunk in _batches(events, batch):
             invalid.flush()
             store.apply([ev for _, ev in chunk])
-            applied += len(chunk)
+            applied += len({line for line, _ in chunk})
             bar.update(chunk[-1][0] - last)
             last = chunk[-1][0]
         invalid.flush()
@@ -359,8 +382,7 @@ def apply_events(state: str, model_dir: str | None, path: str, *, batch: int = 1
         recomputed = [0] * engine.num_layers
         with progress_bar(total, "apply") as bar:
             bar.update(done)
-            events = _numbered_events(path, done, invalid, engine.model.config.in_dim, "the model expects",
-                                      position)
+            events = _numbered_events(path, done, invalid, engine.read_event, position)
             clock = time.perf_counter()
             phases["start"] = clock - t0
             for chunk in _batches(events, batch):
@@ -372,7 +394,7 @@ def apply_events(state: str, model_dir: str | None, path: str, *, batch: int = 1
                 clock = _lap(phases, "apply", clock)
                 stats = engine.recompute(event_ts=result.max_ts)
                 clock = _lap(phases, "recompute", clock)
-                applied += len(chunk)
+                applied += len({line for line, _ in chunk})  # lines (a typed event is several of the store's)
                 expired += result.expired_edges
                 late += result.late_events
                 published += stats.published

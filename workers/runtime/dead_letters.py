@@ -17,7 +17,7 @@ from typing import Any, Callable
 from gnnstream.graph_state.store import GraphStore
 from gnnstream.stream.clients import ProducerClient, Record
 from gnnstream.stream.deadletter import DeadLetter, DeadLetterWriter, GroupLetters, letter_partition
-from gnnstream.stream.events import InvalidEvent, check_features, decode_event_json
+from gnnstream.stream.events import InvalidEvent
 from gnnstream.workers.runtime.health import Errors, Health
 
 __all__ = ["decode", "DeadLetters"]
@@ -27,17 +27,21 @@ logger = logging.getLogger(__name__)
 LETTERS_META = "dead_letters"  # the dead letters this worker holds for other owners (stored with the offsets)
 
 
-def decode(records: list[Record], in_dim: int, max_bytes: int) -> tuple[list[Any], list[DeadLetter]]:
-    """``(events, letters)``: the valid events of ``records`` in order, and a dead letter for each other one."""
+def decode(records: list[Record], read: Callable[[Any, int], list[Any]],
+           max_bytes: int) -> tuple[list[Any], list[DeadLetter]]:
+    """``(events, letters)``: the events of the valid ``records`` in order, and a dead letter for each other one.
+
+    ``read(value, max_bytes)`` turns a record's value into the events the store applies (:meth:`Engine.read_event`)
+    or raises :class:`InvalidEvent`.
+    """
     good, letters = [], []
     for r in records:
         try:
-            ev = decode_event_json(r.value, max_bytes=max_bytes)
-            check_features(ev, in_dim)
+            events = read(r.value, max_bytes)
         except InvalidEvent as exc:
             letters.append(DeadLetter.for_error(r, exc))
             continue
-        good.append(ev)
+        good += events
     return good, letters
 
 

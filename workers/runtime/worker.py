@@ -412,7 +412,7 @@ class Worker:
         """Steps 3 to 5 of a batch: decode (invalid records to the dead letters), apply, recompute."""
         s = self.settings
         assert self.store is not None and self.offsets is not None and self._letters is not None
-        good, letters = decode(records, engine.model.config.in_dim, s.max_event_bytes)
+        good, letters = decode(records, engine.read_event, s.max_event_bytes)
         offsets = self.markers.skipped()  # markers passed before, read again (a repeated command)
         for r in records:
             offsets[(r.topic, r.partition)] = max(offsets.get((r.topic, r.partition), 0), r.offset + 1)
@@ -429,7 +429,7 @@ class Worker:
             self._publish(self.publisher)
         for op, count in Counter(map(_op, good)).items():
             self.metrics.events.labels(op).inc(count)
-        self.health.applied += len(good)
+        self.health.applied += len(records) - len(letters)  # valid events as produced (a typed one is several)
         self.health.batches += 1
         self.metrics.batches.inc()
         self._recompute(engine, result.max_ts if good else None, min(r.timestamp_ms for r in records) / 1000.0)

@@ -1,0 +1,155 @@
+"""A typed graph held in the graph store as an untyped one (docs/design.md, Typed graphs).
+
+The store keeps untyped neighbour lists ordered by ``(rank(v, u), u)``, with
+``rank(v, u) = blake2b(f"{seed}:{v}:{u}")``. A typed graph fits it unchanged:
+
+- a node ``(type, id)`` is the store's node ``type/id``;
+- each edge type ``ρ`` reaching a node ``v`` is a *slot* node ``ρ:type/id`` whose
+  neighbour list is ``N_ρ(v)``: its ranks are then
+  ``blake2b(f"{seed}:{ρ}:{key(v)}:{key(u)}")``, the typed rank, and its first
+  ``k`` entries are ``S_{k,ρ}(v)``;
+- the typed edge ``u -r-> v`` of the relation ``ρ = (s, r, t)`` is the two
+  untyped edges ``u → ρ:v`` and ``ρ':u → v``, where ``ρ'`` is the reverse edge
+  type ``(t, rev_r, s)``, or ``ρ`` itself when ``s = t``. The store's
+  neighbourhoods ignore direction, so ``u`` is in the list of ``ρ:v`` and
+  ``v`` in the list of ``ρ':u``; within one type, ``u → ρ:v`` and ``v → ρ:u``
+  stand for ``u -r-> v`` and ``v -r-> u`` alike, so a pair stays linked while
+  either direction is present, as ``ToUndirected()`` makes it. A typed
+  self-loop is an untyped self-loop (ignored by samples).
+- ``node_delete`` of ``v`` also deletes its slots, and with them every edge
+  that links them.
+
+A node's own untyped list holds the slots it is linked to (one per typed
+neighbour and edge type): its length is its typed degree. The engine reads
+samples from the slots only, computes embeddings of the typed nodes only,
+and maps a change to a slot's sample to the slot's node.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from gnnstream.graph_state.store import GraphStore
+from gnnstream.model.schema import EdgeType, GraphSchema, edge_type_name
+from gnnstream.workers.engine.stats import EngineError
+from gnnstream.stream.events import (MAX_EVENT_BYTES, EdgeDelete, EdgeUpsert, Event, NodeDelete, NodeUpsert,
+                                     check_schema, decode_event_json)
+
+__all__ = ["TypedLayout", "bind_schema", "GRAPH_SCHEMA_META"]
+
+GRAPH_SCHEMA_META = "graph_schema"  # a typed graph's schema (its model's), fixed when the state is created
+
+
+def bind_schema(store: GraphStore, schema: dict[str, Any] | None, model_tag: str) -> None:
+    """Refuse a typed model on a state of an untyped graph or of another schema, and an untyped model on a
+    typed graph; a new (empty) state takes the model's schema.
+
+    Raises:
+        EngineError: in one line, naming what the state holds.
+    """
+    held = store.meta(GRAPH_SCHEMA_META)
+    if held == schema:
+        return
+    if held is None and schema is not None and store.num_nodes() == 0:
+        store.apply([], meta={GRAPH_SCHEMA_META: schema})
+        return
+    what = "an untyped graph" if held is None else "a typed graph of another schema"
+    want = "an untyped model" if held is None else f"a model of its schema (node types {sorted(held['node_types'])})"
+    raise EngineError(f"state {store.path!r} holds {what}, which model {model_tag} does not serve; use {want}, "
+                      f"or a new --state directory")
+
+
+class TypedLayout:
+    """The typed graph of ``schema`` in ``store``: events in, slots and node types out.
+
+    Args:
+        schema: the model's graph schema.
+        store: the graph store holding the graph.
+    """
+
+    def __init__(self, schema: GraphSchema, store: GraphStore):
+        self.schema, self.store = schema, store
+        self.width = max(w for _, w in schema.node_types)  # features are stored padded to the widest type's
+        self._node_types = dict(schema.node_types)
+        self._relations = {r.edge_type: r.edge_features for r in schema.relations}
+        self.type_index = {t: i for i, t in enumerate(schema.type_names)}
+        # per declared relation: the edge type of each end's slot (the target's, the source's)
+        self._slot_types = {r.edge_type: (edge_type_name(r.edge_type),
+                                          edge_type_name(r.edge_type if r.src == r.dst else
+                                                         (r.dst, "rev_" + r.rel, r.src)))
+                            for r in schema.relations}
+        self._inbound = {t: [edge_type_name(e) for e in schema.inbound(t)] for t in schema.type_names}
+        self._owner: dict[int, int] = {}  # slot iid -> its node's iid (-1: not a slot)
+        self._type: dict[int, int] = {}  # node iid -> type index
+
+    # ------------------------------------------------------------------ events
+    def read(self, data: Any, max_bytes: int = MAX_EVENT_BYTES) -> list[Event]:
+        """One typed event (a Kafka value or a JSONL line) as the store's untyped events.
+
+        Raises:
+            InvalidEvent: as :func:`decode_event_json` and :func:`check_schema`.
+        """
+        ev = decode_event_json(data, max_bytes=max_bytes, typed=True)
+        check_schema(ev, self._node_types, self._relations)
+        return self.translate(ev)
+
+    def translate(self, ev: Event) -> list[Event]:
+        """A checked typed event as the store's untyped events (the module's text)."""
+        if isinstance(ev, NodeUpsert):
+            features = ev.features + (0.0,) * (self.width - len(ev.features))
+            return [NodeUpsert(f"{ev.type}/{ev.id}", ev.ts, features)]
+        if isinstance(ev, NodeDelete):
+            key = f"{ev.type}/{ev.id}"
+            return [NodeDelete(key, ev.ts)] + [NodeDelete(f"{slot}:{key}", ev.ts) for slot in self._inbound[ev.type]]
+        u, v = f"{ev.src_type}/{ev.src}", f"{ev.dst_type}/{ev.dst}"
+        if u == v:
+            edges = [(u, v)]
+        else:
+            at_dst, at_src = self._slot_types[(ev.src_type, ev.rel, ev.dst_type)]
+            edges = [(u, f"{at_dst}:{v}"), (f"{at_src}:{u}", v)]
+        if isinstance(ev, EdgeUpsert):
+            return [EdgeUpsert(a, b, ev.ts, ev.weight) for a, b in edges]
+        return [EdgeDelete(a, b, ev.ts) for a, b in edges]
+
+    # ------------------------------------------------------------------ nodes and slots
+    def _learn(self, iid: int) -> None:
+        name = self.store.name(iid)
+        colon, slash = name.find(":"), name.find("/")
+        if 0 <= colon < slash:  # a slot: ρ:type/id
+            owner = self.store.iid(name[colon + 1:])
+            self._owner[iid] = -1 if owner is None else owner
+        else:
+            self._owner[iid] = iid
+            self._type[iid] = self.type_index.get(name[:slash], -1)
+
+    def owners(self, iids: np.ndarray) -> np.ndarray:
+        """Each iid's node: a slot's owner, a node itself (-1 for a slot whose node was never seen)."""
+        owner = self._owner
+        out = np.empty(len(iids), dtype=np.int64)
+        for i, iid in enumerate(iids.tolist()):
+            if iid not in owner:
+                self._learn(iid)
+            out[i] = owner[iid]
+        return out
+
+    def nodes(self, iids: np.ndarray) -> np.ndarray:
+        """The typed nodes among ``iids`` (slots left out)."""
+        return iids[self.owners(iids) == iids]
+
+    def types(self, iids: np.ndarray) -> np.ndarray:
+        """The type index (:attr:`type_index`) of each node of ``iids``."""
+        kind = self._type
+        out = np.empty(len(iids), dtype=np.int64)
+        for i, iid in enumerate(iids.tolist()):
+            if iid not in kind:
+                self._learn(iid)
+            out[i] = kind.get(iid, -1)
+        return out
+
+    def slots(self, iids: np.ndarray, edge_type: EdgeType) -> np.ndarray:
+        """The slot of ``edge_type`` of each node of ``iids`` (-1 where it has none: an empty sample)."""
+        prefix, name, iid = edge_type_name(edge_type) + ":", self.store.name, self.store.iid
+        return np.fromiter(((s if (s := iid(prefix + name(v))) is not None else -1) for v in iids.tolist()),
+                           np.int64, len(iids))
