@@ -51,7 +51,8 @@ __all__ = [
     "Client",
     "answers",
     "GNNSTREAM", "JOIN_TIMEOUT_S", "PARTITIONS", "DEADLINE_S", "free_port", "closed_port", "descendants",
-    "start_on_ports", "Names", "produce", "produce_events", "event_messages", "high_watermarks", "read_topic",
+    "start_on_ports", "Names", "group_worker", "newest_mismatch", "produce", "produce_events", "event_messages",
+    "high_watermarks", "read_topic",
     "health", "healthz", "scrape", "wait_for", "wait_for_workers", "worker_cmd", "running_worker", "stop_worker",
     "Proc", "fold", "random_graph", "make_model", "otc_stream", "expected", "small_otc_csv",
     "SEED", "DIM", "FANOUTS", "POOL", "LEAVES", "HUB", "SETTINGS", "MODELS", "event_group", "to_event",
@@ -654,3 +655,34 @@ def version_of(r: Any) -> int:
     if r.value is not None:
         return decode_update(r.value).version
     return int(dict(r.headers)[VERSION_HEADER])
+
+
+def group_worker(bootstrap: str, n: Names, model: str, tmp_path: Path, name: str, parts: int) -> tuple[Proc, int]:
+    """``gnnstream run`` as worker ``name`` of the group of ``n`` (topics of ``parts`` partitions), on its own
+    state: the process and its metrics port."""
+
+    def cmd(port: int) -> list:
+        return gnnstream_command("run", "--bootstrap", bootstrap, "--state", tmp_path / f"state-{name}", "--model",
+                                 model, "--events-topic", n.events, "--output-topic", n.output, "--dlq-topic", n.dlq,
+                                 "--group", n.group, "--worker-id", name, "--partitions", parts, "--metrics-port",
+                                 port, "--batch-size", "200")
+    proc, ports = Proc.on_ports(cmd, tmp_path / f"{name}.log", 1)
+    return proc, ports[0]
+
+
+def newest_mismatch(bootstrap: str, topic: str, parts: int, want: dict, gone: set) -> str | None:
+    """None once the newest message of every node of ``want`` is its embedding and of every ``gone`` node a
+    tombstone."""
+    newest: dict[str, tuple[int, Any]] = {}
+    for r in read_topic(bootstrap, topic, parts, idle_s=0.5):
+        version = decode_update(r.value).version if r.value is not None else int(dict(r.headers)[VERSION_HEADER])
+        node = r.key.decode()
+        if node not in newest or version > newest[node][0]:
+            newest[node] = (version, r.value)
+    for v, emb in want.items():
+        if v not in newest or newest[v][1] is None:
+            return f"no embedding published for {v}"
+        got = np.asarray(decode_update(newest[v][1]).embedding, dtype=np.float64)
+        if not np.allclose(got, emb, rtol=0, atol=1e-4):
+            return f"{v}: newest version differs by {np.abs(got - emb).max():.3g}"
+    return next((f"{v}: not withdrawn" for v in gone if v in newest and newest[v][1] is not None), None)

@@ -112,39 +112,6 @@ def test_a_windowed_staged_worker_killed_mid_stream_ends_exact(kafka_client: str
 PARTS = 6  # of the group's events and output topics
 
 
-def _group_worker(bootstrap: str, n: Names, model: str, tmp_path: Path, name: str) -> "object":
-    """``gnnstream run`` as worker ``name`` of the group of ``n``, on its own state."""
-    from tests.support import Proc
-    from tests.workers.reference import gnnstream_command
-
-    def cmd(port: int) -> list:
-        return gnnstream_command("run", "--bootstrap", bootstrap, "--state", tmp_path / f"state-{name}", "--model",
-                                 model, "--events-topic", n.events, "--output-topic", n.output, "--dlq-topic", n.dlq,
-                                 "--group", n.group, "--worker-id", name, "--partitions", PARTS, "--metrics-port",
-                                 port, "--batch-size", "200")
-    proc, ports = Proc.on_ports(cmd, tmp_path / f"{name}.log", 1)
-    return proc, ports[0]
-
-
-def _newest_mismatch(bootstrap: str, topic: str, want: dict, gone: set) -> str | None:
-    """None once the newest message of every node of ``want`` is its embedding and of every ``gone`` node a
-    tombstone."""
-    from gnnstream.stream.updates import VERSION_HEADER, decode_update
-    newest: dict[str, tuple[int, object]] = {}
-    for r in read_topic(bootstrap, topic, PARTS, idle_s=0.5):
-        version = decode_update(r.value).version if r.value is not None else int(dict(r.headers)[VERSION_HEADER])
-        node = r.key.decode()
-        if node not in newest or version > newest[node][0]:
-            newest[node] = (version, r.value)
-    for v, emb in want.items():
-        if v not in newest or newest[v][1] is None:
-            return f"no embedding published for {v}"
-        got = np.asarray(decode_update(newest[v][1]).embedding, dtype=np.float64)
-        if not np.allclose(got, emb, rtol=0, atol=1e-4):
-            return f"{v}: newest version differs by {np.abs(got - emb).max():.3g}"
-    return next((f"{v}: not withdrawn" for v in gone if v in newest and newest[v][1] is not None), None)
-
-
 @pytest.mark.slow
 @pytest.mark.xdist_group("scale-out")  # several workers at once: one such test at a time
 def test_three_windowed_staged_workers_publish_exactly(broker: EmbeddedBroker, events: list, staged_model: str,
@@ -152,7 +119,7 @@ def test_three_windowed_staged_workers_publish_exactly(broker: EmbeddedBroker, e
     """A group of three workers, each on its own windowed state: the newest output of every node is the
     reference's at the final stream time, and deleted nodes end on a tombstone."""
     from gnnstream.stream.events import NodeDelete
-    from tests.support import produce_events, wait_for_workers
+    from tests.support import group_worker, newest_mismatch, produce_events, wait_for_workers
     n = Names(tmp_path)
     ensure_topics(broker.bootstrap, {n.events: PARTS, n.output: PARTS, n.dlq: 1})
     (tmp_path / "empty.jsonl").write_text("")
@@ -161,7 +128,7 @@ def test_three_windowed_staged_workers_publish_exactly(broker: EmbeddedBroker, e
         made = run_gnnstream("graph", "load", "--state", tmp_path / f"state-{name}", "--model", staged_model,
                              "--edge-ttl", TTL, tmp_path / "empty.jsonl")
         assert made.returncode == 0, made.stderr
-        workers[name] = _group_worker(broker.bootstrap, n, staged_model, tmp_path, name)
+        workers[name] = group_worker(broker.bootstrap, n, staged_model, tmp_path, name, PARTS)
         procs.append(workers[name][0])
     running = {name: proc for name, (proc, _) in workers.items()}
 
@@ -184,6 +151,6 @@ def test_three_windowed_staged_workers_publish_exactly(broker: EmbeddedBroker, e
     for ev in deletes:
         fold.apply_event(ev)
     want = fold_embeddings(fold, staged_model)
-    wait_for_workers(lambda: _newest_mismatch(broker.bootstrap, n.output, want, set(gone)) is None,
+    wait_for_workers(lambda: newest_mismatch(broker.bootstrap, n.output, PARTS, want, set(gone)) is None,
                      "the newest output of every node to be exact", running, 240.0)
     assert fold.expired > 500

@@ -82,3 +82,39 @@ def test_a_typed_worker_killed_mid_stream_ends_exact(kafka_client: str, broker: 
     for v, row in stored.items():
         assert published[v].version == row["version"]
         np.testing.assert_allclose(published[v].embedding, row["embedding"], rtol=0, atol=1e-5)
+
+
+PARTS = 6  # of the group's events and output topics
+
+
+def test_three_typed_workers_publish_exactly(broker: EmbeddedBroker, model: str, tmp_path: Path,
+                                             procs: list) -> None:
+    """A group of three workers, each on its own state of the typed graph: the newest output of every node is
+    the typed reference's, and nodes deleted at the end are withdrawn."""
+    from tests.support import group_worker, newest_mismatch, wait_for_workers
+    n = Names(tmp_path)
+    ensure_topics(broker.bootstrap, {n.events: PARTS, n.output: PARTS, n.dlq: 1})
+    workers = {}
+    for name in ("w1", "w2", "w3"):
+        workers[name] = group_worker(broker.bootstrap, n, model, tmp_path, name, PARTS)
+        procs.append(workers[name][0])
+    running = {name: proc for name, (proc, _) in workers.items()}
+
+    def owned() -> list:
+        return sorted(p for _, port in workers.values() for p in (health(port) or {}).get("owned_partitions", []))
+
+    def at(position: int) -> bool:
+        return all((health(port) or {}).get("position", -1) >= position for _, port in workers.values())
+
+    wait_for_workers(lambda: owned() == list(range(PARTS)), "three workers sharing the partitions", running, 240.0)
+    events = typed_stream(12, 1200, node_deletes=False)
+    produce(broker.bootstrap, n.events, typed_messages(events))
+    wait_for_workers(lambda: at(len(events)), "every event applied", running, 240.0)
+    gone = sorted(typed_embeddings(events, SCHEMA, model))[::9][:8]  # deleted once everything else is applied
+    deletes = [{"op": "node_delete", "type": v.split("/")[0], "id": v.split("/")[1], "ts": 10_000} for v in gone]
+    produce(broker.bootstrap, n.events, typed_messages(deletes))
+    wait_for_workers(lambda: at(len(events) + len(deletes)), "the deletes applied", running, 240.0)
+    want = typed_embeddings(events + deletes, SCHEMA, model)
+    assert not set(gone) & set(want) and len(want) > 40
+    wait_for_workers(lambda: newest_mismatch(broker.bootstrap, n.output, PARTS, want, set(gone)) is None,
+                     "the newest output of every node to be exact", running, 240.0)

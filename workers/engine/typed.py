@@ -83,6 +83,7 @@ class TypedLayout:
         self._inbound = {t: [edge_type_name(e) for e in schema.inbound(t)] for t in schema.type_names}
         self._owner: dict[int, int] = {}  # slot iid -> its node's iid (-1: not a slot)
         self._type: dict[int, int] = {}  # node iid -> type index
+        self._slot: dict[tuple[str, int], int] = {}  # (edge type, node iid) -> slot iid, once the slot exists
 
     # ------------------------------------------------------------------ events
     def read(self, data: Any, max_bytes: int = MAX_EVENT_BYTES) -> list[Event]:
@@ -150,6 +151,15 @@ class TypedLayout:
 
     def slots(self, iids: np.ndarray, edge_type: EdgeType) -> np.ndarray:
         """The slot of ``edge_type`` of each node of ``iids`` (-1 where it has none: an empty sample)."""
-        prefix, name, iid = edge_type_name(edge_type) + ":", self.store.name, self.store.iid
-        return np.fromiter(((s if (s := iid(prefix + name(v))) is not None else -1) for v in iids.tolist()),
-                           np.int64, len(iids))
+        relation = edge_type_name(edge_type)
+        known, out = self._slot, np.empty(len(iids), dtype=np.int64)
+        for i, v in enumerate(iids.tolist()):
+            slot = known.get((relation, v))
+            if slot is None:  # interned ids are never reused: a slot found stays the node's
+                slot = self.store.iid(f"{relation}:{self.store.name(v)}")
+                if slot is None:
+                    out[i] = -1
+                    continue
+                known[(relation, v)] = slot
+            out[i] = slot
+        return out
