@@ -24,6 +24,7 @@ from gnnstream.graph_state.marks import DIRTY_COUNT, DIRTY_DEGREE, DIRTY_INPUT, 
 from gnnstream.graph_state.store import GraphStore
 from gnnstream.graph_state.transaction import Transaction
 from gnnstream.stream.delivery import UpdateColumns
+from gnnstream.stream.events import MAX_EVENT_BYTES, check_features, decode_event_json
 from gnnstream.graph_state.outbox import Outbox
 from gnnstream.graph_state.page_log import PageLog, layer_logs_from
 from gnnstream.graph_state.row_cache import EmbeddingTables
@@ -35,7 +36,6 @@ from gnnstream.workers.engine.shards import OutputShards
 from gnnstream.workers.engine.stages import STAGE_NAMES, StageClock
 from gnnstream.workers.engine.stats import EngineError, RecomputeStats
 from gnnstream.workers.engine.typed import TypedLayout, bind_schema
-from gnnstream.stream.events import MAX_EVENT_BYTES, check_features, decode_event_json
 
 __all__ = ["Engine", "RecomputeStats", "EngineError", "DEFERRED_TAG", "DELETED"]
 
