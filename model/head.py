@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["ScoreHead", "TransactionHead", "load_head", "HEAD_FILE"]
+__all__ = ["ScoreHead", "TransactionHead", "load_head", "load_transaction_head", "HEAD_FILE"]
 
 HEAD_FILE = "head.json"
 
@@ -76,3 +76,12 @@ def load_head(directory: str | Path) -> ScoreHead:
     model = data.get("model")
     return ScoreHead(tuple(float(x) for x in data["weights"]), float(data["bias"]),
                      None if model is None else str(model))
+
+
+def load_transaction_head(directory: str | Path) -> TransactionHead | None:
+    """The transaction head of a typed model directory; None when its ``head.json`` scores nodes."""
+    data = json.loads((Path(directory) / HEAD_FILE).read_text())
+    if "relation" not in data:
+        return None
+    return TransactionHead(str(data["relation"]), tuple(float(x) for x in data["weights"]), float(data["bias"]),
+                           str(data["model"]))

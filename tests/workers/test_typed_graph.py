@@ -6,11 +6,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from gnnstream.graph_state.store import GraphStore
 from gnnstream.model import load_model_dir
 from gnnstream.workers.engine import Engine, EngineError
+from gnnstream.workers.query.state import QueryError
 from tests.workers.reference import assert_embeddings_close, run_gnnstream
 from tests.workers.typed_reference import typed_embeddings
 from tests.workers.typed_streams import SCHEMA, typed_model, typed_stream, write
@@ -60,3 +62,42 @@ def test_a_typed_state_refuses_events_and_models_outside_its_schema(tmp_path):
     assert str(info.value) == (f"state {str(state)!r} holds a typed graph of another schema, which model model:1 "
                                f"does not serve; use a model of its schema (node types ['account', 'device', "
                                f"'merchant']), or a new --state directory")
+
+
+@pytest.mark.parametrize("seed", [7, 8])
+def test_typed_what_if_and_transaction_score_equal_applying_the_events(tmp_path, seed):
+    """POST /v1/infer and /v1/score on a typed state: the reference's embeddings of the graph with the events
+    applied, and the head's score of the transaction's ends then; nothing is written."""
+    from gnnstream.model.head import TransactionHead
+    from gnnstream.workers.query.state import QueryState
+
+
+    model = typed_model(tmp_path / "model", seed, [3, 2])
+    weights = tuple(float(w) for w in np.random.default_rng(seed).normal(size=2 * 4 + 2))
+    TransactionHead("account__pays__merchant", weights, 0.25, "model:1").save(model)
+    events = typed_stream(seed, 500)
+    state = tmp_path / "state"
+    done = run_gnnstream("apply", "--state", state, "--model", model, write(tmp_path / "e.jsonl", events))
+    assert done.returncode == 0, done.stderr
+    before = stored(state)
+    what_if = typed_stream(seed + 100, 40)
+    txn = {"op": "edge_upsert", "src_type": "account", "src": "a3", "rel": "pays", "dst_type": "merchant",
+           "dst": "m5", "ts": 9_000, "features": [2.5, 0.5], "txn_id": "t1"}
+    view = QueryState(state, model, tmp_path / "q")
+    try:
+        view.refresh()
+        want = typed_embeddings(events + what_if, SCHEMA, model)
+        evs, ids = view.parse_infer({"events": what_if, "ids": sorted(want)})
+        got = view.infer(evs, ids)
+        assert_embeddings_close(got["embeddings"], want, what="typed what-if against the reference")
+        answer = view.score(*view.parse_score({"event": txn}))
+        ends = typed_embeddings(events + [txn], SCHEMA, model)
+        z = np.concatenate([ends["account/a3"], ends["merchant/m5"], [2.5, 0.5]]) @ np.asarray(weights) + 0.25
+        assert answer["txn_id"] == "t1" and abs(answer["score"] - 1 / (1 + np.exp(-z))) < 1e-5
+        with pytest.raises(QueryError) as err:
+            view.parse_score({"event": {**txn, "rel": "uses", "dst_type": "device", "dst": "d1",
+                                        "features": None}})
+        assert err.value.status == 400
+    finally:
+        view.close()
+    assert stored(state) == before  # nothing was written

@@ -92,9 +92,20 @@ class TypedLayout:
         Raises:
             InvalidEvent: as :func:`decode_event_json` and :func:`check_schema`.
         """
-        ev = decode_event_json(data, max_bytes=max_bytes, typed=True)
+        return self.check(decode_event_json(data, max_bytes=max_bytes, typed=True))
+
+    def check(self, ev: Event) -> list[Event]:
+        """A decoded typed event, checked against the schema, as the store's untyped events.
+
+        Raises:
+            InvalidEvent: as :func:`check_schema`.
+        """
         check_schema(ev, self._node_types, self._relations)
         return self.translate(ev)
+
+    def type_of(self, name: str) -> str:
+        """The node type of a node's name in the store (``type/id``)."""
+        return name[:name.find("/")]
 
     def translate(self, ev: Event) -> list[Event]:
         """A checked typed event as the store's untyped events (the module's text)."""

@@ -20,6 +20,8 @@ Routes:
 
 - ``GET /v1/embeddings/{id}``: the stored final embedding (404 if none);
 - ``POST /v1/infer``: exact what-if inference, nothing changes;
+- ``POST /v1/score``: a typed model's score of a transaction that has not landed (a what-if of its
+  ``edge_upsert``, then the transaction head);
 - ``GET /v1/nodes/{id}/sample``: the node's samples per layer;
 - ``GET /v1/health``: the model and how far the view has caught up (the
   worker's applied offsets and its dirty marks as of the last catch-up).
@@ -123,6 +125,9 @@ class QueryApp:
             _only(method, "POST")
             events, ids = self.state.parse_infer(load_infer_body(body))
             return 200, self.state.infer(events, ids)
+        if path == "/v1/score":
+            _only(method, "POST")
+            return 200, self.state.score(*self.state.parse_score(load_infer_body(body)))
         if path == "/v1/health":
             _only(method, "GET")
             took = sorted(self.catch_ups)
@@ -132,7 +137,7 @@ class QueryApp:
                          "catch_up_ms": {"count": len(took), "p50": round(1000 * took[len(took) // 2], 2),
                                          "max": round(1000 * took[-1], 2)} if took else None}
         raise QueryError(404, f"no route {method} {path[:200]}; see GET /v1/embeddings/{{id}}, POST /v1/infer, "
-                              f"GET /v1/nodes/{{id}}/sample, GET /v1/health")
+                              f"POST /v1/score, GET /v1/nodes/{{id}}/sample, GET /v1/health")
 
 
 def _only(method: str, allowed: str) -> None:

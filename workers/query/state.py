@@ -56,7 +56,8 @@ from gnnstream.workers.state import MODEL_DIR_META
 from gnnstream.graph_state.page_log import FrameReused, PageLog
 from gnnstream.workers.query.overlay import Overlay
 from gnnstream.model.coldstart import STAGE_EXPANDED, STAGE_NONE
-from gnnstream.model.head import HEAD_FILE, ScoreHead, load_head
+from gnnstream.model.head import HEAD_FILE, ScoreHead, TransactionHead, load_head, load_transaction_head
+from gnnstream.workers.engine.typed import TypedLayout
 
 __all__ = ["QueryState", "QueryError", "load_infer_body", "MAX_EVENTS", "MAX_IDS"]
 
@@ -147,7 +148,6 @@ class QueryState:
                 model_dir = raw.decode()
             self.model = model = load_model_dir(model_dir)
             cfg = model.config
-            cfg.check_untyped("the query API")
             if self.store.seed != cfg.seed:
                 raise StoreConfigError(f"model {cfg.name}:{cfg.version} samples with seed {cfg.seed} but state "
                                        f"{self.store.path!r} holds seed {self.store.seed}")
@@ -156,7 +156,10 @@ class QueryState:
             raise
         self.model_tag = f"{cfg.name}:{cfg.version}"
         self.fanouts = list(cfg.fanouts)
-        self.dims = list(model.model.dims)
+        schema = cfg.graph_schema
+        self.typed = TypedLayout(schema, self.store) if schema is not None else None  # a typed graph's
+        self.dims = list(model.model.dims) if self.typed is None else \
+            [self.typed.width] + [cfg.hidden_dim] * (cfg.num_layers - 1) + [cfg.out_dim]
         self.policy = model.cold_start
         self.rereads = 0  # answers read again after the worker reused a frame they were reading
         self._kept_raw: tuple[int, set[int] | None] | None = None  # the worker's kept partitions, read on demand
@@ -167,7 +170,11 @@ class QueryState:
         for log in self.logs.values():  # read whole now: later catch-ups index only the pages they bring
             log.follow()
         self._behind: set[int] = set()  # layers whose page log has not yet followed the last catch-up
-        if head is None and (model.path / HEAD_FILE).exists():
+        self.transactions: TransactionHead | None = None  # a typed model's transaction head (POST /v1/score)
+        if self.typed is not None:
+            found = load_transaction_head(model.path) if (model.path / HEAD_FILE).exists() else None
+            self.transactions = found if found is not None and found.model == self.model_tag else None
+        elif head is None and (model.path / HEAD_FILE).exists():
             head = load_head(model.path)
         fits = head is not None and len(head.weights) == self.dims[-1] and head.model in (None, self.model_tag)
         self.head = head if fits else None  # a head trained on another model's embeddings scores nothing here
@@ -272,11 +279,9 @@ class QueryState:
         events = []
         for i, obj in enumerate(raw_events):  # as the worker checks what it consumes
             try:
-                ev = decode_event(obj)
-                check_features(ev, self.dims[0])
+                events += self.read_event(obj)
             except InvalidEvent as exc:
                 raise QueryError(400, f"event {i}: {exc}", index=i, reason=exc.reason) from None
-            events.append(ev)
         ids = []
         for i, value in enumerate(raw_ids):
             try:
@@ -284,6 +289,50 @@ class QueryState:
             except InvalidEvent as exc:
                 raise QueryError(400, f"ids[{i}]: {exc.detail}", index=i, reason=exc.reason) from None
         return events, ids
+
+    def read_event(self, obj: Any) -> list[Event]:
+        """A decoded JSON event as the events the store applies (a typed one as several, as the worker reads it).
+
+        Raises:
+            InvalidEvent: as the worker's decoder.
+        """
+        if self.typed is not None:
+            return self.typed.check(decode_event(obj, typed=True))
+        ev = decode_event(obj)
+        check_features(ev, self.dims[0])
+        return [ev]
+
+    def parse_score(self, body: Any) -> tuple[Any, list[Event]]:
+        """Validate a ``POST /v1/score`` body: ``{"event": {an edge_upsert of the scored relation}}``; the
+        decoded transaction and the events that apply it.
+
+        Raises:
+            QueryError: 404 when the model scores no transactions, 400 naming what is wrong.
+        """
+        if self.transactions is None:
+            raise QueryError(404, f"model {self.model_tag} scores no transactions: POST /v1/score needs a typed "
+                                  f"model trained with a transaction head (gnnstream train --schema)")
+        if not isinstance(body, dict) or set(body) != {"event"}:
+            raise QueryError(400, "the body must be a JSON object {\"event\": {an edge_upsert of the scored "
+                                  "relation}}")
+        try:
+            ev = decode_event(body["event"], typed=True)
+            events = self.typed.check(ev)
+        except InvalidEvent as exc:
+            raise QueryError(400, f"event: {exc}", reason=exc.reason) from None
+        if ev.op != "edge_upsert" or f"{ev.src_type}__{ev.rel}__{ev.dst_type}" != self.transactions.relation:
+            raise QueryError(400, f"event: a transaction is an edge_upsert of {self.transactions.relation}")
+        return ev, events
+
+    def score(self, txn: Any, events: Sequence[Event]) -> dict[str, Any]:
+        """The score of transaction ``txn`` as if it landed now: its two ends' embeddings with ``events``
+        applied in an overlay (nothing changes), and its edge features, through the transaction head."""
+        src, dst = f"{txn.src_type}/{txn.src}", f"{txn.dst_type}/{txn.dst}"
+        found = self.infer(events, [src, dst])
+        rows = found["embeddings"]
+        score = self.transactions.score(rows[src], rows[dst], np.asarray(txn.features, dtype=np.float64))
+        return {"model": self.model_tag, "relation": self.transactions.relation, "txn_id": txn.txn_id,
+                "score": float(score), "src": src, "dst": dst}
 
     def infer(self, events: Sequence[Event], ids: Sequence[str]) -> dict[str, Any]:
         """Each of ``ids``' final embedding as if ``events`` were applied to the current graph (nothing changes).
@@ -361,7 +410,11 @@ class _Evaluation:
         self._samples: list[dict[int, list[int]]] = [{} for _ in self.fanouts]
         self._changed: list[dict[int, bool]] = [{} for _ in range(len(self.fanouts) + 1)]
         self._stages: dict[int, int] = {}
-        self.counts = state.model.model.uses_neighbour_counts  # layers read neighbours' sample sizes (GCN)
+        self.typed = state.typed
+        # layers read neighbours' sample sizes (GCN)
+        self.counts = self.typed is None and state.model.model.uses_neighbour_counts
+        if self.typed is not None:  # a slot's neighbour set changed: its node's did (workers/engine/typed.py)
+            self.touched = set(overlay.nbrs) | {self._owner(x) for x in overlay.nbrs}
 
     def stage(self, v: int) -> int:
         """``v``'s cold-start stage in the overlay (``STAGE_*``), at its stream time."""
@@ -372,10 +425,27 @@ class _Evaluation:
             got = self._stages[v] = int(policy.stages(np.asarray([ov.degree(v)]), np.asarray([age]))[0])
         return got
 
+    def _owner(self, v: int) -> int | None:
+        """A typed graph's slot's node in the overlay (the node itself for a node)."""
+        name = self.overlay.name(v)
+        colon, slash = name.find(":"), name.find("/")
+        return self.overlay.node(name[colon + 1:]) if 0 <= colon < slash else v
+
+    def relation_sample(self, l: int, v: int, edge_type: tuple[str, str, str]) -> list[int]:
+        """``S'_{k_l,ρ}(v)`` of a typed graph's node: its slot's sample (empty without a slot)."""
+        ov = self.overlay
+        slot = ov.node(f"{'__'.join(edge_type)}:{ov.name(v)}")
+        return ov.sample(slot, self.fanouts[l]) if slot is not None and ov.alive(slot) else []
+
     def sample(self, l: int, v: int) -> list[int]:
         """``S'_{k_l}(v)`` as layer ``l`` reads it (empty for a node that does not use its neighbours, two hops
-        for an expanded one)."""
+        for an expanded one; a typed graph's node: the samples of every edge type reaching it, one after the
+        other)."""
         got = self._samples[l].get(v)
+        if got is None and self.typed is not None:
+            t = self.typed.type_of(self.overlay.name(v))
+            got = self._samples[l][v] = [u for e in self.typed.schema.inbound(t)
+                                         for u in self.relation_sample(l, v, e)]
         if got is None:
             ov, k = self.overlay, self.fanouts[l]
             stage = self.stage(v)
@@ -405,7 +475,7 @@ class _Evaluation:
             if l == 0:
                 got = v in ov.inputs
             else:
-                got = v in ov.nbrs or self.changed(l - 1, v)
+                got = v in (ov.nbrs if self.typed is None else self.touched) or self.changed(l - 1, v)
                 if not got and self.stage(v) == STAGE_EXPANDED:  # it merges its neighbours' samples
                     got = any(u in ov.nbrs for _, u in ov.neighbours(v))
                 # below layer 1 only features and existence count: without any, no sample need be read
@@ -436,7 +506,9 @@ class _Evaluation:
         for l, k in enumerate(self.fanouts):
             level = compute[l + 1]
             parts = []
-            if level:
+            if level and self.typed is not None:
+                parts.append(self._typed_layer(l, level, table, at))
+            elif level:
                 samples = [self.sample(l, v) for v in level]
                 self_count = torch.tensor([len(s) for s in samples], dtype=torch.long)
                 nbr = torch.tensor([at[u] for s in samples for u in s], dtype=torch.long)
@@ -453,6 +525,28 @@ class _Evaluation:
                 torch.zeros((0, self.state.dims[l + 1]), dtype=torch.float32)
             at = {v: i for i, v in enumerate(level + stored[l + 1])}
         return table[[at[v] for v in targets]].numpy()
+
+    def _typed_layer(self, l: int, level: list[int], table: torch.Tensor, at: dict[int, int]) -> torch.Tensor:
+        """Layer ``l`` of a typed graph's nodes ``level`` from the rows of ``table`` (positions ``at``): per
+        node type, each edge type's samples into :meth:`HeteroSAGE.layer`."""
+        gnn, typed, ov = self.state.model.model, self.typed, self.overlay
+        widths = gnn.widths[l]
+        out = torch.zeros((len(level), self.state.dims[l + 1]), dtype=torch.float32)
+        kinds = [typed.type_of(ov.name(v)) for v in level]
+        for t in typed.schema.type_names:
+            idx = [i for i, kind in enumerate(kinds) if kind == t]
+            if not idx:
+                continue
+            inputs = []
+            for e in typed.schema.inbound(t):
+                samples = [self.relation_sample(l, level[i], e) for i in idx]
+                inputs.append((e, table[:, :widths[e[0]]].contiguous(),
+                               torch.tensor([at[u] for s in samples for u in s], dtype=torch.long),
+                               torch.tensor([len(s) for s in samples], dtype=torch.long)))
+            x_self = table[[at[level[i]] for i in idx], :widths[t]].contiguous()
+            with torch.no_grad():
+                out[idx] = gnn.layer(l, t, x_self, inputs)
+        return out
 
     def _sample_size(self, v: int, k: int) -> int:
         return len(self.sample(self.fanouts.index(k), v))
