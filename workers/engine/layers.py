@@ -260,17 +260,19 @@ class LayerRunner:
                 mats.append(mat)
             flat = [mat[mat >= 0] for mat in mats]
             table, pos = inputs(np.concatenate([chunk] + flat))
-            rows = table[pos]  # the rows this type reads, gathered: the first layer's widths are the types'
-            widths = self.gnn.widths[layer]
+            widths = self.gnn.widths[layer]  # the first layer's inputs are each type's width of the padded rows
+            by_width = {table.shape[1]: self.table_tensor(table)}
             rel_inputs, start = [], len(chunk)
             for e, mat, ids in zip(edge_types, mats, flat):
                 counts = (mat >= 0).sum(axis=1)
                 sampled += len(ids)
-                source = np.ascontiguousarray(rows[start:start + len(ids), :widths[e[0]]])
-                rel_inputs.append((e, torch.from_numpy(source), torch.arange(len(ids)),
-                                   torch.from_numpy(counts.astype(np.int64))))
+                width = widths[e[0]]
+                if width not in by_width:
+                    by_width[width] = self.tensor(np.ascontiguousarray(table[:, :width]))
+                rel_inputs.append((e, by_width[width], self.tensor(pos[start:start + len(ids)]),
+                                   self.tensor(counts.astype(np.int64))))
                 start += len(ids)
-            x_self = torch.from_numpy(np.ascontiguousarray(rows[:len(chunk), :widths[t]]))
-            with torch.no_grad():
-                out[sel] = self.gnn.layer(layer, t, x_self, rel_inputs).numpy()
+            x_self = self.tensor(np.ascontiguousarray(table[pos[:len(chunk)], :widths[t]]))
+            with torch.no_grad(), threads_for(len(chunk)):
+                out[sel] = self.gnn.layer(layer, t, x_self, rel_inputs).cpu().numpy()
         return out, sampled
