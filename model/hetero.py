@@ -52,6 +52,7 @@ class HeteroSAGE(nn.Module):
             width = out_dim if l == num_layers - 1 else hidden_dim
             widths.append({t: width for t in schema.type_names})
         self.widths = widths
+        self._roots: dict[tuple[int, str], tuple[Tensor, Tensor]] = {}
         self.convs = nn.ModuleList(
             nn.ModuleDict({edge_type_name(e): SAGELayer(widths[l][e[0]], widths[l + 1][e[2]], root_dim=widths[l][e[2]])
                            for e in self.edge_types})
@@ -80,16 +81,39 @@ class HeteroSAGE(nn.Module):
         stray = [e for e in given if e not in self.schema.inbound(node_type)]
         if stray:
             raise ValueError(f"edge type(s) {stray} do not reach node type {node_type!r}")
-        empty = torch.zeros(x_self.size(0), dtype=torch.long, device=x_self.device)
-        out = None
-        for e in self.schema.inbound(node_type):
-            conv = self.convs[l][edge_type_name(e)]
-            table, rows, count = given.get(
-                e, (x_self.new_zeros((0, conv.in_dim)), empty[:0], empty))
-            h = conv.forward_indexed(x_self, table, rows, count, empty[:0])
-            out = h if out is None else out.add_(h)
-        assert out is not None  # every node type of a valid schema is reached by an edge type
-        return out.relu_() if l < self.num_layers - 1 else out
+        if torch.is_grad_enabled():  # training: each edge type's layer as to_hetero runs it
+            empty = torch.zeros(x_self.size(0), dtype=torch.long, device=x_self.device)
+            out = None
+            for e in self.schema.inbound(node_type):
+                conv = self.convs[l][edge_type_name(e)]
+                table, rows, count = given.get(e, (x_self.new_zeros((0, conv.in_dim)), empty[:0], empty))
+                h = conv.forward_indexed(x_self, table, rows, count, empty[:0])
+                out = h if out is None else out + h
+            assert out is not None  # every node type of a valid schema is reached by an edge type
+        else:  # serving: the edge types' root terms summed into one matrix product (equal up to rounding)
+            weight, bias = self._root(l, node_type)
+            out = torch.addmm(bias, x_self, weight.t())
+            for e in self.schema.inbound(node_type):
+                if e in given:
+                    conv = self.convs[l][edge_type_name(e)]
+                    table, rows, count = given[e]
+                    out.addmm_(conv.mean_indexed(table, rows, count), conv.lin_l.weight.t())
+        return out.relu() if l < self.num_layers - 1 else out
+
+    def _root(self, l: int, node_type: str) -> tuple[Tensor, Tensor]:
+        """``(Σ_ρ W_r^ρ, Σ_ρ b_l^ρ)`` over the edge types reaching ``node_type`` at layer ``l``, kept while the
+        module is in eval mode (:meth:`train` forgets them)."""
+        held = self._roots.get((l, node_type))
+        if held is None or self.training:
+            convs = [self.convs[l][edge_type_name(e)] for e in self.schema.inbound(node_type)]
+            held = (sum(c.lin_r.weight for c in convs).detach(), sum(c.lin_l.bias for c in convs).detach())
+            if not self.training:
+                self._roots[(l, node_type)] = held
+        return held
+
+    def train(self, mode: bool = True) -> "HeteroSAGE":
+        self._roots.clear()
+        return super().train(mode)
 
     def forward(self, x: Mapping[str, Tensor],
                 edge_index: Mapping[EdgeType, Tensor] | Sequence[Mapping[EdgeType, Tensor]]) -> dict[str, Tensor]:

@@ -116,13 +116,20 @@ class SAGELayer(nn.Module):
                              f"neighbour rows, one entry per target")
         if x_self.size(0) == 0:
             return x_self.new_zeros((0, self.out_dim))
-        offsets = torch.cumsum(self_count, 0) - self_count
+        return self._combine(self.mean_indexed(table, nbr_rows, self_count), x_self)
+
+    def mean_indexed(self, table: Tensor, nbr_rows: Tensor, self_count: Tensor) -> Tensor:
+        """The mean of each target's neighbour rows ``table[nbr_rows]`` (grouped by target, ``self_count`` of
+        each; 0 for none), as one ``embedding_bag`` sum.
+
+        Shapes:
+            ``table: [N, in_dim]``, ``nbr_rows: [E]``, ``self_count: [B]`` -> ``[B, in_dim]``.
+        """
         if nbr_rows.numel():
-            total = F.embedding_bag(nbr_rows, table, offsets, mode="sum")
+            total = F.embedding_bag(nbr_rows, table, torch.cumsum(self_count, 0) - self_count, mode="sum")
         else:
-            total = x_self.new_zeros((x_self.size(0), self.in_dim))
-        mean = total.div_(self_count.clamp(min=1).to(x_self.dtype).unsqueeze(-1))
-        return self._combine(mean, x_self)
+            total = table.new_zeros((self_count.numel(), self.in_dim))
+        return total.div_(self_count.clamp(min=1).to(table.dtype).unsqueeze(-1))
 
     def project(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """``(W_l x, W_r x + b_l)`` of every row of ``x``.
