@@ -36,6 +36,7 @@ class WorkerSettings:
     output_topic: str = ""
     control_topic: str = "gnnstream-rollout"
     dlq_topic: str = "graph-events-dlq"
+    transaction_topic: str = "transaction-scores"
     group: str = "gnnstream"
     worker_id: str = ""
     partitions: int = 4
@@ -90,6 +91,8 @@ _HELP = {
     "control_topic": "topic where workers record their progress and `gnnstream rollout` its steps, for "
                      "`gnnstream rollout status` (empty = do not record)",
     "dlq_topic": "dead-letter topic for invalid events",
+    "transaction_topic": "topic of the transaction scores of a typed model with a transaction head: a score per "
+                         "applied edge_upsert of its scored relation (docs/design.md, Typed graphs)",
     "group": "the group of workers that share the output: a Kafka consumer group over the output topic's "
              "partitions; each worker of it keeps the whole graph and publishes the nodes of the partitions it is "
              "assigned (see docs/scaling.md)",

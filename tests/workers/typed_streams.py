@@ -47,6 +47,8 @@ def typed_stream(seed: int, n: int = 600, node_deletes: bool = True) -> list[dic
                   "dst_type": t, "dst": f"{t[0]}{rng.randrange(COUNTS[t])}", "ts": ts}
             if r.get("edge_features"):
                 ev["features"] = [round(rng.uniform(0, 5), 2) for _ in range(r["edge_features"])]
+            if r["rel"] == "pays":
+                ev["txn_id"] = f"t{i}"
             out.append(ev)
             present.append(ev)
         elif roll < 0.95:

@@ -84,6 +84,8 @@ class TypedLayout:
         self._owner: dict[int, int] = {}  # slot iid -> its node's iid (-1: not a slot)
         self._type: dict[int, int] = {}  # node iid -> type index
         self._slot: dict[tuple[str, int], int] = {}  # (edge type, node iid) -> slot iid, once the slot exists
+        self.scored: str | None = None  # the relation whose upserts :meth:`check` keeps (transaction scores)
+        self._scored: list[EdgeUpsert] = []
 
     # ------------------------------------------------------------------ events
     def read(self, data: Any, max_bytes: int = MAX_EVENT_BYTES) -> list[Event]:
@@ -101,7 +103,15 @@ class TypedLayout:
             InvalidEvent: as :func:`check_schema`.
         """
         check_schema(ev, self._node_types, self._relations)
+        if self.scored is not None and isinstance(ev, EdgeUpsert) and \
+                f"{ev.src_type}__{ev.rel}__{ev.dst_type}" == self.scored:
+            self._scored.append(ev)
         return self.translate(ev)
+
+    def take_scored(self) -> list[EdgeUpsert]:
+        """The upserts of the :attr:`scored` relation checked since the last call."""
+        taken, self._scored = self._scored, []
+        return taken
 
     def type_of(self, name: str) -> str:
         """The node type of a node's name in the store (``type/id``)."""

@@ -86,6 +86,8 @@ from gnnstream.workers.runtime.batching import BatchSizer
 from gnnstream.workers.runtime.connect import (check_fits, check_partitions, open_consumers, partition_count,
                                                 wait_for_kafka)
 from gnnstream.workers.runtime.dead_letters import DeadLetters, decode
+from gnnstream.workers.runtime.transactions import TransactionScores
+from gnnstream.model.head import HEAD_FILE, load_transaction_head
 from gnnstream.workers.runtime.group import Group
 from gnnstream.workers.runtime.health import Errors, Health, verdict
 from gnnstream.workers.runtime.markers import MarkerBarrier
@@ -155,6 +157,7 @@ class Worker:
         self.publisher: Publisher | None = None  # set once Kafka is reachable
         self._outbox: OutboxReader | None = None
         self._letters: DeadLetters | None = None
+        self._transactions: TransactionScores | None = None  # a typed model's transaction scores
         self._query: Any = None  # the query API process (query.server.QueryProcess), told of every commit
         self._idle = False  # the last poll brought nothing: publishing waits for delivery (nothing to overlap)
         self.batching = BatchSizer(s.batch_size, s.max_batch_size, s.max_latency_ms / 1000)  # the polls' size
@@ -275,11 +278,17 @@ class Worker:
         outbox.stamp(self.serving, self.rollout)
         letters = self._letters = DeadLetters(dlq_producer, s.dlq_topic, s.max_message_bytes, store, self.group.owns,
                                               lambda: self.group.partitions, self.health, self.errors, self._stop)
+        head = load_transaction_head(engine.model.path) if engine.typed is not None and \
+            (engine.model.path / HEAD_FILE).exists() else None
+        if head is not None and head.model == engine.model_tag:
+            self._transactions = TransactionScores(engine, head, dlq_producer, s.transaction_topic, store,
+                                                   self.group.owns, lambda: self.group.partitions)
         publisher: Publisher | None = None
         try:
             self.health.set_status("waiting_for_kafka", f"waiting for Kafka at {s.bootstrap}")
             topics = {s.events_topic: s.partitions, self.output_topic: s.partitions, s.dlq_topic: 1,
-                      **({s.control_topic: 1} if s.control_topic else {})}
+                      **({s.control_topic: 1} if s.control_topic else {}),
+                      **({s.transaction_topic: s.partitions} if self._transactions else {})}
             if not wait_for_kafka(s, topics, self.errors, self._stop):  # stopped meanwhile: nothing can be published
                 self._drain_on_stop(engine)
                 return
@@ -290,6 +299,8 @@ class Worker:
                                            topic_max_message_bytes(s.bootstrap, s.dlq_topic) or 2**62)
             publisher = self.publisher = self._new_publisher(outbox, delivery)
             self._publish(publisher)
+            if self._transactions is not None:  # those of a batch applied before a crash
+                self._transactions.publish()
             self.health.set_status("joining", f"assigning every partition of topic {s.events_topic}")
             consumers = open_consumers(s, self.worker_id, self.offsets.stored, self.errors, self._stop)
             if consumers is None:
@@ -419,7 +430,8 @@ class Worker:
         if letters:  # written before the offsets past them are stored; held ones stored with those offsets
             self._letters.queue(letters)
         t0 = time.perf_counter()
-        result = self.store.apply(good, offsets, self._letters.stored())
+        meta = {**(self._letters.stored() or {}), **(self._transactions.take() if self._transactions else {})}
+        result = self.store.apply(good, offsets, meta or None)
         self._applied(result)
         self.offsets.applied(offsets)
         self.markers.stored(offsets)
@@ -433,6 +445,8 @@ class Worker:
         self.health.batches += 1
         self.metrics.batches.inc()
         self._recompute(engine, result.max_ts if good else None, min(r.timestamp_ms for r in records) / 1000.0)
+        if self._transactions is not None:
+            self._transactions.publish()
 
     def _applied(self, result: Any) -> None:
         """The event-time metrics of an applied batch (``GraphStore.apply``'s result)."""
