@@ -577,7 +577,11 @@ def main(argv: list[str] | None = None) -> int:
     _keep_freed_memory()
     from gnnstream.stream.backends import open_producer
     conn = _Pipe(socket.socket(fileno=args.fd), args.shared_fd)
-    producer = open_producer(args.client, args.bootstrap, max_message_bytes=args.max_message_bytes)
+    # librdkafka: one produce request in flight. Its idempotent producer sends one at a time anyway while each
+    # partition's records fit in one batch; allowed more, it polls in a busy loop while a partition's next batch
+    # waits for the one in flight (a JSON round of more than batch.size per partition)
+    limit = {"max_in_flight": 1} if args.client == "confluent" else {}
+    producer = open_producer(args.client, args.bootstrap, max_message_bytes=args.max_message_bytes, **limit)
     partitions = (lambda: topic_partitions(args.client, args.bootstrap, args.topic)) if args.format == "packed" \
         else None
     _serve(conn, Delivery(producer, args.topic, args.model, args.format, args.worker, partitions))
