@@ -155,6 +155,8 @@ def encode_frames(columns: Sequence[UpdateColumns], model: str, partitions: np.n
         id_blob, id_lens = utf8_ids(names)
     else:
         id_blob = "".join(names).encode("utf-8")
+        if len(id_blob) != int(id_lens.sum()):
+            raise ValueError("Expected the remembered id lengths to match the node ids (an interned id renamed?)")
     flags = deleted.astype(np.uint8)
     versions = np.asarray(versions, dtype=">u8")
     order = np.argsort(partitions.astype(np.int16) if partitions.max() < 2**15 else partitions, kind="stable")
@@ -206,7 +208,8 @@ class NodePartitions:
     def _of(self, cols: UpdateColumns) -> tuple[np.ndarray, np.ndarray | None]:
         iids = cols.iids
         if iids is None:
-            return partitions_for(cols.names, self.count), None
+            return (partitions_for(cols.names, self.count) if self.count > 1
+                    else np.zeros(len(cols), dtype=np.int32)), None
         top = int(iids.max()) + 1
         if top > len(self._known):
             size = max(top, len(self._known) * 3 // 2)

@@ -185,6 +185,11 @@ def test_node_partitions_are_remembered_by_interned_id() -> None:
     assert parts.tolist() == expected and unknown is None
     assert [a.tolist() for a in NodePartitions(1).of([cols])] == [[0] * n, lens]
     assert [a.tolist() for a in NodePartitions(2).of([dataclasses.replace(cols, names=["é✓"] * n)])][1] == [5] * n
+    # the remembered lengths make the same frames as lengths found from the names
+    parts, lens = nodes.of([cols])
+    assert encode_frames([cols], "m:1", parts, 1000, lens) == encode_frames([cols], "m:1", parts, 1000)
+    with pytest.raises(ValueError, match="remembered id lengths"):
+        encode_frames([dataclasses.replace(cols, names=["renamed"] * n)], "m:1", parts, 1000, lens)
     # the ids cross to the delivery process with the columns (the worker's mode codes do not)
     crossed = pickle.loads(pickle.dumps(dataclasses.replace(cols, mode_codes=np.zeros(n, dtype=np.int16)), protocol=5))
     assert crossed.iids.tolist() == cols.iids.tolist() and crossed.mode_codes is None
