@@ -31,9 +31,11 @@ from gnnstream.stream.partitioning import partitions_for
 __all__ = ["measure", "rounds", "main"]
 
 logger = logging.getLogger(__name__)
+FORMATS = ("json", "binary", "packed")
 
 
-def measure(nodes: int, dim: int, partitions: int, repeat: int) -> dict[str, dict[str, float]]:
+def measure(nodes: int, dim: int, partitions: int, repeat: int,
+            formats: tuple[str, ...] = FORMATS) -> dict[str, dict[str, float]]:
     """``{format: {"cpu_us_per_update", "bytes_per_update", "messages"}}`` of one batch of ``nodes`` updates."""
     rng = np.random.default_rng(0)
     cols = UpdateColumns([str(i) for i in range(nodes)], rng.integers(1, 2**40, nodes),
@@ -45,7 +47,8 @@ def measure(nodes: int, dim: int, partitions: int, repeat: int) -> dict[str, dic
                                                               partitions_for(cols.names, partitions),
                                                               MAX_MESSAGE_BYTES - 2048)]}
     out = {}
-    for name, run in runs.items():
+    for name in formats:
+        run = runs[name]
         best = float("inf")
         for _ in range(repeat):
             t0 = time.process_time()
@@ -63,9 +66,10 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def rounds(nodes: int, dim: int, partitions: int, count: int, size: int) -> dict[str, dict[str, float]]:
+def rounds(nodes: int, dim: int, partitions: int, count: int, size: int,
+           formats: tuple[str, ...] = FORMATS) -> dict[str, dict[str, float]]:
     """``{format: {"cpu_ms_per_round", "cpu_us_per_update", "wall_ms_per_round"}}`` of ``count`` delivery rounds
-    of ``size`` updates each (see the module's text)."""
+    of ``size`` updates each (see the module's text), for each of ``formats``."""
     from gnnstream.stream.broker import EmbeddedBroker
     from gnnstream.stream.kafka import ensure_topics
     from gnnstream.stream.rollout import stamp_headers
@@ -83,7 +87,7 @@ def rounds(nodes: int, dim: int, partitions: int, count: int, size: int) -> dict
     headers = stamp_headers("bench:1", 0)
     out = {}
     with EmbeddedBroker() as broker:
-        for fmt in ("json", "binary", "packed"):
+        for fmt in formats:
             topic = f"bench-codecs-{fmt}"
             ensure_topics(broker.bootstrap, {topic: partitions})
             delivery = DeliveryProcess("confluent", broker.bootstrap, topic, "bench:1", fmt, worker="w1")
@@ -112,18 +116,23 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dim", type=int, default=32, help="values per embedding")
     parser.add_argument("--partitions", type=int, default=4, help="partitions of the output topic")
     parser.add_argument("--repeat", type=int, default=5, help="encoding passes, the best reported")
+    parser.add_argument("--formats", default=",".join(FORMATS), help="comma-separated output formats to measure")
     parser.add_argument("--rounds", type=int, default=0,
                         help="measure this many delivery rounds per format on an embedded broker instead")
     parser.add_argument("--round-updates", type=int, default=3000, help="updates a delivery round (with --rounds)")
     args = parser.parse_args(argv)
+    formats = tuple(args.formats.split(","))
+    if not formats or not set(formats) <= set(FORMATS):
+        parser.error(f"--formats must name some of {', '.join(FORMATS)} (got {args.formats!r})")
     if args.rounds > 0 and not 0 < args.round_updates <= args.nodes:
         parser.error(f"--round-updates must be in 1..--nodes ({args.nodes}) (got {args.round_updates})")
     result = {"nodes": args.nodes, "dim": args.dim, "partitions": args.partitions, "load": machine_load()}
     if args.rounds > 0:
         result.update(rounds=args.rounds, round_updates=args.round_updates,
-                      delivery=rounds(args.nodes, args.dim, args.partitions, args.rounds, args.round_updates))
+                      delivery=rounds(args.nodes, args.dim, args.partitions, args.rounds, args.round_updates,
+                                      formats))
     else:
-        result["formats"] = measure(args.nodes, args.dim, args.partitions, args.repeat)
+        result["formats"] = measure(args.nodes, args.dim, args.partitions, args.repeat, formats)
     print(json.dumps(result, indent=1))
 
 

@@ -32,6 +32,8 @@ import ctypes
 import itertools
 import logging
 import math
+import mmap
+import os
 import pickle
 import select
 import signal
@@ -50,7 +52,7 @@ from gnnstream.stream.errors import classify
 from gnnstream.stream.exceptions import DeliveryError
 from gnnstream.stream.deadletter import RECORD_OVERHEAD
 from gnnstream.stream.partitioning import partitions_for
-from gnnstream.stream.updates import encode_packed, encode_updates, tombstone
+from gnnstream.stream.updates import check_packed, encode_updates, mode_codes, packed_frames, tombstone, utf8_ids
 
 __all__ = ["UpdateColumns", "Delivery", "DeliveryProcess", "NodePartitions", "encode_columns", "encode_frames",
            "WORKER_HEADER"]
@@ -118,11 +120,13 @@ def encode_columns(columns: Sequence[UpdateColumns], model: str, fmt: Literal["j
     return messages
 
 
-def encode_frames(columns: Sequence[UpdateColumns], model: str, partitions: np.ndarray, max_bytes: int) -> list[Frame]:
+def encode_frames(columns: Sequence[UpdateColumns], model: str, partitions: np.ndarray, max_bytes: int,
+                  id_lens: np.ndarray | None = None) -> list[Frame]:
     """The packed frames ``(partition, key, value)`` of ``columns``: per output partition (``partitions``, that
     of each node of ``columns`` in order: the one its id maps to, :mod:`gnnstream.stream.partitioning`), in
     partition order, the rows in order, tombstones as flagged rows, split into frames of at most ``max_bytes``
-    (value and key); the key is the partition number in decimal ASCII.
+    (value and key); the key is the partition number in decimal ASCII. ``id_lens``: each node id's length in
+    UTF-8 when known (:class:`NodePartitions`).
 
     Raises:
         ValueError: a row or time that cannot be encoded, or a row that alone exceeds ``max_bytes``.
@@ -133,7 +137,7 @@ def encode_frames(columns: Sequence[UpdateColumns], model: str, partitions: np.n
     if len(columns) == 1:
         (c,) = columns
         names, modes, versions, event_ts, rows, deleted = c.names, c.modes, c.versions, c.event_ts, c.rows, c.deleted
-        computed: float | np.ndarray = c.computed_at
+        computed = np.full(len(c), c.computed_at)
     else:
         names = list(itertools.chain.from_iterable(c.names for c in columns))
         modes = list(itertools.chain.from_iterable(c.modes for c in columns))
@@ -144,28 +148,44 @@ def encode_frames(columns: Sequence[UpdateColumns], model: str, partitions: np.n
         deleted = np.concatenate([c.deleted for c in columns])
     if len(partitions) != len(names):
         raise ValueError(f"Expected a partition for each of the {len(names)} rows (got {len(partitions)})")
-    order = np.argsort(partitions, kind="stable")
+    times = np.asarray(event_ts, dtype=np.float64)
+    check_packed(names, rows, times, computed)
+    table, codes = mode_codes(modes)
+    if id_lens is None:
+        id_blob, id_lens = utf8_ids(names)
+    else:
+        id_blob = "".join(names).encode("utf-8")
+        if len(id_blob) != int(id_lens.sum()):
+            raise ValueError("Expected the remembered id lengths to match the node ids (an interned id renamed?)")
+    flags = deleted.astype(np.uint8)
+    versions = np.asarray(versions, dtype=">u8")
+    order = np.argsort(partitions.astype(np.int16) if partitions.max() < 2**15 else partitions, kind="stable")
     ordered = partitions[order]
     starts = [0, *(np.flatnonzero(np.diff(ordered)) + 1).tolist()]
     if len(starts) > 1:  # rows of several partitions: put in partition order once, each partition's a slice then
-        pick = order.tolist()
-        names, modes = list(map(names.__getitem__, pick)), list(map(modes.__getitem__, pick))
-        versions, event_ts, rows, deleted = versions[order], event_ts[order], rows[order], deleted[order]
-        computed = computed if np.ndim(computed) == 0 else computed[order]
+        lens = id_lens[order]
+        at = np.cumsum(lens)
+        # each id's bytes moved from where it was to where it goes, all at once
+        moved = np.repeat((np.cumsum(id_lens) - id_lens)[order] - (at - lens), lens) + np.arange(at[-1])
+        id_blob = np.frombuffer(id_blob, dtype=np.uint8)[moved].tobytes()
+        versions, times, computed, flags, codes, rows, id_lens = (versions[order], times[order], computed[order],
+                                                                  flags[order], codes[order], rows[order], lens)
+    id_at = [0, *np.cumsum(id_lens)[[b - 1 for b in starts[1:]]].tolist(), len(id_blob)]
     frames: list[Frame] = []
-    for a, b in zip(starts, [*starts[1:], len(names)]):
+    for i, (a, b) in enumerate(zip(starts, [*starts[1:], len(names)])):
         p = int(ordered[a])
         key = str(p).encode()
-        for value in encode_packed(names[a:b], model, versions[a:b], event_ts[a:b],
-                                   computed if np.ndim(computed) == 0 else computed[a:b], modes[a:b], rows[a:b],
-                                   deleted[a:b], max_bytes=max_bytes - len(key)):
+        for value in packed_frames(lambda j, a=a: names[order[a + j]], id_blob[id_at[i]:id_at[i + 1]],
+                                   id_lens[a:b], model, versions[a:b], times[a:b], computed[a:b], flags[a:b], table,
+                                   codes[a:b], rows[a:b], max_bytes - len(key)):
             frames.append((p, key, value))
     return frames
 
 
 class NodePartitions:
-    """The output partition of each node (among ``count``), remembered by its interned id: a node's updates go
-    out again and again, and looking its hash up by name costs more than encoding its row.
+    """What the delivery process remembers of each node by its interned id: its output partition (among
+    ``count``) and the length of its id in UTF-8. A node's updates go out again and again, and looking its hash
+    up by name costs more than encoding its row.
 
     Columns without ``iids`` are looked up by name each time (:func:`partitions_for`).
     """
@@ -173,29 +193,36 @@ class NodePartitions:
     def __init__(self, count: int):
         self.count = count
         self._known = np.zeros(0, dtype=np.int32)  # by iid: the node's partition, -1 = not known yet
+        self._lens = np.zeros(0, dtype=np.int32)  # by iid: its id's length in UTF-8
 
-    def of(self, columns: Sequence[UpdateColumns]) -> np.ndarray:
-        """The partition of each node of ``columns``, in order."""
-        parts = [self._of(c) for c in columns if len(c)]
-        return parts[0] if len(parts) == 1 else np.concatenate(parts or [np.zeros(0, dtype=np.int32)])
+    def of(self, columns: Sequence[UpdateColumns]) -> tuple[np.ndarray, np.ndarray | None]:
+        """The partition of each node of ``columns``, in order, and the length of each one's id in UTF-8
+        (None unless all columns have ``iids``)."""
+        found = [self._of(c) for c in columns if len(c)]
+        if not found:
+            return np.zeros(0, dtype=np.int32), np.zeros(0, dtype=np.int32)
+        parts, lens = zip(*found)
+        lens = None if any(n is None for n in lens) else lens[0] if len(lens) == 1 else np.concatenate(lens)
+        return (parts[0] if len(parts) == 1 else np.concatenate(parts)), lens
 
-    def _of(self, cols: UpdateColumns) -> np.ndarray:
-        if self.count == 1:
-            return np.zeros(len(cols), dtype=np.int32)
+    def _of(self, cols: UpdateColumns) -> tuple[np.ndarray, np.ndarray | None]:
         iids = cols.iids
         if iids is None:
-            return partitions_for(cols.names, self.count)
+            return (partitions_for(cols.names, self.count) if self.count > 1
+                    else np.zeros(len(cols), dtype=np.int32)), None
         top = int(iids.max()) + 1
         if top > len(self._known):
-            grown = np.full(max(top, len(self._known) * 3 // 2), -1, dtype=np.int32)
-            grown[:len(self._known)] = self._known
-            self._known = grown
+            size = max(top, len(self._known) * 3 // 2)
+            self._known = np.concatenate([self._known, np.full(size - len(self._known), -1, dtype=np.int32)])
+            self._lens = np.concatenate([self._lens, np.zeros(size - len(self._lens), dtype=np.int32)])
         part = self._known[iids]
         unknown = np.flatnonzero(part < 0)
         if len(unknown):
-            part[unknown] = partitions_for([cols.names[i] for i in unknown.tolist()], self.count)
+            names = [cols.names[i] for i in unknown.tolist()]
+            part[unknown] = partitions_for(names, self.count) if self.count > 1 else 0
             self._known[iids[unknown]] = part[unknown]
-        return part
+            self._lens[iids[unknown]] = [len(n.encode("utf-8")) for n in names]
+        return part, self._lens[iids]
 
 
 def _chunks(columns: Sequence[UpdateColumns], size: int) -> list[UpdateColumns]:
@@ -268,7 +295,8 @@ class Delivery:
         if self.fmt == "packed":  # every frame is encoded before the first is sent
             room = (self.producer.max_message_bytes - RECORD_OVERHEAD
                     - sum(len(k.encode()) + len(v) for k, v in extra or ()))
-            frames = encode_frames(columns, self.model, self.partitions().of(columns), room)
+            parts, id_lens = self.partitions().of(columns)
+            frames = encode_frames(columns, self.model, parts, room, id_lens)
             for partition, key, value in frames:
                 self.producer.send(topic, key, value, extra, partition=partition)
                 count += 1
@@ -288,64 +316,77 @@ class Delivery:
 
 
 class _Pipe:
-    """Pickled objects over a stream socket, arrays out of band.
+    """Pickled objects over a stream socket, the arrays they hold through a shared memory file.
 
-    A message is a header (the pickle's length, the number of buffers and
-    each one's size), the pickle (protocol 5), then the raw bytes of every
-    contiguous array it holds. The sender writes arrays straight from their
-    memory; the receiver reads them into one reused arena and rebuilds the
-    arrays on it, so a batch of rows is copied once each way (an object a
-    receiver keeps must not outlive the next :meth:`recv`).
+    A message is a header (the pickle's length, the shared file's size and the
+    number of buffers), each buffer's offset and size in the shared file, then
+    the pickle (protocol 5). The sender copies every contiguous array the
+    object holds into the shared file (grown when too small), the receiver
+    rebuilds the arrays as views of its mapping of that file: a round's rows
+    are copied once, into the file, and the socket carries only the small
+    rest. The two ends take turns (a request, then its answer), so a sender
+    writes the file only while the other end no longer reads what it received
+    (an object a receiver keeps must not outlive its next :meth:`recv`).
     """
 
-    _HEAD = struct.Struct("<QI")
+    _HEAD = struct.Struct("<QQI")
+    _ALIGN = 64
 
-    def __init__(self, sock: socket.socket):
-        self.sock = sock
-        self._arena = bytearray()
+    def __init__(self, sock: socket.socket, shared: int):
+        self.sock, self._fd = sock, shared
+        self._map: mmap.mmap | None = None
+        self._view = memoryview(b"")
+
+    def _mapped(self, size: int) -> memoryview:
+        """The shared file mapped whole, at least ``size`` bytes (mapped again when the other end grew it)."""
+        if len(self._view) < size:
+            self._view.release()
+            self._map = mmap.mmap(self._fd, size)  # the old mapping goes with the last array viewing it
+            self._view = memoryview(self._map)
+        return self._view
 
     def send(self, obj: Any) -> None:
         buffers: list[pickle.PickleBuffer] = []
         data = pickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
         raws = [b.raw() for b in buffers]
-        sizes = [r.nbytes for r in raws]
-        self.sock.sendall(self._HEAD.pack(len(data), len(raws)) + struct.pack(f"<{len(sizes)}Q", *sizes) + data)
+        places, end = [], 0
         for raw in raws:
-            self.sock.sendall(raw)
+            places += (end, raw.nbytes)
+            end += -(-raw.nbytes // self._ALIGN) * self._ALIGN
+        size = len(self._view)
+        if end > size:
+            size = max(end, 2 * os.fstat(self._fd).st_size)
+            os.ftruncate(self._fd, size)
+        view = self._mapped(size)
+        for raw, at in zip(raws, places[::2]):
+            view[at:at + raw.nbytes] = raw
+        self.sock.sendall(b"".join((self._HEAD.pack(len(data), size, len(raws)),
+                                    struct.pack(f"<{len(places)}Q", *places), data)))
 
     def recv(self) -> Any:
-        length, count = self._HEAD.unpack(self._read(self._HEAD.size))
-        sizes = struct.unpack(f"<{count}Q", self._read(8 * count)) if count else ()
-        data = self._read(length)
-        total = sum(sizes)
-        if len(self._arena) < total:
-            self._arena = bytearray(total)
-        views, start = [], 0
-        arena = memoryview(self._arena)
-        for size in sizes:
-            self._read_into(arena[start:start + size])
-            views.append(arena[start:start + size])
-            start += size
-        return pickle.loads(data, buffers=views)
+        length, size, count = self._HEAD.unpack(self._read(self._HEAD.size))
+        rest = self._read(16 * count + length)
+        places, data = struct.unpack_from(f"<{2 * count}Q", rest), memoryview(rest)[16 * count:]
+        view = self._mapped(size) if count else self._view
+        return pickle.loads(data, buffers=[view[at:at + n] for at, n in zip(places[::2], places[1::2])])
 
     def poll(self, timeout_s: float) -> bool:
         """Whether a message (or the end of the stream) can be read now, waiting up to ``timeout_s``."""
         return bool(select.select([self.sock], [], [], timeout_s)[0])
 
     def _read(self, size: int) -> bytes:
-        buf = bytearray(size)
-        self._read_into(memoryview(buf))
-        return bytes(buf)
-
-    def _read_into(self, view: memoryview) -> None:
-        while len(view):
-            got = self.sock.recv_into(view)
-            if not got:
+        parts, left = [], size
+        while left:
+            data = self.sock.recv(left)
+            if not data:
                 raise EOFError("the other end closed the socket")
-            view = view[got:]
+            parts.append(data)
+            left -= len(data)
+        return b"".join(parts)
 
     def close(self) -> None:
         self.sock.close()
+        os.close(self._fd)
 
 
 class DeliveryProcess:
@@ -374,13 +415,19 @@ class DeliveryProcess:
 
     def _start(self) -> None:
         ours, theirs = socket.socketpair()
-        argv = [sys.executable, "-m", "gnnstream.stream.delivery", "--fd", str(theirs.fileno()), *self._args]
+        shared = os.memfd_create("gnnstream-delivery")  # an empty file in memory, shared with the child
+        argv = [sys.executable, "-m", "gnnstream.stream.delivery", "--fd", str(theirs.fileno()),
+                "--shared-fd", str(shared), *self._args]
         try:
-            self._proc = subprocess.Popen(argv, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
+            self._proc = subprocess.Popen(argv, pass_fds=(theirs.fileno(), shared), stdin=subprocess.DEVNULL,
                                           start_new_session=True)
+        except BaseException:
+            ours.close()
+            os.close(shared)
+            raise
         finally:
             theirs.close()
-        self._conn = _Pipe(ours)
+        self._conn = _Pipe(ours, shared)
 
     @property
     def pid(self) -> int | None:
@@ -518,6 +565,7 @@ def _keep_freed_memory() -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="the worker's delivery process (started by the worker)")
     parser.add_argument("--fd", type=int, required=True, help="the socket to the worker")
+    parser.add_argument("--shared-fd", type=int, required=True, help="the file shared with the worker")
     parser.add_argument("--client", required=True)
     parser.add_argument("--bootstrap", required=True)
     parser.add_argument("--topic", required=True)
@@ -531,8 +579,12 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s delivery: %(message)s")
     _keep_freed_memory()
     from gnnstream.stream.backends import open_producer
-    conn = _Pipe(socket.socket(fileno=args.fd))
-    producer = open_producer(args.client, args.bootstrap, max_message_bytes=args.max_message_bytes)
+    conn = _Pipe(socket.socket(fileno=args.fd), args.shared_fd)
+    # librdkafka: one produce request in flight. Its idempotent producer sends one at a time anyway while each
+    # partition's records fit in one batch; allowed more, it polls in a busy loop while a partition's next batch
+    # waits for the one in flight (a JSON round of more than batch.size per partition)
+    limit = {"max_in_flight": 1} if args.client == "confluent" else {}
+    producer = open_producer(args.client, args.bootstrap, max_message_bytes=args.max_message_bytes, **limit)
     partitions = (lambda: topic_partitions(args.client, args.bootstrap, args.topic)) if args.format == "packed" \
         else None
     _serve(conn, Delivery(producer, args.topic, args.model, args.format, args.worker, partitions))

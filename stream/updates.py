@@ -100,7 +100,7 @@ import logging
 import math
 import struct
 from dataclasses import dataclass
-from typing import Literal, Sequence, Union
+from typing import Callable, Literal, Sequence, Union
 
 import numpy as np
 import orjson
@@ -406,57 +406,97 @@ def encode_packed(ids: Sequence[str], model: str, versions: Sequence[int] | np.n
     times = np.asarray(event_ts, dtype=np.float64)
     computed = np.broadcast_to(np.asarray(computed_at, dtype=np.float64), (n,))
     flags = np.zeros(n, dtype=np.uint8) if deleted is None else np.asarray(deleted, dtype=bool).astype(np.uint8)
+    check_packed(ids, rows, times, computed)
+    table, codes = mode_codes(modes)
+    id_blob, id_lens = utf8_ids(ids)
+    return packed_frames(ids.__getitem__, id_blob, id_lens, model, np.asarray(versions, dtype=">u8"), times, computed, flags,
+                         table, codes, rows, max_bytes)
+
+
+def check_packed(ids: Sequence[str], rows: np.ndarray, times: np.ndarray, computed: np.ndarray) -> None:
+    """Raise ValueError, naming the first nodes, unless every row and time is finite."""
     if not (np.isfinite(rows).all() and np.isfinite(times).all() and np.isfinite(computed).all()):
         bad = ~np.isfinite(rows).all(axis=1) | ~np.isfinite(times) | ~np.isfinite(computed)
         raise ValueError(f"Expected finite embeddings and timestamps (got non-finite values for nodes "
                          f"{[ids[i] for i in np.flatnonzero(bad)[:3]]})")
+
+
+def mode_codes(modes: Sequence[str]) -> tuple[list[str], np.ndarray]:
+    """The distinct ``modes`` in order of first appearance, and each row's index into them."""
+    if not modes or modes.count(modes[0]) == len(modes):  # one mode (the usual case): compared by identity first
+        return list(modes[:1]), np.zeros(len(modes), dtype=np.int64)
+    index: dict[str, int] = {}
+    codes = np.fromiter((index.setdefault(m, len(index)) for m in modes), dtype=np.int64, count=len(modes))
+    return list(index), codes
+
+
+def utf8_ids(ids: Sequence[str]) -> tuple[bytes, np.ndarray]:
+    """The node ids in UTF-8, concatenated, and each one's length in bytes."""
     text = "".join(ids)
     if text.isascii():  # one character a byte: the ids encoded at once
-        id_blob = text.encode("ascii")
-        id_lens = np.fromiter(map(len, ids), dtype=np.int64, count=n)
-    else:
-        encoded = list(map(str.encode, ids))
-        id_blob = b"".join(encoded)
-        id_lens = np.fromiter(map(len, encoded), dtype=np.int64, count=n)
-    id_ends = np.cumsum(id_lens).tolist()
+        return text.encode("ascii"), np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+    encoded = list(map(str.encode, ids))
+    return b"".join(encoded), np.fromiter(map(len, encoded), dtype=np.int64, count=len(ids))
+
+
+def packed_frames(name_of: Callable[[int], str], id_blob: bytes, id_lens: np.ndarray, model: str, versions: np.ndarray,
+                  times: np.ndarray, computed: np.ndarray, flags: np.ndarray, table: list[str], codes: np.ndarray,
+                  rows: np.ndarray, max_bytes: int | None) -> list[bytes]:
+    """The frames of rows checked already (:func:`encode_packed`): ``id_blob`` the ids in UTF-8, concatenated,
+    ``id_lens`` their lengths, ``name_of(i)`` the id of row ``i`` (for errors), ``versions`` big-endian uint64,
+    ``flags`` uint8, each row's mode ``table[codes[i]]``."""
+    n = len(id_lens)
     if n and (id_lens.min() == 0 or id_lens.max() > 0xFFFF):
         raise ValueError("Expected node ids of 1 to 65535 UTF-8 bytes")
     dim = rows.shape[1]
-    if len(model.encode("utf-8")) > 0xFFFF or dim > 0xFFFFFFFF:
+    model_b = model.encode("utf-8")
+    if len(model_b) > 0xFFFF or dim > 0xFFFFFFFF:
         raise ValueError(f"Expected a model name < 64 KiB and at most 2**32 - 1 values (got {model!r}, {dim})")
+    table_b = [m.encode("utf-8") for m in table]
+    id_ends = np.cumsum(id_lens)
     bounds = [(0, n)] if n else []
     if max_bytes is not None and n:
-        room = max_bytes - packed_frame_overhead(model, modes)
+        used = table_b if len(table) == 1 else [table_b[c] for c in _first_seen(codes)]
+        overhead = _PACKED_HEAD.size + len(model_b) + sum(1 + len(m) for m in used) + 3  # packed_frame_overhead
         ends = np.cumsum(packed_row_bytes(id_lens, dim))
         bounds, start = [], 0
         while start < n:
-            stop = int(np.searchsorted(ends, (ends[start - 1] if start else 0) + room, side="right"))
+            stop = int(np.searchsorted(ends, (ends[start - 1] if start else 0) + max_bytes - overhead,
+                                       side="right"))
             if stop == start:
-                raise ValueError(f"Expected a packed row to fit in {max_bytes} bytes (node {ids[start]!r} takes "
-                                 f"{int(packed_row_bytes(id_lens[start], dim)) + packed_frame_overhead(model, modes)})")
+                raise ValueError(f"Expected a packed row to fit in {max_bytes} bytes (node {name_of(start)!r} takes "
+                                 f"{int(packed_row_bytes(id_lens[start], dim)) + overhead})")
             bounds.append((start, stop))
             start = stop
-    big_versions = np.asarray(versions, dtype=">u8")
     values = np.ascontiguousarray(rows, dtype="<f4")
-    model_b = model.encode("utf-8")
     frames = []
     for a, b in bounds:
-        part = modes[a:b]
-        table = list(dict.fromkeys(part))
-        table_b = [m.encode("utf-8") for m in table]
-        if len(table) > 0xFF or max(map(len, table_b)) > 0xFF:
-            raise ValueError(f"Expected at most 255 modes of at most 255 bytes in a frame (got {table[:5]}...)")
-        index = {m: i for i, m in enumerate(table)}
-        codes = np.zeros(b - a, dtype=np.uint8) if len(table) == 1 else \
-            np.fromiter(map(index.__getitem__, part), dtype=np.uint8, count=b - a)
-        head = b"".join([_PACKED_HEAD.pack(PACKED_MAGIC, PACKED_VERSION, b - a, dim, len(model_b), len(table)),
-                         model_b, *(bytes((len(m),)) + m for m in table_b)])
-        ids_b = id_blob[id_ends[a - 1] if a else 0:id_ends[b - 1]]
+        if len(table) == 1:
+            present, frame_codes = [0], np.zeros(b - a, dtype=np.uint8)
+        else:  # the frame's own table: the modes of its rows, in order of first appearance
+            present = _first_seen(codes[a:b])
+            remap = np.zeros(len(table), dtype=np.int64)
+            remap[present] = np.arange(len(present))
+            frame_codes = remap[codes[a:b]].astype(np.uint8)
+        frame_table = [table_b[c] for c in present]
+        if len(frame_table) > 0xFF or max(map(len, frame_table)) > 0xFF:
+            raise ValueError(f"Expected at most 255 modes of at most 255 bytes in a frame (got "
+                             f"{[table[c] for c in present][:5]}...)")
+        head = b"".join([_PACKED_HEAD.pack(PACKED_MAGIC, PACKED_VERSION, b - a, dim, len(model_b), len(frame_table)),
+                         model_b, *(bytes((len(m),)) + m for m in frame_table)])
+        ids_b = id_blob[int(id_ends[a - 1]) if a else 0:int(id_ends[b - 1])]
         pad = -(len(head) + (b - a) * _PACKED_COLUMNS + len(ids_b)) % 4
         # the columns' and rows' memory joined as it is: one copy into the frame
-        frames.append(b"".join((head, id_lens[a:b].astype(">u2"), big_versions[a:b], times[a:b].astype(">f8"),
-                                computed[a:b].astype(">f8"), flags[a:b], codes, ids_b, bytes(pad), values[a:b])))
+        frames.append(b"".join((head, id_lens[a:b].astype(">u2"), versions[a:b], times[a:b].astype(">f8"),
+                                computed[a:b].astype(">f8"), flags[a:b], frame_codes, ids_b, bytes(pad),
+                                values[a:b])))
     return frames
+
+
+def _first_seen(codes: np.ndarray) -> list[int]:
+    """The distinct ``codes`` in order of first appearance."""
+    distinct, first = np.unique(codes, return_index=True)
+    return distinct[np.argsort(first)].tolist()
 
 
 @dataclass(frozen=True, slots=True, eq=False)

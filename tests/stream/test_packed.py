@@ -174,14 +174,22 @@ def test_node_partitions_are_remembered_by_interned_id() -> None:
     cols = UpdateColumns(names, np.arange(n), np.zeros(n), 1.0, ["full"] * n, np.zeros((n, 2), dtype=np.float32),
                          np.zeros(n, dtype=bool), np.arange(n) * 7)
     expected = partitions_for(names, 5).tolist()
+    lens = [len(x) for x in names]
     nodes = NodePartitions(5)
-    assert nodes.of([cols]).tolist() == expected
+    assert [a.tolist() for a in nodes.of([cols])] == [expected, lens]
     # known now: looked up by interned id, the names are not read again
-    assert nodes.of([dataclasses.replace(cols, names=["renamed"] * n)]).tolist() == expected
+    assert [a.tolist() for a in nodes.of([dataclasses.replace(cols, names=["renamed"] * n)])] == [expected, lens]
     halves = [dataclasses.replace(cols, names=names[:100], iids=cols.iids[:100]),
               dataclasses.replace(cols, names=names[100:], iids=None)]  # without ids: by name
-    assert nodes.of(halves).tolist() == expected
-    assert NodePartitions(1).of([cols]).tolist() == [0] * n
+    parts, unknown = nodes.of(halves)
+    assert parts.tolist() == expected and unknown is None
+    assert [a.tolist() for a in NodePartitions(1).of([cols])] == [[0] * n, lens]
+    assert [a.tolist() for a in NodePartitions(2).of([dataclasses.replace(cols, names=["é✓"] * n)])][1] == [5] * n
+    # the remembered lengths make the same frames as lengths found from the names
+    parts, lens = nodes.of([cols])
+    assert encode_frames([cols], "m:1", parts, 1000, lens) == encode_frames([cols], "m:1", parts, 1000)
+    with pytest.raises(ValueError, match="remembered id lengths"):
+        encode_frames([dataclasses.replace(cols, names=["renamed"] * n)], "m:1", parts, 1000, lens)
     # the ids cross to the delivery process with the columns (the worker's mode codes do not)
     crossed = pickle.loads(pickle.dumps(dataclasses.replace(cols, mode_codes=np.zeros(n, dtype=np.int16)), protocol=5))
     assert crossed.iids.tolist() == cols.iids.tolist() and crossed.mode_codes is None
