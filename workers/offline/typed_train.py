@@ -115,7 +115,8 @@ class TypedGraph:
             self.features[ev.type].pop(ev.id, None)
             for (s, _, t), pairs in self.edges.items():
                 if ev.type in (s, t):
-                    pairs -= {(u, v) for u, v in pairs if (s == ev.type and u == ev.id) or (t == ev.type and v == ev.id)}
+                    pairs -= {(u, v) for u, v in pairs
+                              if (s == ev.type and u == ev.id) or (t == ev.type and v == ev.id)}
 
     def x(self) -> dict[str, torch.Tensor]:
         """Every node's features by type (zeros for a node without any), rows as :attr:`rows` numbers them."""
