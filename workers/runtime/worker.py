@@ -77,7 +77,7 @@ from gnnstream.stream.backends import open_producer
 from gnnstream.stream.clients import ConsumerClient, PartitionKey, ProducerClient, Record
 from gnnstream.stream.delivery import Delivery, DeliveryProcess
 from gnnstream.stream.errors import classify
-from gnnstream.stream.exceptions import StreamError
+from gnnstream.stream.exceptions import DeliveryError, StreamError
 from gnnstream.stream.kafka import topic_max_message_bytes
 from gnnstream.stream.rollout import Marker, version_topic
 from gnnstream.workers.heap import freeze_warm_heap
@@ -299,8 +299,7 @@ class Worker:
                                            topic_max_message_bytes(s.bootstrap, s.dlq_topic) or 2**62)
             publisher = self.publisher = self._new_publisher(outbox, delivery)
             self._publish(publisher)
-            if self._transactions is not None:  # those of a batch applied before a crash
-                self._transactions.publish()
+            self._publish_transactions()  # those of a batch applied before a crash
             self.health.set_status("joining", f"assigning every partition of topic {s.events_topic}")
             consumers = open_consumers(s, self.worker_id, self.offsets.stored, self.errors, self._stop)
             if consumers is None:
@@ -445,8 +444,17 @@ class Worker:
         self.health.batches += 1
         self.metrics.batches.inc()
         self._recompute(engine, result.max_ts if good else None, min(r.timestamp_ms for r in records) / 1000.0)
-        if self._transactions is not None:
+        self._publish_transactions()
+
+    def _publish_transactions(self) -> None:
+        """Publish the pending transaction scores; a failed delivery keeps them pending for the next batch."""
+        if self._transactions is None:
+            return
+        try:
             self._transactions.publish()
+            self.errors.cleared("transaction_scores")
+        except DeliveryError as exc:
+            self.errors.recoverable("transaction_scores", exc, pause=False)
 
     def _applied(self, result: Any) -> None:
         """The event-time metrics of an applied batch (``GraphStore.apply``'s result)."""
