@@ -24,7 +24,7 @@ from typing import Any, Callable
 import numpy as np
 
 from gnnstream.graph_state.store import GraphStore
-from gnnstream.model.head import TransactionHead
+from gnnstream.model.head import HEAD_FILE, TransactionHead, load_transaction_head
 from gnnstream.stream.clients import ProducerClient
 from gnnstream.stream.events import EdgeUpsert
 from gnnstream.stream.partitioning import partition_for
@@ -64,6 +64,19 @@ class TransactionScores:
         engine.typed.scored = head.relation  # the layout keeps this relation's upserts as it reads them
         self.pending: list[dict[str, Any]] = list(store.meta(TRANSACTIONS_META) or [])
         self.published = 0
+
+    @classmethod
+    def of(cls, engine: Engine, producer: ProducerClient, topic: str, store: GraphStore,
+           owns: Callable[[int], bool], partitions: Callable[[], int]) -> "TransactionScores | None":
+        """The transaction scores of ``engine``'s model: None unless it is typed with a transaction head (its
+        ``head.json``, trained for this model)."""
+        path = engine.model.path
+        if engine.typed is None or not (path / HEAD_FILE).exists():
+            return None
+        head = load_transaction_head(path)
+        if head is None or head.model != engine.model_tag:
+            return None
+        return cls(engine, head, producer, topic, store, owns, partitions)
 
     def take(self) -> dict[str, Any]:
         """The transactions read since the last call, as the meta stored with the batch that applies them."""

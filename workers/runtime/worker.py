@@ -87,7 +87,6 @@ from gnnstream.workers.runtime.connect import (check_fits, check_partitions, ope
                                                 wait_for_kafka)
 from gnnstream.workers.runtime.dead_letters import DeadLetters, decode
 from gnnstream.workers.runtime.transactions import TransactionScores
-from gnnstream.model.head import HEAD_FILE, load_transaction_head
 from gnnstream.workers.runtime.group import Group
 from gnnstream.workers.runtime.health import Errors, Health, verdict
 from gnnstream.workers.runtime.markers import MarkerBarrier
@@ -278,11 +277,8 @@ class Worker:
         outbox.stamp(self.serving, self.rollout)
         letters = self._letters = DeadLetters(dlq_producer, s.dlq_topic, s.max_message_bytes, store, self.group.owns,
                                               lambda: self.group.partitions, self.health, self.errors, self._stop)
-        head = load_transaction_head(engine.model.path) if engine.typed is not None and \
-            (engine.model.path / HEAD_FILE).exists() else None
-        if head is not None and head.model == engine.model_tag:
-            self._transactions = TransactionScores(engine, head, dlq_producer, s.transaction_topic, store,
-                                                   self.group.owns, lambda: self.group.partitions)
+        self._transactions = TransactionScores.of(engine, dlq_producer, s.transaction_topic, store, self.group.owns,
+                                                  lambda: self.group.partitions)
         publisher: Publisher | None = None
         try:
             self.health.set_status("waiting_for_kafka", f"waiting for Kafka at {s.bootstrap}")
