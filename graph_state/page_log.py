@@ -94,7 +94,7 @@ class PageLog:
         family: the column family of the page records.
         prefix: the key prefix of this log's pages in ``family``.
         rows_name: the row files' name, ``<rows_name>-<width>.f32``.
-        keep_rows: a reader's bound on the rows :meth:`row` keeps in memory: those of iids below it (0: none).
+        keep_rows: a reader's bound on the rows of the frames :meth:`row` keeps in memory (0: none).
     """
 
     def __init__(self, store: GraphStore, gc_slack: int = 1 << 16, *, family: str = "embpages", prefix: bytes = b"",
@@ -135,10 +135,7 @@ class PageLog:
         self._recent: set[int] = set()  # pages written since the last compact, and their records
         self._recent_rows = 0
         self._loaded = False
-        # a reader's rows of checked frames (row()): the row of iid i, read from page _kept_page[i] (-1: none)
-        self._ids_of: dict[int, np.ndarray] = {}  # page -> the iids of its records, while rows are kept
-        self._kept = np.zeros((0, 0), dtype=np.float32)
-        self._kept_page = np.zeros(0, dtype=np.int64)
+        self._kept: dict[int, np.ndarray] = {}  # page -> its rows, as row() read and checked them
 
     def code(self, mode: str) -> int:
         """The small integer standing for ``mode`` in :attr:`mode`."""
@@ -177,8 +174,6 @@ class PageLog:
         ids = rec["iid"].astype(np.int64)
         self._size[seq] = len(ids)
         self._slots += len(ids)
-        if self.keep_rows and has_rows:
-            self._ids_of[seq] = ids
         if has_rows:
             self._dim = int(rec["width"])
             self._frame_of[seq] = (self._dim, int(rec["frame"]))
@@ -205,13 +200,15 @@ class PageLog:
             self._load()
             return
         at = len(self.prefix)
+        before = []
         for key, raw in self.store.column(self.family).items(from_key=self._key(self._next_page)):
             if not key.startswith(self.prefix):
                 break
             seq = keys.decode_iid(key[at:])
-            old = self._take(seq, raw)
+            before.append(self._take(seq, raw))
             self._live[seq] = self._size[seq]
-            for page in self._superseded(old):  # the writer deleted it: forget it here too
+        if before:
+            for page in self._superseded(np.concatenate(before)):  # the writer deleted it: forget it here too
                 self._forget_page(page)
 
     def damaged(self) -> np.ndarray:
@@ -272,7 +269,7 @@ class PageLog:
         """Drop a page from the index; the ``(row width, frame)`` it held rows in, if any."""
         self._slots -= self._size.pop(seq)
         self._sum_of.pop(seq, None)
-        self._ids_of.pop(seq, None)
+        self._kept.pop(seq, None)
         self._unreadable.discard(seq)
         return self._frame_of.pop(seq, None)
 
@@ -492,39 +489,25 @@ class PageLog:
 
         The page's frame is read and checked as by ``rows(checked=True)``,
         raising :class:`FrameReused` likewise. A page's rows never change, so
-        the rows of every node whose current record the page holds are kept
-        (for iids below ``keep_rows``) and answer later calls until the node's
-        record moves to a newer page: a node the writer rewrote is read again.
+        the frames read are kept (up to ``keep_rows`` rows) while their pages
+        are stored: the next row of the same page is read from memory, and a
+        node the writer rewrote since is read from its new page.
         """
         self._load()
         if iid >= len(self.page) or not self.has_row[iid]:
             return None
         seq = int(self.page[iid])
-        if seq < 0 or seq in self._unreadable:
-            return None
-        if iid < len(self._kept_page) and self._kept_page[iid] == seq:
-            return self._kept[iid].copy()
-        with RowReaders() as files:
-            block = self._frame(seq, dim, True, files)
-        if iid < self.keep_rows:
-            ids = self._ids_of[seq]
-            current = ids[(self.page[ids] == seq) & (ids < self.keep_rows)]  # (a node's record is once in a page)
-            self._keep(int(current.max()) + 1, dim)
-            self._kept[current] = block[self.slot[current]]
-            self._kept_page[current] = seq
+        block = self._kept.get(seq)
+        if block is None:
+            if seq < 0 or seq in self._unreadable:
+                return None
+            with RowReaders() as files:
+                block = self._frame(seq, dim, True, files)
+            if self.keep_rows:
+                if (len(self._kept) + 1) * PAGE_ROWS > self.keep_rows:
+                    self._kept.clear()
+                self._kept[seq] = block
         return block[self.slot[iid]].copy()
-
-    def _keep(self, size: int, dim: int) -> None:
-        """Room in the kept rows for iids below ``size`` (at most ``keep_rows``)."""
-        have = len(self._kept_page)
-        if size <= have and self._kept.shape[1] == dim:
-            return
-        size = min(self.keep_rows, max(size, 2 * have))
-        kept = np.zeros((size, dim), dtype=np.float32)
-        kept_page = np.full(size, -1, dtype=np.int64)
-        if self._kept.shape[1] == dim:
-            kept[:have], kept_page[:have] = self._kept, self._kept_page
-        self._kept, self._kept_page = kept, kept_page
 
     def _check_width(self, seq: int, width: int, dim: int) -> None:
         if width != dim:
