@@ -177,8 +177,8 @@ def test_lookup_and_samples_of_every_node(model_dirs: dict[str, Path], tmp_path:
                 stored, _ = _stored(store)
                 for v in changed:
                     np.testing.assert_array_equal(view.embedding(v)["embedding"], stored[v])
-            # the rows a lookup kept (a read page's rows of every node it holds) are never answered once the
-            # writer rewrote their nodes, nor once it deleted one
+            # the frames lookups kept (every row of a page they read) answer no node the writer rewrote or
+            # deleted since
             for v, row in stored.items():
                 np.testing.assert_array_equal(view.embedding(v)["embedding"], row)
             store.apply([NodeDelete(changed[0], 20_000.0)])

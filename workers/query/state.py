@@ -65,7 +65,7 @@ logger = logging.getLogger(__name__)
 MAX_EVENTS = 1_000  # events of one what-if request
 MAX_IDS = 1_000  # nodes asked for in one what-if request
 _REREADS = 3  # catch-ups tried when the writer reused a frame this reader was about to read
-KEPT_ROWS = 4_000_000  # final rows a lookup keeps in memory (PageLog.row), as many as the worker's row cache
+KEPT_ROWS = 4_000_000  # rows of the frames lookups keep in memory (PageLog.row), as many as the worker's row cache
 
 
 class QueryError(ValueError):
