@@ -26,7 +26,6 @@ logger = logging.getLogger(__name__)
 # compaction keeps the superseded slots of a log within 1 / SUPERSEDED_SHARE of its live records (plus gc_slack):
 # the row files then stop growing soon after a backfill, and later rows reuse the frames compaction frees
 SUPERSEDED_SHARE = 4
-_FIRST = np.zeros(1, dtype=np.int64)  # the positions of a single node's row
 
 
 class FrameReused(RuntimeError):
@@ -95,15 +94,17 @@ class PageLog:
         family: the column family of the page records.
         prefix: the key prefix of this log's pages in ``family``.
         rows_name: the row files' name, ``<rows_name>-<width>.f32``.
+        keep_rows: a reader's bound on the rows of the frames :meth:`row` keeps in memory (0: none).
     """
 
     def __init__(self, store: GraphStore, gc_slack: int = 1 << 16, *, family: str = "embpages", prefix: bytes = b"",
-                 rows_name: str = "final-rows"):
+                 rows_name: str = "final-rows", keep_rows: int = 0):
         self.store = store
         self.gc_slack = gc_slack
         self.family = family
         self.prefix = prefix
         self.rows_name = rows_name
+        self.keep_rows = keep_rows
         # final rows held in memory, ``(rows, held mask) = row_cache(iids)``: records moved out of sparse
         # pages take their rows from here instead of reading the pages
         self.row_cache: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]] | None = None
@@ -134,6 +135,7 @@ class PageLog:
         self._recent: set[int] = set()  # pages written since the last compact, and their records
         self._recent_rows = 0
         self._loaded = False
+        self._kept: dict[int, np.ndarray] = {}  # page -> its rows, as row() read and checked them
 
     def code(self, mode: str) -> int:
         """The small integer standing for ``mode`` in :attr:`mode`."""
@@ -198,13 +200,15 @@ class PageLog:
             self._load()
             return
         at = len(self.prefix)
+        before = []
         for key, raw in self.store.column(self.family).items(from_key=self._key(self._next_page)):
             if not key.startswith(self.prefix):
                 break
             seq = keys.decode_iid(key[at:])
-            old = self._take(seq, raw)
+            before.append(self._take(seq, raw))
             self._live[seq] = self._size[seq]
-            for page in self._superseded(old):  # the writer deleted it: forget it here too
+        if before:
+            for page in self._superseded(np.concatenate(before)):  # the writer deleted it: forget it here too
                 self._forget_page(page)
 
     def damaged(self) -> np.ndarray:
@@ -265,6 +269,7 @@ class PageLog:
         """Drop a page from the index; the ``(row width, frame)`` it held rows in, if any."""
         self._slots -= self._size.pop(seq)
         self._sum_of.pop(seq, None)
+        self._kept.pop(seq, None)
         self._unreadable.discard(seq)
         return self._frame_of.pop(seq, None)
 
@@ -452,10 +457,6 @@ class PageLog:
         self._grow(int(iids.max()) + 1)
         pages = np.where(self.has_row[iids], self.page[iids], -1)
         with RowReaders() as files:
-            if len(iids) == 1:  # a lookup: one page at most, nothing to sort
-                if pages[0] >= 0:
-                    self._read_page(int(pages[0]), _FIRST, iids, dim, checked, files, out, present)
-                return out, present
             order = np.argsort(pages, kind="stable")
             sorted_pages = pages[order]
             seqs = unique_ids(sorted_pages[sorted_pages >= 0])
@@ -468,15 +469,45 @@ class PageLog:
     def _read_page(self, seq: int, at: np.ndarray, iids: np.ndarray, dim: int, checked: bool, files: RowReaders,
                    out: np.ndarray, present: np.ndarray) -> None:
         """Fill ``out[at]`` with the rows of ``iids[at]``, all held in page ``seq`` (see :meth:`rows`)."""
-        framed = self._frame_of[seq]
         if seq in self._unreadable:  # damaged, to be rewritten: none held
             return
-        self._check_width(seq, framed[0], dim)
-        block = self._file(framed[0]).read(framed[1], self._size[seq], files)
-        if checked and int(row_sums(block)[0]) != self._sum_of[seq]:
-            raise FrameReused(f"frame {framed[1]} of page {seq} was written again since this reader's view")
+        block = self._frame(seq, dim, checked, files)
         out[at] = block[self.slot[iids[at]]]
         present[at] = True
+
+    def _frame(self, seq: int, dim: int, checked: bool, files: RowReaders) -> np.ndarray:
+        """The rows of page ``seq``, read from its frame (``checked``: see :meth:`rows`)."""
+        width, frame = self._frame_of[seq]
+        self._check_width(seq, width, dim)
+        block = self._file(width).read(frame, self._size[seq], files)
+        if checked and int(row_sums(block)[0]) != self._sum_of[seq]:
+            raise FrameReused(f"frame {frame} of page {seq} was written again since this reader's view")
+        return block
+
+    def row(self, iid: int, dim: int) -> np.ndarray | None:
+        """A reader's row (``dim`` wide) of one node as of its last :meth:`follow`, a copy; None when it has none.
+
+        The page's frame is read and checked as by ``rows(checked=True)``,
+        raising :class:`FrameReused` likewise. A page's rows never change, so
+        the frames read are kept (up to ``keep_rows`` rows) while their pages
+        are stored: the next row of the same page is read from memory, and a
+        node the writer rewrote since is read from its new page.
+        """
+        self._load()
+        if iid >= len(self.page) or not self.has_row[iid]:
+            return None
+        seq = int(self.page[iid])
+        block = self._kept.get(seq)
+        if block is None:
+            if seq < 0 or seq in self._unreadable:
+                return None
+            with RowReaders() as files:
+                block = self._frame(seq, dim, True, files)
+            if self.keep_rows:
+                if (len(self._kept) + 1) * PAGE_ROWS > self.keep_rows:
+                    self._kept.clear()
+                self._kept[seq] = block
+        return block[self.slot[iid]].copy()
 
     def _check_width(self, seq: int, width: int, dim: int) -> None:
         if width != dim:

@@ -5,7 +5,7 @@ use stops the worker at once, with one line), then starts
 ``python -m gnnstream.workers.query.server`` with the listening socket. That process opens
 the worker's state as a RocksDB follower (:class:`gnnstream.workers.query.state.QueryState`)
 and serves it over HTTP/1.1 (:mod:`gnnstream.workers.query.http`: the
-httptools parser on one asyncio loop, each request answered as soon as it
+httptools parser on one epoll loop, each request answered as soon as it
 has arrived). After every batch it commits, the worker writes a byte to
 a pipe; the server then catches up with the state between two requests,
 so every answer reflects the last batch the worker committed. When the
@@ -39,7 +39,6 @@ and is closed at once, while the open ones are served on.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import os
 import shutil
@@ -192,42 +191,33 @@ def serve(state_dir: str, model_dir: str | None, sock: socket.socket, *, notify_
         logger.info("query API on http://%s:%d answers from state %s (model %s)", host, port, state_dir,
                     state.model_tag)
 
-        async def run() -> None:
-            loop = asyncio.get_running_loop()
-            stop = asyncio.Event()
-            tasks: list[asyncio.Task] = []
-            for signum in (signal.SIGINT, signal.SIGTERM):
-                if signal.getsignal(signum) is not signal.SIG_IGN:
-                    loop.add_signal_handler(signum, stop.set)
-            if notify_fd is not None:
-                os.set_blocking(notify_fd, False)
+        server = HttpServer(app, limits)
+        handlers = {}
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            if signal.getsignal(signum) is not signal.SIG_IGN:
+                handlers[signum] = signal.signal(signum, lambda *_: server.stop())
+        if notify_fd is not None:
+            os.set_blocking(notify_fd, False)
 
-                def committed() -> None:
-                    try:
-                        data = os.read(notify_fd, 4096)
-                    except BlockingIOError:
-                        return
-                    if not data:
-                        loop.remove_reader(notify_fd)
-                        stop.set()
-                        return
-                    app.refresh()
+            def committed() -> None:
+                try:
+                    data = os.read(notify_fd, 4096)
+                except BlockingIOError:
+                    return
+                if not data:
+                    server.remove_reader(notify_fd)
+                    server.stop()
+                    return
+                app.refresh()
 
-                loop.add_reader(notify_fd, committed)
-            else:
-                async def periodic() -> None:
-                    while True:
-                        await asyncio.sleep(refresh_s)
-                        app.refresh()
-                tasks.append(loop.create_task(periodic()))
-            server = HttpServer(app, limits)
-            await server.start(sock)
-            await stop.wait()
-            await server.close()
-            for task in tasks:
-                task.cancel()
-
-        asyncio.run(run())
+            server.add_reader(notify_fd, committed)
+        else:
+            server.every(refresh_s, app.refresh)
+        try:
+            server.serve(sock)
+        finally:
+            for signum, previous in handlers.items():
+                signal.signal(signum, previous)
         state.close()
     finally:
         shutil.rmtree(own, ignore_errors=True)

@@ -66,6 +66,7 @@ logger = logging.getLogger(__name__)
 MAX_EVENTS = 1_000  # events of one what-if request
 MAX_IDS = 1_000  # nodes asked for in one what-if request
 _REREADS = 3  # catch-ups tried when the writer reused a frame this reader was about to read
+KEPT_ROWS = 4_000_000  # rows of the frames lookups keep in memory (PageLog.row), as many as the worker's row cache
 
 
 class QueryError(ValueError):
@@ -166,9 +167,10 @@ class QueryState:
         # h^l of every layer: the page logs of the layers in between, then the final one
         self.logs = {l: PageLog(self.store, family="layerpages", prefix=bytes((l,)), rows_name=f"layer{l}-rows")
                      for l in range(1, len(self.fanouts))}
-        self.logs[len(self.fanouts)] = PageLog(self.store)
+        self.logs[len(self.fanouts)] = PageLog(self.store, keep_rows=KEPT_ROWS)
         for log in self.logs.values():  # read whole now: later catch-ups index only the pages they bring
             log.follow()
+        self.store.warm_ids()  # a lookup of any node then reads no id (catch-ups keep them)
         self._behind: set[int] = set()  # layers whose page log has not yet followed the last catch-up
         self.transactions: TransactionHead | None = None  # a typed model's transaction head (POST /v1/score)
         if self.typed is not None:
@@ -230,14 +232,13 @@ class QueryState:
             raise QueryError(421, f"node {name!r} is in output partition {elsewhere}, which another worker of "
                                   f"the group publishes: ask that worker (or POST /v1/infer here)",
                              partition=elsewhere)
-        final, at = len(self.fanouts), np.asarray([iid])
-        rows, present = self._read(lambda: self.log(final).rows(at, self.dims[-1], checked=True))
-        if not present[0]:
+        final = len(self.fanouts)
+        row = self._read(lambda: self.log(final).row(iid, self.dims[-1]))
+        if row is None:
             raise QueryError(404, f"node {name!r} has no embedding yet")
         pages = self.log(final)
-        version, _, code = pages.get(at)
-        return {"id": name, "model": self.model_tag, "version": int(version[0]), "mode": pages.names[int(code[0])],
-                "embedding": rows[0]}
+        return {"id": name, "model": self.model_tag, "version": int(pages.version[iid]),
+                "mode": pages.names[pages.mode[iid]], "embedding": row}
 
     def samples(self, name: str) -> dict[str, Any]:
         """``{"id", "degree", "layers": [{"layer", "fanout", "sample"}]}``: the node's current samples.
