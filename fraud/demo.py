@@ -66,8 +66,9 @@ from gnnstream.fraud.datasets import BITCOIN_OTC
 from gnnstream.stream.snap import read_snap, snap_events
 from gnnstream.workers.heap import tune_collector
 from gnnstream.workers.offline.jobs import verify
-from gnnstream.workers.offline.replay import produce_file
+from gnnstream.fraud.live import percentile, post_json, replay_process, trend_per_min
 from gnnstream.workers.offline.train import TRAIN_FILE
+from gnnstream.fraud.payments_demo import run_payments
 from gnnstream.fraud.scorer import SCORES_TOPIC, FraudScorer
 from gnnstream.workers.settings import WorkerSettings, finite_number
 from gnnstream.workers.state import open_store
@@ -101,17 +102,6 @@ def _trained(data: Path, model_dir: Path, *, epochs: int, retrain: bool, cold_st
     print(f"training GraphSAGE ({cold_start['policy']} cold start) + fraud head on the first 70% of the "
           f"stream{graph} …", file=sys.stderr)
     return train_fraud_model(data, model_dir, epochs=epochs, cold_start=cold_start, edge_ttl=edge_ttl)
-
-
-def _percentile(values: list[float], q: float) -> float | None:
-    return round(float(np.percentile(values, q)), 3) if values else None
-
-
-def _trend_per_min(timeline: list[tuple[float, float]]) -> float | None:
-    if len(timeline) < 3:
-        return None
-    t = np.array([x for x, _ in timeline])
-    return round(60.0 * float(np.polyfit(t - t[0], [y for _, y in timeline], 1)[0]), 4)
 
 
 def _held_out(rows: list, train_fraction: float) -> dict[str, int]:
@@ -177,13 +167,6 @@ def _held_back(data: Path, limit: int, out: Path) -> tuple[Path, int, list[Any]]
     return out, len(rest), payment
 
 
-def _post(port: int, path: str, body: dict[str, Any]) -> dict[str, Any]:
-    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=json.dumps(body).encode(),
-                                     headers={"content-type": "application/json"})
-    with urllib.request.urlopen(request, timeout=10) as resp:
-        return json.loads(resp.read())
-
-
 def _what_if(port: int, applied: int, payment: list[Any]) -> dict[str, Any]:
     """The held-back rating scored by the query API once its view holds the ``applied`` events replayed."""
     deadline = time.monotonic() + 30.0
@@ -200,27 +183,15 @@ def _what_if(port: int, applied: int, payment: list[Any]) -> dict[str, Any]:
     events = [json.loads(encode_event(ev)) for ev in payment]
     out: dict[str, Any] = {"rating": f"{edge.src} rates {edge.dst} {edge.weight:+g}", "events": len(events)}
     try:
-        now = _post(port, "/v1/infer", {"events": [], "ids": [edge.dst]})
+        now = post_json(port, "/v1/infer", {"events": [], "ids": [edge.dst]})
         out["score_now"] = round(now["scores"][edge.dst], 4)
     except urllib.error.HTTPError as exc:  # a user rated for the first time has no score yet
         out["score_now"] = None if exc.code == 404 else f"HTTP {exc.code}"
     t = time.perf_counter()
-    after = _post(port, "/v1/infer", {"events": events, "ids": [edge.dst]})
+    after = post_json(port, "/v1/infer", {"events": events, "ids": [edge.dst]})
     out["latency_ms"] = round((time.perf_counter() - t) * 1000, 1)
     out["score_if_it_lands"] = round(after["scores"][edge.dst], 4)
     return out
-
-
-def _replay(ready: Any, go: Any, results: Any, bootstrap: str, data: str, **options: Any) -> None:
-    """The replay process: sets ``ready`` once imported, waits for ``go``, sends the file, puts its counts (or an
-    error line) on ``results``."""
-    os.environ["GNNSTREAM_NO_PROGRESS"] = "1"  # the parent prints the progress
-    ready.set()
-    go.wait()
-    try:
-        results.put(produce_file(bootstrap, data, fmt="jsonl", **options))
-    except Exception as exc:
-        results.put(f"{type(exc).__name__}: {exc}")
 
 
 def _score(stop: Any, counts: Any, bootstrap: str, model_dir: str, kafka_client: str) -> None:
@@ -271,7 +242,7 @@ def run_demo(data: Path, out: Path, *, rate: float, limit: int = 0, epochs: int 
                              args=(stop_scorer, scored, broker.bootstrap, str(model_dir), kafka_client))
         threads = [threading.Thread(target=lambda: summary.update(worker.run(max_idle_s=5.0)), name="worker")]
         ready, go, results = ctx.Event(), ctx.Event(), ctx.Queue()
-        replay = ctx.Process(target=_replay, name="replay", daemon=True,
+        replay = ctx.Process(target=replay_process, name="replay", daemon=True,
                              args=(ready, go, results, broker.bootstrap, str(replay_file)),
                              kwargs=dict(rate=rate, partitions=settings.partitions,
                                          topic=settings.events_topic, kafka_client=kafka_client))
@@ -372,10 +343,10 @@ def run_demo(data: Path, out: Path, *, rate: float, limit: int = 0, epochs: int 
         "embeddings_published": summary.get("published"),
         "scores_published": scored[0],
         "dead_letters": len(dead),
-        "freshness_p50_s": _percentile(latencies, 50),
-        "freshness_p99_s": _percentile(latencies, 99),
+        "freshness_p50_s": percentile(latencies, 50),
+        "freshness_p99_s": percentile(latencies, 99),
         # least-squares slope of freshness over the run: near 0 when the pipeline keeps pace
-        "freshness_trend_s_per_min": _trend_per_min(timeline),
+        "freshness_trend_s_per_min": trend_per_min(timeline),
         "nodes": check["nodes"],
         "embeddings_exact": check["ok"],
         "max_abs_error_vs_from_scratch": check["max_abs_error"],
@@ -414,7 +385,7 @@ def _side_by_side(result: dict[str, Any]) -> str:
                  "at the end of the stream, as the run's window shows it")
     pay = result.get("payments")
     if pay:
-        latency = pay["score_before_landing"] or {}
+        latency = pay["score_what_if_latency"] or {}
         lines.append(f"\n  typed payments (accounts, merchants, devices), the last 30 % streamed: held-out "
                      f"transaction AUC {pay['held_out_auc']}, precision at a {pay['alert_rate']:.0%} alert rate "
                      f"{pay['held_out_precision']} ({pay['held_out_fraud']} planted of {pay['held_out_scored']} "
@@ -470,7 +441,6 @@ def main(argv: list[str] | None = None) -> int:
         ok = ok and windowed["embeddings_exact"] and \
             windowed["events_applied"] == windowed["events_produced"] - windowed["dead_letters"]
     if args.payments:
-        from gnnstream.fraud.payments_demo import run_payments
         result["payments"] = payments = run_payments(args.out / "payments", rate=args.payments_rate,
                                                      kafka_client=args.kafka_client, retrain=args.retrain)
         ok = ok and payments["embeddings_exact"] and payments["events_applied"] == payments["streamed_events"]

@@ -6,9 +6,10 @@ served through Kafka by a typed model that scores every payment as it lands.
 2. load the training window's events into a state (``gnnstream graph load``): the history;
 3. start the embedded broker and the worker (its query API on), and replay the rest of the stream into
    ``graph-events`` at a steady rate; the worker publishes every payment's score to ``transaction-scores``;
-4. once everything is applied, score held-out payments again through ``POST /v1/score`` (the latency of a
-   transaction scored before it lands), then check every stored embedding against a from-scratch computation
-   and take the held-out ROC AUC and the precision at a 1 % alert rate of the scores the worker published.
+4. once everything is applied, score the last held-out payments again through ``POST /v1/score`` (a
+   what-if of each: the latency of scoring a transaction before it lands), then check every stored embedding
+   against a from-scratch computation and take the held-out ROC AUC and the precision at a 1 % alert rate of
+   the scores the worker published.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from gnnstream.fraud.live import percentile, post_json, replay_process, trend_per_min
 from gnnstream.fraud.payments import generate, write_stream
 from gnnstream.stream.backends import read_to_end
 from gnnstream.stream.broker import EmbeddedBroker, free_port
@@ -58,18 +60,16 @@ def _trained(out: Path, retrain: bool) -> tuple[dict[str, str], dict[str, Any]]:
 
 def _score_latency(port: int, payments: list[dict[str, Any]]) -> dict[str, Any]:
     """``POST /v1/score`` of each of ``payments`` (one request at a time): latency p50 / p99 and the count."""
-    from gnnstream.fraud.demo import _percentile, _post
     took = []
     for ev in payments:
         t = time.perf_counter()
-        _post(port, "/v1/score", {"event": ev})
+        post_json(port, "/v1/score", {"event": ev})
         took.append((time.perf_counter() - t) * 1000)
-    return {"requests": len(took), "p50_ms": _percentile(took, 50), "p99_ms": _percentile(took, 99)}
+    return {"requests": len(took), "p50_ms": percentile(took, 50), "p99_ms": percentile(took, 99)}
 
 
 def run_payments(out: Path, *, rate: float, kafka_client: str, retrain: bool = False) -> dict[str, Any]:
     """The typed example (the module's text); its summary."""
-    from gnnstream.fraud.demo import _percentile, _replay, _trend_per_min
     paths, trained = _trained(out, retrain)
     model_dir = out / "model"
     lines = Path(paths["events.jsonl"]).read_bytes().splitlines(keepends=True)
@@ -91,7 +91,7 @@ def run_payments(out: Path, *, rate: float, kafka_client: str, retrain: bool = F
         thread = threading.Thread(target=lambda: summary.update(worker.run(max_idle_s=5.0)), name="worker")
         ctx = multiprocessing.get_context("spawn")
         ready, go, results = ctx.Event(), ctx.Event(), ctx.Queue()
-        replay = ctx.Process(target=_replay, name="replay", daemon=True,
+        replay = ctx.Process(target=replay_process, name="replay", daemon=True,
                              args=(ready, go, results, broker.bootstrap, str(run_dir / "live.jsonl")),
                              kwargs=dict(rate=rate, partitions=settings.partitions, topic=settings.events_topic,
                                          kafka_client=kafka_client))
@@ -146,14 +146,14 @@ def run_payments(out: Path, *, rate: float, kafka_client: str, retrain: bool = F
         "events_applied": summary.get("applied"),
         "events_per_s": round((summary.get("applied") or 0) / max((t_applied or time.perf_counter()) - t_replay,
                                                                    1e-9), 1),
-        "freshness_p50_s": _percentile(timeline, 50), "freshness_p99_s": _percentile(timeline, 99),
-        "freshness_trend_s_per_min": _trend_per_min(list(worker.latency_timeline)),
+        "freshness_p50_s": percentile(timeline, 50), "freshness_p99_s": percentile(timeline, 99),
+        "freshness_trend_s_per_min": trend_per_min(list(worker.latency_timeline)),
         "held_out_transactions": len(held), "held_out_scored": int(scored.sum()),
         "held_out_fraud": int(y.sum()),
         "held_out_auc": round(roc_auc(y[scored], p[scored]), 4) if both else None,
         "alert_rate": ALERT_RATE,
         "held_out_precision": round(precision_at_rate(y[scored], p[scored], ALERT_RATE), 4) if scored.any() else None,
-        "score_before_landing": latency,
+        "score_what_if_latency": latency,
         "nodes": check["nodes"], "embeddings_exact": check["ok"],
         "max_abs_error_vs_from_scratch": check["max_abs_error"],
         "offline_held_out_auc": trained.get("held_out_auc"),

@@ -25,10 +25,7 @@ from typing import Any
 
 from gnnstream.model.exceptions import InvalidModelConfig
 
-__all__ = ["GraphSchema", "Relation", "EdgeType", "edge_type_name", "UNTYPED_NODE", "UNTYPED_REL"]
-
-UNTYPED_NODE = "node"  # the type of a node an event names without a type
-UNTYPED_REL = "edge"  # the relation of an edge an event names without one
+__all__ = ["GraphSchema", "Relation", "EdgeType", "edge_type_name"]
 
 EdgeType = tuple[str, str, str]  # (src_type, rel, dst_type), as PyG's HeteroData names an edge type
 
@@ -155,13 +152,6 @@ class GraphSchema:
     @property
     def type_names(self) -> list[str]:
         return [t for t, _ in self.node_types]
-
-    def feature_width(self, node_type: str) -> int:
-        return dict(self.node_types)[node_type]
-
-    def relation(self, src: str, rel: str, dst: str) -> Relation | None:
-        """The declared relation ``src -rel-> dst``, or None."""
-        return next((r for r in self.relations if r.edge_type == (src, rel, dst)), None)
 
     def edge_types(self) -> list[EdgeType]:
         """The edge types messages flow along, in PyG's order after ``ToUndirected()``: the declared relations,

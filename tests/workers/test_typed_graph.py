@@ -59,9 +59,12 @@ def test_a_typed_state_refuses_events_and_models_outside_its_schema(tmp_path):
     assert run_gnnstream("model", "init", untyped, "--in-dim", "5", "--fanouts", "2,2", "--seed", "4").returncode == 0
     with GraphStore(state) as store, pytest.raises(EngineError) as info:
         Engine(store, load_model_dir(untyped))
-    assert str(info.value) == (f"state {str(state)!r} holds a typed graph of another schema, which model model:1 "
-                               f"does not serve; use a model of its schema (node types ['account', 'device', "
-                               f"'merchant']), or a new --state directory")
+    assert str(info.value) == (f"state {str(state)!r} holds a typed graph (node types ['account', 'device', "
+                               f"'merchant']), which untyped model model:1 does not serve; use a typed model of its "
+                               f"schema")
+    done = run_gnnstream("graph", "load", "--state", state, write(tmp_path / "g.jsonl", []))
+    assert done.returncode == 2 and done.stderr.strip().endswith(
+        f"state {str(state)!r} holds a typed graph: load its events with --model, the typed model that reads them")
 
 
 @pytest.mark.parametrize("seed", [7, 8])

@@ -24,9 +24,39 @@ from tests.workers.typed_streams import SCHEMA, typed_messages, typed_model, typ
 pytestmark = [pytest.mark.broker, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
 
+HEAD_WEIGHTS = tuple(np.random.default_rng(13).normal(size=2 * 4 + 2).tolist())  # h_src, h_dst (4 each), x_e (2)
+HEAD_BIAS = -0.5
+
+
 @pytest.fixture(scope="module")
 def model(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return str(typed_model(tmp_path_factory.mktemp("typed") / "model", 6, [3, 2]))
+    """A typed model with a transaction head: the worker publishes a score per payment."""
+    from gnnstream.model.head import TransactionHead
+    path = typed_model(tmp_path_factory.mktemp("typed") / "model", 6, [3, 2])
+    TransactionHead("account__pays__merchant", HEAD_WEIGHTS, HEAD_BIAS, "model:1").save(path)
+    return str(path)
+
+
+def _check_transaction_scores(bootstrap: str, topic: str, events: list[dict], final: dict[str, dict]) -> None:
+    """Every payment scored at least once; a score taken at the final embeddings' versions is the head's of
+    those."""
+    scores: dict[str, list[dict]] = {}
+    for r in read_topic(bootstrap, topic, PARTITIONS):
+        scores.setdefault(r.key.decode(), []).append(json.loads(r.value))
+    payments = {ev["txn_id"]: ev for ev in events if ev.get("txn_id")}
+    assert set(scores) == set(payments) and len(payments) > 100
+    checked = 0
+    for txn, records in scores.items():
+        ev = payments[txn]
+        for rec in records:
+            assert rec["src"] == f"account/{ev['src']}" and rec["dst"] == f"merchant/{ev['dst']}"
+            assert rec["relation"] == "account__pays__merchant" and 0 < rec["score"] < 1
+            src, dst = final[rec["src"]], final[rec["dst"]]
+            if (rec["src_version"], rec["dst_version"]) == (src["version"], dst["version"]):
+                z = np.concatenate([src["embedding"], dst["embedding"], ev["features"]]) @ np.asarray(HEAD_WEIGHTS)
+                assert abs(rec["score"] - 1 / (1 + np.exp(-z - HEAD_BIAS))) < 1e-5, txn
+                checked += 1
+    assert checked > 0
 
 
 def _latest(bootstrap: str, topic: str) -> dict[str, object]:
@@ -44,7 +74,8 @@ def test_a_typed_worker_killed_mid_stream_ends_exact(kafka_client: str, broker: 
                                                      tmp_path: Path) -> None:
     n = Names(tmp_path)
     events = typed_stream(11, 1500, node_deletes=False)
-    ensure_topics(broker.bootstrap, {n.events: PARTITIONS, n.output: PARTITIONS, n.dlq: 1})
+    topic = f"{n.output}-txn"
+    ensure_topics(broker.bootstrap, {n.events: PARTITIONS, n.output: PARTITIONS, n.dlq: 1, topic: PARTITIONS})
     messages = typed_messages(events)
     rng = random.Random(3)
     log = tmp_path / "worker.log"
@@ -52,7 +83,8 @@ def test_a_typed_worker_killed_mid_stream_ends_exact(kafka_client: str, broker: 
     for _ in range(2):  # two runs, each SIGKILLed once it applied part of its input
         placed += produce(broker.bootstrap, n.events, messages[len(placed):len(placed) + 500])
         with running_worker(lambda port: worker_cmd(broker.bootstrap, n, model, port, "--batch-size", "40",
-                                                    "--max-batch-size", "40", client=kafka_client),
+                                                    "--max-batch-size", "40", "--transaction-topic", topic,
+                                                    client=kafka_client),
                             log) as (proc, port):
             target = rng.randint(60, 300)
             wait_for(lambda: (h := health(port)) and h["applied"] >= target, JOIN_TIMEOUT_S,
@@ -63,7 +95,8 @@ def test_a_typed_worker_killed_mid_stream_ends_exact(kafka_client: str, broker: 
     hw = high_watermarks(placed, n.events)
     with GraphStore(n.state) as store:
         remaining = len(events) - sum(store.offsets().values())
-    with running_worker(lambda port: worker_cmd(broker.bootstrap, n, model, port, client=kafka_client),
+    with running_worker(lambda port: worker_cmd(broker.bootstrap, n, model, port, "--transaction-topic", topic,
+                                                client=kafka_client),
                         log) as (proc, port):
         wait_for(lambda: (h := health(port)) and h["applied"] >= remaining, JOIN_TIMEOUT_S, "every event applied",
                  proc, log)
@@ -82,6 +115,7 @@ def test_a_typed_worker_killed_mid_stream_ends_exact(kafka_client: str, broker: 
     for v, row in stored.items():
         assert published[v].version == row["version"]
         np.testing.assert_allclose(published[v].embedding, row["embedding"], rtol=0, atol=1e-5)
+    _check_transaction_scores(broker.bootstrap, topic, events, stored)
 
 
 PARTS = 6  # of the group's events and output topics
@@ -118,56 +152,3 @@ def test_three_typed_workers_publish_exactly(broker: EmbeddedBroker, model: str,
     assert not set(gone) & set(want) and len(want) > 40
     wait_for_workers(lambda: newest_mismatch(broker.bootstrap, n.output, PARTS, want, set(gone)) is None,
                      "the newest output of every node to be exact", running, 240.0)
-
-
-@pytest.mark.parametrize("kafka_client", KAFKA_CLIENTS)
-def test_every_transaction_is_scored_once_applied(kafka_client: str, broker: EmbeddedBroker, tmp_path: Path) -> None:
-    """A typed model with a transaction head: every payment's score reaches the transaction topic, a SIGKILL
-    on the way included, and a score taken from the final embeddings (their versions say so) is the head's
-    of those."""
-    from gnnstream.model.head import TransactionHead
-    from gnnstream.workers.settings import WorkerSettings
-    model = typed_model(tmp_path / "model", 13, [3, 2])
-    weights = tuple(np.random.default_rng(13).normal(size=2 * 4 + 2).tolist())
-    TransactionHead("account__pays__merchant", weights, -0.5, "model:1").save(model)
-    n = Names(tmp_path)
-    topic = f"{n.output}-txn"
-    ensure_topics(broker.bootstrap, {n.events: PARTITIONS, n.output: PARTITIONS, n.dlq: 1, topic: PARTITIONS})
-    events = typed_stream(14, 800, node_deletes=False)
-    messages = typed_messages(events)
-    log = tmp_path / "worker.log"
-    placed = produce(broker.bootstrap, n.events, messages[:400])
-    cmd = lambda port: worker_cmd(broker.bootstrap, n, model, port, "--batch-size", "40", "--max-batch-size", "40",
-                                  "--transaction-topic", topic, client=kafka_client)  # noqa: E731
-    with running_worker(cmd, log) as (proc, port):
-        wait_for(lambda: (h := health(port)) and h["applied"] >= 150, JOIN_TIMEOUT_S, "150 applied events", proc,
-                 log)
-        proc.kill()
-        proc.wait()
-    placed += produce(broker.bootstrap, n.events, messages[400:])
-    with GraphStore(n.state) as store:
-        remaining = len(events) - sum(store.offsets().values())
-    with running_worker(cmd, log) as (proc, port):
-        wait_for(lambda: (h := health(port)) and h["applied"] >= remaining, JOIN_TIMEOUT_S, "every event applied",
-                 proc, log)
-        stop_worker(proc, log)
-    out = run_gnnstream("embeddings", "--state", n.state, "--out", "-")
-    final = {row["id"]: row for row in map(json.loads, out.stdout.splitlines())}
-    scores: dict[str, list[dict]] = {}
-    for r in read_topic(broker.bootstrap, topic, PARTITIONS):
-        scores.setdefault(r.key.decode(), []).append(json.loads(r.value))
-    payments = {ev["txn_id"]: ev for ev in events if ev.get("txn_id")}
-    assert set(scores) == set(payments) and len(payments) > 100
-    checked = 0
-    for txn, records in scores.items():
-        ev = payments[txn]
-        for rec in records:
-            assert rec["src"] == f"account/{ev['src']}" and rec["dst"] == f"merchant/{ev['dst']}"
-            assert rec["relation"] == "account__pays__merchant" and 0 < rec["score"] < 1
-            src, dst = final[rec["src"]], final[rec["dst"]]
-            if (rec["src_version"], rec["dst_version"]) == (src["version"], dst["version"]):
-                z = np.concatenate([src["embedding"], dst["embedding"], ev["features"]]) @ np.asarray(weights) - 0.5
-                assert abs(rec["score"] - 1 / (1 + np.exp(-z))) < 1e-5, txn
-                checked += 1
-    assert checked > 0
-    assert WorkerSettings.transaction_topic == "transaction-scores"

@@ -91,10 +91,10 @@ class Engine:
                 f"was created with seed {store.seed}; create the store with --seed {cfg.seed}"
             )
         in_dim = self.typed.width if self.typed is not None else cfg.in_dim
-        bind_schema(store, cfg.schema, self.model_tag)
         if self.typed is not None and not self.plain:
             raise EngineError(f"model {self.model_tag} is typed with the {self.policy.name!r} cold-start policy; "
                               f"typed graphs are served with the plain policy")
+        bind_schema(store, cfg.schema, self.model_tag)
         if store.feature_dim is not None and store.feature_dim != in_dim:
             raise EngineError(
                 f"model {self.model_tag} expects {in_dim} input features but store "

@@ -50,15 +50,29 @@ def bind_schema(store: GraphStore, schema: dict[str, Any] | None, model_tag: str
         EngineError: in one line, naming what the state holds.
     """
     held = store.meta(GRAPH_SCHEMA_META)
-    if held == schema:
+    if _graph_of(held) == _graph_of(schema):
         return
     if held is None and schema is not None and store.num_nodes() == 0:
         store.apply([], meta={GRAPH_SCHEMA_META: schema})
         return
-    what = "an untyped graph" if held is None else "a typed graph of another schema"
-    want = "an untyped model" if held is None else f"a model of its schema (node types {sorted(held['node_types'])})"
-    raise EngineError(f"state {store.path!r} holds {what}, which model {model_tag} does not serve; use {want}, "
-                      f"or a new --state directory")
+    if held is None:
+        raise EngineError(f"state {store.path!r} holds an untyped graph, which typed model {model_tag} does not "
+                          f"serve; use an untyped model, or a new --state directory")
+    if schema is None:
+        raise EngineError(f"state {store.path!r} holds a typed graph (node types {sorted(held['node_types'])}), "
+                          f"which untyped model {model_tag} does not serve; use a typed model of its schema")
+    raise EngineError(f"state {store.path!r} holds a typed graph of another schema (node types "
+                      f"{sorted(held['node_types'])}) than model {model_tag}; use a model of its schema, or a new "
+                      f"--state directory")
+
+
+def _graph_of(schema: dict[str, Any] | None) -> Any:
+    """What of a schema the stored graph depends on: node types and relations (not edge features or the
+    scored relation, which only a transaction head reads)."""
+    if schema is None:
+        return None
+    return (sorted(schema["node_types"].items()),
+            sorted((r["src_type"], r["rel"], r["dst_type"]) for r in schema["relations"]))
 
 
 class TypedLayout:
@@ -104,7 +118,7 @@ class TypedLayout:
         """
         check_schema(ev, self._node_types, self._relations)
         if self.scored is not None and isinstance(ev, EdgeUpsert) and \
-                f"{ev.src_type}__{ev.rel}__{ev.dst_type}" == self.scored:
+                edge_type_name((ev.src_type, ev.rel, ev.dst_type)) == self.scored:
             self._scored.append(ev)
         return self.translate(ev)
 

@@ -36,7 +36,7 @@ from gnnstream.model import load_model_dir
 from gnnstream.stream.events import Event, InvalidEvent, NodeUpsert, check_features, decode_event_json
 from gnnstream.workers.atomic import atomic_output
 from gnnstream.workers.engine import check_device
-from gnnstream.workers.engine.typed import TypedLayout, bind_schema
+from gnnstream.workers.engine.typed import GRAPH_SCHEMA_META, TypedLayout, bind_schema
 from gnnstream.workers.heap import freeze_warm_heap
 from gnnstream.workers.state import (BINDING_META, ReadOnlyStore, bind_model_dir, held_identity, holds_state,
                                      open_engine, open_store, other_model_error)
@@ -286,9 +286,12 @@ def load_events(state: str, path: str, *, seed: int | None = None, model_dir: st
             bind_schema(store, config.schema, config.model_id)
             store.set_feature_dim(typed.width if typed is not None else config.in_dim)
             bind_model_dir(store, model_dir)  # the default of --model for the commands that follow
+        elif store.meta(GRAPH_SCHEMA_META) is not None:
+            raise ValueError(f"state {state!r} holds a typed graph: load its events with --model, the typed model "
+                             f"that reads them")
         invalid = _InvalidLines(path, report, dead_letters, keep_through=0)
-        if config is not None and config.schema is not None:
-            read = TypedLayout(config.graph_schema, store).read
+        if config is not None and typed is not None:
+            read = typed.read
         else:
             source = "the model expects" if in_dim is not None else "the state's nodes have"
             read = _feature_checked(store.feature_dim, source)

@@ -57,6 +57,7 @@ from gnnstream.graph_state.page_log import FrameReused, PageLog
 from gnnstream.workers.query.overlay import Overlay
 from gnnstream.model.coldstart import STAGE_EXPANDED, STAGE_NONE
 from gnnstream.model.head import HEAD_FILE, ScoreHead, TransactionHead, load_head, load_transaction_head
+from gnnstream.model.schema import edge_type_name
 from gnnstream.workers.engine.typed import TypedLayout
 
 __all__ = ["QueryState", "QueryError", "load_infer_body", "MAX_EVENTS", "MAX_IDS"]
@@ -321,7 +322,7 @@ class QueryState:
             events = self.typed.check(ev)
         except InvalidEvent as exc:
             raise QueryError(400, f"event: {exc}", reason=exc.reason) from None
-        if ev.op != "edge_upsert" or f"{ev.src_type}__{ev.rel}__{ev.dst_type}" != self.transactions.relation:
+        if ev.op != "edge_upsert" or edge_type_name((ev.src_type, ev.rel, ev.dst_type)) != self.transactions.relation:
             raise QueryError(400, f"event: a transaction is an edge_upsert of {self.transactions.relation}")
         return ev, events
 

@@ -73,6 +73,7 @@ def start(live_state: str, state: str, model_dir: str, *, bootstrap: str | None 
         raise RolloutError(f"model {config.model_id} samples with seed {config.seed} but the live graph in "
                            f"{live_state!r} was sampled with seed {facts['seed']}; a version rolled out beside it "
                            f"must use seed {facts['seed']}")
+    config.check_untyped("gnnstream rollout")
     if facts["feature_dim"] is not None and config.in_dim != facts["feature_dim"]:
         raise RolloutError(f"model {config.model_id} takes {config.in_dim} input features but the live graph in "
                            f"{live_state!r} holds {facts['feature_dim']}-dim features")

@@ -11,15 +11,16 @@ A record: key the event's ``txn_id`` (without one, ``SRC>DST@TS`` of the
 two nodes' keys), value JSON ``{"txn_id", "relation", "src", "dst", "ts",
 "score", "model", "src_version", "dst_version"}``: the versions of the two
 embeddings it read (null for a node whose final row this worker of a group
-does not keep: computed for the score, never published). In a group, the
-worker that owns the output partition of the key publishes it.
+does not keep: computed for the score, never published). Every worker of a
+group applies every event and publishes every score: a partition changing
+hands can then lose none.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -27,7 +28,6 @@ from gnnstream.graph_state.store import GraphStore
 from gnnstream.model.head import HEAD_FILE, TransactionHead, load_transaction_head
 from gnnstream.stream.clients import ProducerClient
 from gnnstream.stream.events import EdgeUpsert
-from gnnstream.stream.partitioning import partition_for
 from gnnstream.workers.engine import Engine
 from gnnstream.workers.engine.rows import CachedRows
 
@@ -53,21 +53,18 @@ class TransactionScores:
         producer: where the scores go.
         topic: the transaction topic.
         store: the state (transactions held from before a restart are read from it).
-        owns: whether this worker owns an output partition; ``partitions()`` how many there are.
     """
 
     def __init__(self, engine: Engine, head: TransactionHead, producer: ProducerClient, topic: str,
-                 store: GraphStore, owns: Callable[[int], bool], partitions: Callable[[], int]):
+                 store: GraphStore):
         self.engine, self.head, self.producer, self.topic = engine, head, producer, topic
-        self.owns, self.partitions = owns, partitions
         assert engine.typed is not None
         engine.typed.scored = head.relation  # the layout keeps this relation's upserts as it reads them
         self.pending: list[dict[str, Any]] = list(store.meta(TRANSACTIONS_META) or [])
         self.published = 0
 
     @classmethod
-    def of(cls, engine: Engine, producer: ProducerClient, topic: str, store: GraphStore,
-           owns: Callable[[int], bool], partitions: Callable[[], int]) -> "TransactionScores | None":
+    def of(cls, engine: Engine, producer: ProducerClient, topic: str, store: GraphStore) -> "TransactionScores | None":
         """The transaction scores of ``engine``'s model: None unless it is typed with a transaction head (its
         ``head.json``, trained for this model)."""
         path = engine.model.path
@@ -76,7 +73,7 @@ class TransactionScores:
         head = load_transaction_head(path)
         if head is None or head.model != engine.model_tag:
             return None
-        return cls(engine, head, producer, topic, store, owns, partitions)
+        return cls(engine, head, producer, topic, store)
 
     def take(self) -> dict[str, Any]:
         """The transactions read since the last call, as the meta stored with the batch that applies them."""
@@ -85,23 +82,21 @@ class TransactionScores:
         return {TRANSACTIONS_META: self.pending}
 
     def publish(self) -> int:
-        """Score the pending transactions with the embeddings held now, produce those this worker owns and
-        flush; returns how many went out."""
+        """Score the pending transactions with the embeddings held now, produce them and flush; returns how
+        many went out."""
         if not self.pending:
             return 0
         store, engine = self.engine.store, self.engine
         names = [t[end] for t in self.pending for end in ("src", "dst")]
         iids = np.asarray([store.iid(n) if store.iid(n) is not None else -1 for n in names], dtype=np.int64)
         rows, versions = self._final_rows(iids)
-        count = self.partitions()
         sent = 0
         for i, txn in enumerate(self.pending):
             s, d = 2 * i, 2 * i + 1
             if rows[s] is None or rows[d] is None:  # an end deleted since: nothing to score
                 continue
-            key = txn["txn_id"] or f"{txn['src']}>{txn['dst']}@{txn['ts']:g}"
-            if count and not self.owns(partition_for(key.encode(), count)):
-                continue
+            ts = int(txn["ts"]) if float(txn["ts"]).is_integer() else repr(txn["ts"])
+            key = txn["txn_id"] or f"{txn['src']}>{txn['dst']}@{ts}"
             score = float(self.head.score(rows[s], rows[d], np.asarray(txn["features"], dtype=np.float64)))
             value = {"txn_id": txn["txn_id"], "relation": self.head.relation, "src": txn["src"],
                      "dst": txn["dst"], "ts": txn["ts"], "score": score, "model": engine.model_tag,
@@ -119,7 +114,7 @@ class TransactionScores:
         final = engine.num_layers
         alive = (iids >= 0) & (store.node_arrays(np.maximum(iids, 0))[0] >= 0)
         rows, present = engine.tables.get(final, np.where(alive, iids, 0))
-        present &= alive
+        present &= alive & engine.shards.kept(np.maximum(iids, 0))  # rows of partitions given up are stale
         missing = np.flatnonzero(alive & ~present)
         out: list[Any] = [rows[i] if present[i] else None for i in range(len(iids))]
         if len(missing):  # not kept by this worker of a group: computed from the layer below

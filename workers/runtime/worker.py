@@ -277,8 +277,7 @@ class Worker:
         outbox.stamp(self.serving, self.rollout)
         letters = self._letters = DeadLetters(dlq_producer, s.dlq_topic, s.max_message_bytes, store, self.group.owns,
                                               lambda: self.group.partitions, self.health, self.errors, self._stop)
-        self._transactions = TransactionScores.of(engine, dlq_producer, s.transaction_topic, store, self.group.owns,
-                                                  lambda: self.group.partitions)
+        self._transactions = TransactionScores.of(engine, dlq_producer, s.transaction_topic, store)
         publisher: Publisher | None = None
         try:
             self.health.set_status("waiting_for_kafka", f"waiting for Kafka at {s.bootstrap}")
@@ -295,7 +294,6 @@ class Worker:
                                            topic_max_message_bytes(s.bootstrap, s.dlq_topic) or 2**62)
             publisher = self.publisher = self._new_publisher(outbox, delivery)
             self._publish(publisher)
-            self._publish_transactions()  # those of a batch applied before a crash
             self.health.set_status("joining", f"assigning every partition of topic {s.events_topic}")
             consumers = open_consumers(s, self.worker_id, self.offsets.stored, self.errors, self._stop)
             if consumers is None:
@@ -307,6 +305,7 @@ class Worker:
                 if not self._join(consumer, engine):  # stopped meanwhile
                     self._drain_on_stop(engine)
                     return
+                self._publish_transactions()  # those of a batch applied before a crash
                 self._loop(consumer, dlq_producer, publisher, engine, max_idle_s)
                 clean = True
             finally:
