@@ -51,7 +51,7 @@ __all__ = [
     "Client",
     "answers",
     "GNNSTREAM", "JOIN_TIMEOUT_S", "PARTITIONS", "DEADLINE_S", "free_port", "closed_port", "descendants",
-    "start_on_ports", "Names", "group_worker", "newest_mismatch", "produce", "produce_events", "event_messages",
+    "start_on_ports", "Names", "group_worker", "group_of_three", "newest_mismatch", "latest_updates", "produce", "produce_events", "event_messages",
     "high_watermarks", "read_topic",
     "health", "healthz", "scrape", "wait_for", "wait_for_workers", "worker_cmd", "running_worker", "stop_worker",
     "Proc", "fold", "random_graph", "make_model", "otc_stream", "expected", "small_otc_csv",
@@ -668,6 +668,39 @@ def group_worker(bootstrap: str, n: Names, model: str, tmp_path: Path, name: str
                                  port, "--batch-size", "200")
     proc, ports = Proc.on_ports(cmd, tmp_path / f"{name}.log", 1)
     return proc, ports[0]
+
+
+def group_of_three(bootstrap: str, n: Names, model: str, tmp_path: Path, procs: list, parts: int,
+                   prepare: Callable[[str], None] | None = None) -> tuple[dict[str, Proc], Callable[[int], bool]]:
+    """Workers ``w1``..``w3`` of the group of ``n`` (``prepare(name)`` first), started and sharing the ``parts``
+    output partitions: the processes by name, and ``at(position)``: whether every one has consumed that many
+    events."""
+    workers = {}
+    for name in ("w1", "w2", "w3"):
+        if prepare is not None:
+            prepare(name)
+        workers[name] = group_worker(bootstrap, n, model, tmp_path, name, parts)
+        procs.append(workers[name][0])
+    running = {name: proc for name, (proc, _) in workers.items()}
+
+    def owned() -> list:
+        return sorted(p for _, port in workers.values() for p in (health(port) or {}).get("owned_partitions", []))
+
+    def at(position: int) -> bool:
+        return all((health(port) or {}).get("position", -1) >= position for _, port in workers.values())
+
+    wait_for_workers(lambda: owned() == list(range(parts)), "three workers sharing the partitions", running, 240.0)
+    return running, at
+
+
+def latest_updates(bootstrap: str, topic: str, partitions: int) -> dict[str, Any]:
+    """The newest update of every node on an output topic (highest version), decoded."""
+    latest: dict[str, Any] = {}
+    for r in read_topic(bootstrap, topic, partitions):
+        u = decode_update(r.value)
+        if u.id not in latest or u.version > latest[u.id].version:
+            latest[u.id] = u
+    return latest
 
 
 def newest_mismatch(bootstrap: str, topic: str, parts: int, want: dict, gone: set) -> str | None:

@@ -21,8 +21,8 @@ import pytest
 from gnnstream.stream.backends import KAFKA_CLIENTS
 from gnnstream.stream.broker import EmbeddedBroker
 from gnnstream.stream.kafka import ensure_topics
-from tests.support import (JOIN_TIMEOUT_S, PARTITIONS, Names, event_messages, health, high_watermarks, produce,
-                           read_topic, running_worker, stop_worker, wait_for, worker_cmd)
+from tests.support import (JOIN_TIMEOUT_S, PARTITIONS, Names, event_messages, health, high_watermarks,
+                           latest_updates, produce, running_worker, stop_worker, wait_for, worker_cmd)
 from tests.workers.reference import GraphFold, assert_embeddings_close, fold_embeddings, run_gnnstream
 
 pytestmark = [pytest.mark.broker, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
@@ -39,16 +39,6 @@ def staged_model(tmp_path_factory: pytest.TempPathFactory) -> str:
     init_model_dir(str(d), arch="sage", in_dim=8, hidden=16, out_dim=8, layers=2, fanouts=[10, 5], seed=0,
                    cold_start=STAGED)
     return str(d)
-
-
-def _latest(bootstrap: str, topic: str) -> dict[str, object]:
-    from gnnstream.stream.updates import decode_update
-    latest: dict[str, object] = {}
-    for r in read_topic(bootstrap, topic, PARTITIONS):
-        u = decode_update(r.value)
-        if u.id not in latest or u.version > latest[u.id].version:
-            latest[u.id] = u
-    return latest
 
 
 @pytest.mark.parametrize("kafka_client", KAFKA_CLIENTS)
@@ -101,7 +91,7 @@ def test_a_windowed_staged_worker_killed_mid_stream_ends_exact(kafka_client: str
     stored = {row["id"]: row for row in map(json.loads, out.stdout.splitlines())}
     want = fold_embeddings(fold, staged_model)
     assert_embeddings_close({v: r["embedding"] for v, r in stored.items()}, want, what="stored vs reference")
-    published = _latest(broker.bootstrap, n.output)
+    published = latest_updates(broker.bootstrap, n.output, PARTITIONS)
     assert set(published) == set(stored)
     for v, row in stored.items():
         assert published[v].version == row["version"] and published[v].mode == row["mode"]
@@ -119,26 +109,17 @@ def test_three_windowed_staged_workers_publish_exactly(broker: EmbeddedBroker, e
     """A group of three workers, each on its own windowed state: the newest output of every node is the
     reference's at the final stream time, and deleted nodes end on a tombstone."""
     from gnnstream.stream.events import NodeDelete
-    from tests.support import group_worker, newest_mismatch, produce_events, wait_for_workers
+    from tests.support import group_of_three, newest_mismatch, produce_events, wait_for_workers
     n = Names(tmp_path)
     ensure_topics(broker.bootstrap, {n.events: PARTS, n.output: PARTS, n.dlq: 1})
     (tmp_path / "empty.jsonl").write_text("")
-    workers = {}
-    for name in ("w1", "w2", "w3"):
+
+    def windowed_state(name: str) -> None:
         made = run_gnnstream("graph", "load", "--state", tmp_path / f"state-{name}", "--model", staged_model,
                              "--edge-ttl", TTL, tmp_path / "empty.jsonl")
         assert made.returncode == 0, made.stderr
-        workers[name] = group_worker(broker.bootstrap, n, staged_model, tmp_path, name, PARTS)
-        procs.append(workers[name][0])
-    running = {name: proc for name, (proc, _) in workers.items()}
 
-    def owned() -> list:
-        return sorted(p for _, port in workers.values() for p in (health(port) or {}).get("owned_partitions", []))
-
-    def at(position: int) -> bool:
-        return all((health(port) or {}).get("position", -1) >= position for _, port in workers.values())
-
-    wait_for_workers(lambda: owned() == list(range(PARTS)), "three workers sharing the partitions", running, 240.0)
+    running, at = group_of_three(broker.bootstrap, n, staged_model, tmp_path, procs, PARTS, windowed_state)
     produce_events(broker.bootstrap, n.events, events)
     wait_for_workers(lambda: at(len(events)), "every event applied", running, 240.0)
     fold = GraphFold(TTL)

@@ -15,8 +15,8 @@ from gnnstream.graph_state.store import GraphStore
 from gnnstream.stream.backends import KAFKA_CLIENTS
 from gnnstream.stream.broker import EmbeddedBroker
 from gnnstream.stream.kafka import ensure_topics
-from tests.support import (JOIN_TIMEOUT_S, PARTITIONS, Names, health, high_watermarks, produce, read_topic,
-                           running_worker, stop_worker, wait_for, worker_cmd)
+from tests.support import (JOIN_TIMEOUT_S, PARTITIONS, Names, health, high_watermarks, latest_updates, produce,
+                           read_topic, running_worker, stop_worker, wait_for, worker_cmd)
 from tests.workers.reference import assert_embeddings_close, run_gnnstream
 from tests.workers.typed_reference import typed_embeddings
 from tests.workers.typed_streams import SCHEMA, typed_messages, typed_model, typed_stream
@@ -57,16 +57,6 @@ def _check_transaction_scores(bootstrap: str, topic: str, events: list[dict], fi
                 assert abs(rec["score"] - 1 / (1 + np.exp(-z - HEAD_BIAS))) < 1e-5, txn
                 checked += 1
     assert checked > 0
-
-
-def _latest(bootstrap: str, topic: str) -> dict[str, object]:
-    from gnnstream.stream.updates import decode_update
-    latest: dict[str, object] = {}
-    for r in read_topic(bootstrap, topic, PARTITIONS):
-        u = decode_update(r.value)
-        if u.id not in latest or u.version > latest[u.id].version:
-            latest[u.id] = u
-    return latest
 
 
 @pytest.mark.parametrize("kafka_client", KAFKA_CLIENTS)
@@ -110,7 +100,7 @@ def test_a_typed_worker_killed_mid_stream_ends_exact(kafka_client: str, broker: 
     stored = {row["id"]: row for row in map(json.loads, out.stdout.splitlines())}
     want = typed_embeddings(events, SCHEMA, model)
     assert_embeddings_close({v: r["embedding"] for v, r in stored.items()}, want, what="stored vs typed reference")
-    published = _latest(broker.bootstrap, n.output)
+    published = latest_updates(broker.bootstrap, n.output, PARTITIONS)
     assert set(published) == set(stored) == set(want)
     for v, row in stored.items():
         assert published[v].version == row["version"]
@@ -125,22 +115,10 @@ def test_three_typed_workers_publish_exactly(broker: EmbeddedBroker, model: str,
                                              procs: list) -> None:
     """A group of three workers, each on its own state of the typed graph: the newest output of every node is
     the typed reference's, and nodes deleted at the end are withdrawn."""
-    from tests.support import group_worker, newest_mismatch, wait_for_workers
+    from tests.support import group_of_three, newest_mismatch, wait_for_workers
     n = Names(tmp_path)
     ensure_topics(broker.bootstrap, {n.events: PARTS, n.output: PARTS, n.dlq: 1})
-    workers = {}
-    for name in ("w1", "w2", "w3"):
-        workers[name] = group_worker(broker.bootstrap, n, model, tmp_path, name, PARTS)
-        procs.append(workers[name][0])
-    running = {name: proc for name, (proc, _) in workers.items()}
-
-    def owned() -> list:
-        return sorted(p for _, port in workers.values() for p in (health(port) or {}).get("owned_partitions", []))
-
-    def at(position: int) -> bool:
-        return all((health(port) or {}).get("position", -1) >= position for _, port in workers.values())
-
-    wait_for_workers(lambda: owned() == list(range(PARTS)), "three workers sharing the partitions", running, 240.0)
+    running, at = group_of_three(broker.bootstrap, n, model, tmp_path, procs, PARTS)
     events = typed_stream(12, 1200, node_deletes=False)
     produce(broker.bootstrap, n.events, typed_messages(events))
     wait_for_workers(lambda: at(len(events)), "every event applied", running, 240.0)
