@@ -273,6 +273,8 @@ class EmbeddedBroker:
         url = f"tcp://{_HOST}:{port}"
         cmd = [binary, "broker", "--listener-url", url, "--advertised-listener-url", url,
                "--storage-engine", "memory://tansu/"]
+        # where this launch's lines start, taken first: a broker that fails at once may write before Popen returns
+        log_start = self.log_path.stat().st_size if self.log_path.exists() else 0
         with open(self.log_path, "ab") as log_file:
             self._proc = subprocess.Popen(
                 cmd, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
@@ -281,7 +283,6 @@ class EmbeddedBroker:
         _LIVE.add(self)
         self.port = port
         self._paused = False
-        log_start = self.log_path.stat().st_size if self.log_path.exists() else 0
         deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
