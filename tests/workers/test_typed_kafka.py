@@ -63,7 +63,7 @@ def _check_transaction_scores(bootstrap: str, topic: str, events: list[dict], fi
 def test_a_typed_worker_killed_mid_stream_ends_exact(kafka_client: str, broker: EmbeddedBroker, model: str,
                                                      tmp_path: Path) -> None:
     n = Names(tmp_path)
-    events = typed_stream(11, 1500, node_deletes=False)
+    events = typed_stream(11, 900, node_deletes=False)
     topic = f"{n.output}-txn"
     ensure_topics(broker.bootstrap, {n.events: PARTITIONS, n.output: PARTITIONS, n.dlq: 1, topic: PARTITIONS})
     messages = typed_messages(events)
@@ -71,12 +71,12 @@ def test_a_typed_worker_killed_mid_stream_ends_exact(kafka_client: str, broker: 
     log = tmp_path / "worker.log"
     placed: list[tuple[int, int]] = []
     for _ in range(2):  # two runs, each SIGKILLed once it applied part of its input
-        placed += produce(broker.bootstrap, n.events, messages[len(placed):len(placed) + 500])
+        placed += produce(broker.bootstrap, n.events, messages[len(placed):len(placed) + 300])
         with running_worker(lambda port: worker_cmd(broker.bootstrap, n, model, port, "--batch-size", "40",
                                                     "--max-batch-size", "40", "--transaction-topic", topic,
                                                     client=kafka_client),
                             log) as (proc, port):
-            target = rng.randint(60, 300)
+            target = rng.randint(60, 200)
             wait_for(lambda: (h := health(port)) and h["applied"] >= target, JOIN_TIMEOUT_S,
                      f"{target} applied events", proc, log)
             proc.kill()
