@@ -51,7 +51,7 @@ __all__ = [
     "Client",
     "answers",
     "GNNSTREAM", "JOIN_TIMEOUT_S", "PARTITIONS", "DEADLINE_S", "free_port", "closed_port", "descendants",
-    "start_on_ports", "Names", "group_worker", "group_of_three", "newest_mismatch", "latest_updates", "produce", "produce_events", "event_messages",
+    "start_on_ports", "Names", "group_worker", "group_of_three", "killed_after", "newest_mismatch", "latest_updates", "produce", "produce_events", "event_messages",
     "high_watermarks", "read_topic",
     "health", "healthz", "scrape", "wait_for", "wait_for_workers", "worker_cmd", "running_worker", "stop_worker",
     "Proc", "fold", "random_graph", "make_model", "otc_stream", "expected", "small_otc_csv",
@@ -668,6 +668,15 @@ def group_worker(bootstrap: str, n: Names, model: str, tmp_path: Path, name: str
                                  port, "--batch-size", "200")
     proc, ports = Proc.on_ports(cmd, tmp_path / f"{name}.log", 1)
     return proc, ports[0]
+
+
+def killed_after(cmd: Callable[[int], list[str]], log: Path, applied: int) -> None:
+    """Run the worker of ``cmd(port)`` until it has applied ``applied`` events, then SIGKILL it."""
+    with running_worker(cmd, log) as (proc, port):
+        wait_for(lambda: (h := health(port)) and h["applied"] >= applied, JOIN_TIMEOUT_S,
+                 f"{applied} applied events", proc, log)
+        proc.kill()
+        proc.wait()
 
 
 def group_of_three(bootstrap: str, n: Names, model: str, tmp_path: Path, procs: list, parts: int,

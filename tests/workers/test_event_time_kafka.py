@@ -22,7 +22,8 @@ from gnnstream.stream.backends import KAFKA_CLIENTS
 from gnnstream.stream.broker import EmbeddedBroker
 from gnnstream.stream.kafka import ensure_topics
 from tests.support import (JOIN_TIMEOUT_S, PARTITIONS, Names, event_messages, health, high_watermarks,
-                           latest_updates, produce, running_worker, stop_worker, wait_for, worker_cmd)
+                           killed_after, latest_updates, produce, running_worker, stop_worker, wait_for,
+                           worker_cmd)
 from tests.workers.reference import GraphFold, assert_embeddings_close, fold_embeddings, run_gnnstream
 
 pytestmark = [pytest.mark.broker, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
@@ -58,14 +59,9 @@ def test_a_windowed_staged_worker_killed_mid_stream_ends_exact(kafka_client: str
     placed: list[tuple[int, int]] = []
     for _ in range(2):  # two runs, each SIGKILLed once it applied part of its input
         placed += produce(broker.bootstrap, n.events, messages[len(placed):len(placed) + 900])
-        with running_worker(lambda port: worker_cmd(broker.bootstrap, n, staged_model, port, "--batch-size", "50",
-                                                    "--max-batch-size", "50", client=kafka_client),
-                            log) as (proc, port):
-            target = rng.randint(100, 600)
-            wait_for(lambda: (h := health(port)) and h["applied"] >= target, JOIN_TIMEOUT_S,
-                     f"{target} applied events", proc, log)
-            proc.kill()
-            proc.wait()
+        killed_after(lambda port: worker_cmd(broker.bootstrap, n, staged_model, port, "--batch-size", "50",
+                                             "--max-batch-size", "50", client=kafka_client),
+                     log, rng.randint(100, 600))
     placed += produce(broker.bootstrap, n.events, messages[len(placed):])
     hw = high_watermarks(placed, n.events)
     with GraphStore(n.state) as store:

@@ -15,8 +15,8 @@ from gnnstream.graph_state.store import GraphStore
 from gnnstream.stream.backends import KAFKA_CLIENTS
 from gnnstream.stream.broker import EmbeddedBroker
 from gnnstream.stream.kafka import ensure_topics
-from tests.support import (JOIN_TIMEOUT_S, PARTITIONS, Names, health, high_watermarks, latest_updates, produce,
-                           read_topic, running_worker, stop_worker, wait_for, worker_cmd)
+from tests.support import (JOIN_TIMEOUT_S, PARTITIONS, Names, health, high_watermarks, killed_after,
+                           latest_updates, produce, read_topic, running_worker, stop_worker, wait_for, worker_cmd)
 from tests.workers.reference import assert_embeddings_close, run_gnnstream
 from tests.workers.typed_reference import typed_embeddings
 from tests.workers.typed_streams import SCHEMA, typed_messages, typed_model, typed_stream
@@ -72,15 +72,10 @@ def test_a_typed_worker_killed_mid_stream_ends_exact(kafka_client: str, broker: 
     placed: list[tuple[int, int]] = []
     for _ in range(2):  # two runs, each SIGKILLed once it applied part of its input
         placed += produce(broker.bootstrap, n.events, messages[len(placed):len(placed) + 300])
-        with running_worker(lambda port: worker_cmd(broker.bootstrap, n, model, port, "--batch-size", "40",
-                                                    "--max-batch-size", "40", "--transaction-topic", topic,
-                                                    client=kafka_client),
-                            log) as (proc, port):
-            target = rng.randint(60, 200)
-            wait_for(lambda: (h := health(port)) and h["applied"] >= target, JOIN_TIMEOUT_S,
-                     f"{target} applied events", proc, log)
-            proc.kill()
-            proc.wait()
+        killed_after(lambda port: worker_cmd(broker.bootstrap, n, model, port, "--batch-size", "40",
+                                             "--max-batch-size", "40", "--transaction-topic", topic,
+                                             client=kafka_client),
+                     log, rng.randint(60, 200))
     placed += produce(broker.bootstrap, n.events, messages[len(placed):])
     hw = high_watermarks(placed, n.events)
     with GraphStore(n.state) as store:
