@@ -59,6 +59,7 @@ __all__ = ["HttpServer", "Handler", "KEEP_ALIVE_S", "DRAIN_BYTES", "MAX_URL_BYTE
 logger = logging.getLogger(__name__)
 
 KEEP_ALIVE_S = 30.0  # an idle keep-alive connection closes after this
+LINGER_S = 2.0  # after its last answer, how long a closing connection's input is still read (and dropped)
 DRAIN_BYTES = 16 << 20  # a body over the limit is read and dropped up to this, so the answer reaches the client
 MAX_URL_BYTES = 8 << 10  # a longer request target gets 414 (node ids are far shorter)
 MAX_HEADER_BYTES = 1 << 20  # bytes read while a request's headers are incomplete; more gets 431
@@ -74,7 +75,7 @@ class Handler(Protocol):
     """What :class:`HttpServer` serves: the answer to each request, and where connections are counted."""
 
     max_body: int  # largest request body passed on; a larger one is passed as None
-    open: int  # connections open now (refused ones until they are closed)
+    open: int  # connections open now (a refused or closing one until its last answer is sent)
     refused: int  # connections closed at once with 503: max_connections were open
     timed_out: int  # connections closed because a request's headers or body did not arrive in time
 
@@ -208,6 +209,7 @@ class _Connection:
         self.phase = "connected"  # then per request "headers", "body", and "idle" once answered
         self.deadline = float("inf")
         self.closed = False  # no more requests are read; the socket closes once the answers left
+        self.lingering = False  # every answer sent, the input read and dropped until the socket closes
         self._out = b""  # answers the socket did not take yet
         self._url = b""
         self._body: list[bytes] = []
@@ -261,7 +263,7 @@ class _Connection:
         if self._out:
             return
         if self.closed:
-            self.lost()
+            self._linger()
         else:
             self.server.poll.modify(self.fd, _IN)
 
@@ -285,15 +287,18 @@ class _Connection:
             return
         self.closed = True
         self.deadline = float("inf")
-        self.handler.open -= 1
+        if not self.lingering:
+            self.handler.open -= 1
         del self.server.connections[self.fd]
         self.server.poll.unregister(self.fd)
         self.sock.close()
         self.fd = -1
 
     def expired(self) -> None:
-        """Past the deadline: an answer to a half-sent request, then the connection closes."""
+        """Past the deadline: an answer to a half-sent request, then the connection closes (a lingering one
+        closes now)."""
         if self.closed:
+            self.lost()
             return
         if self.phase == "idle":
             self._close(b"")
@@ -314,7 +319,23 @@ class _Connection:
         if last:
             self._send(last)
         if not self._out:
+            self._linger()
+
+    def _linger(self) -> None:
+        """Every answer sent on a closing connection: end the writing side, and read (dropping it) what the
+        client still sends until it closes or :data:`LINGER_S` passes. Closing with its bytes unread would reset
+        the connection, and a client still sending a refused request would see the reset, not the answer."""
+        if self.fd < 0:
+            return
+        try:
+            self.sock.shutdown(socket.SHUT_WR)
+        except OSError:
             self.lost()
+            return
+        self.deadline = monotonic() + LINGER_S
+        self.server.poll.modify(self.fd, _IN)
+        self.lingering = True  # answered and closing: no longer counted as open
+        self.handler.open -= 1
 
     # ---------------------------------------------------------------- the parser's callbacks
     def on_message_begin(self) -> None:
