@@ -442,14 +442,22 @@ class Worker:
         self._publish_transactions()
 
     def _publish_transactions(self) -> None:
-        """Publish the pending transaction scores; a failed delivery keeps them pending for the next batch."""
+        """Publish the pending transaction scores; a transient failure keeps them for the next batch, a
+        permanent one (:func:`classify`) drops them once, logged and counted."""
         if self._transactions is None:
             return
         try:
             self._transactions.publish()
             self.errors.cleared("transaction_scores")
         except DeliveryError as exc:
-            self.errors.recoverable("transaction_scores", exc, pause=False)
+            if classify(exc).permanent:  # a topic missing or refused, a record refused: retrying cannot cure it
+                dropped = len(self._transactions.pending)
+                self._transactions.pending = []
+                self.metrics.errors.labels("transaction_scores").inc()
+                logger.error("%d transaction scores not published to %r and dropped: %r", dropped,
+                             self.settings.transaction_topic, exc)
+            else:
+                self.errors.recoverable("transaction_scores", exc, pause=False)
 
     def _applied(self, result: Any) -> None:
         """The event-time metrics of an applied batch (``GraphStore.apply``'s result)."""
