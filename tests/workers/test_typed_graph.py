@@ -104,3 +104,61 @@ def test_typed_what_if_and_transaction_score_equal_applying_the_events(tmp_path,
     finally:
         view.close()
     assert stored(state) == before  # nothing was written
+
+
+def test_a_typed_edge_window_equals_the_typed_reference(tmp_path):
+    """``--edge-ttl`` on a typed state: each typed edge falls out of the window, late upserts only name their
+    ends (the stream's times jitter, so some arrive late), over two runs; the reference applies the event-time
+    rules per typed edge."""
+    model = typed_model(tmp_path / "model", 2, [3, 2])
+    rng = np.random.default_rng(2)
+    events = [{**ev, "ts": ev["ts"] + int(rng.integers(-120, 1))} for ev in typed_stream(2)]
+    state = tmp_path / "state"
+    late = expired = 0
+    for part, chunk in (("a", events[:250]), ("b", events[250:])):
+        done = run_gnnstream("apply", "--state", state, "--model", model, "--batch", "29", "--edge-ttl", "90",
+                             write(tmp_path / f"{part}.jsonl", chunk))
+        assert done.returncode == 0, done.stderr
+        summary = json.loads(done.stdout)
+        late, expired = late + summary["late_events"], expired + summary["edges_expired"]
+    counts: dict[str, int] = {}
+    want = typed_embeddings(events, SCHEMA, model, edge_ttl=90, counts=counts)
+    assert late == counts["late"] > 20
+    # the store expires at the end of a batch, the reference after every event: an edge that falls out and is
+    # deleted or upserted again within one batch is counted by the reference only
+    assert 0.9 * counts["expired"] <= expired <= counts["expired"]
+    unwindowed = typed_embeddings(events, SCHEMA, model)
+    assert sum(not np.allclose(want[v], unwindowed[v], atol=1e-3) for v in want) > 10  # the window takes edges out
+    assert_embeddings_close(stored(state), want, what="typed embeddings with an edge window")
+    check = run_gnnstream("verify", "--state", state)
+    assert check.returncode == 0 and json.loads(check.stdout)["status"] == "ok", check.stdout + check.stderr
+
+
+def test_a_typed_rollout_prepares_and_serves_the_new_version_exactly(tmp_path):
+    """``rollout start`` of a typed model: a model that does not serve the live graph is refused in one line
+    before anything is written; the new version's state holds its embeddings of the live graph, and then of the
+    rest of the stream, each the typed reference's; the live state is untouched."""
+    v1 = typed_model(tmp_path / "v1", 5, [3, 2])
+    v2 = typed_model(tmp_path / "v2", 5, [3, 2], version=2, weights_seed=55)
+    events = typed_stream(5, 400)
+    live, new = tmp_path / "live", tmp_path / "new"
+    assert run_gnnstream("apply", "--state", live, "--model", v1, write(tmp_path / "a.jsonl", events[:300])
+                         ).returncode == 0
+    before = stored(live)
+    untyped = tmp_path / "untyped"
+    assert run_gnnstream("model", "init", untyped, "--in-dim", "5", "--fanouts", "3,2", "--seed", "5", "--version",
+                         "2").returncode == 0
+    refused = run_gnnstream("rollout", "start", "--from", live, "--state", new, "--model", untyped, "--no-record")
+    assert refused.returncode == 2 and refused.stderr.strip().endswith(
+        f"state {str(live)!r} holds a typed graph (node types ['account', 'device', 'merchant']), which untyped "
+        f"model model:2 does not serve; use a typed model of its schema"), refused.stderr
+    assert not list(tmp_path.glob("new*"))
+    done = run_gnnstream("rollout", "start", "--from", live, "--state", new, "--model", v2, "--no-record")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["serving"] == "model:1"
+    assert_embeddings_close(stored(new), typed_embeddings(events[:300], SCHEMA, v2), what="v2 after rollout start")
+    done = run_gnnstream("apply", "--state", new, "--model", v2, write(tmp_path / "b.jsonl", events[300:]))
+    assert done.returncode == 0, done.stderr
+    assert_embeddings_close(stored(new), typed_embeddings(events, SCHEMA, v2), what="v2 after the rest")
+    assert stored(live) == before
+    assert_embeddings_close(before, typed_embeddings(events[:300], SCHEMA, v1), what="v1 on the live state")

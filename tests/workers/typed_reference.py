@@ -29,20 +29,30 @@ def rank(seed: int, edge_type: tuple[str, str, str], v_key: str, u_key: str) -> 
     return int.from_bytes(blake2b(message.encode(), digest_size=8).digest(), "big")
 
 
-def hetero_data(events: Iterable[Mapping[str, Any]], schema: Mapping[str, Any]) -> tuple[HeteroData, dict, dict]:
+def hetero_data(events: Iterable[Mapping[str, Any]], schema: Mapping[str, Any],
+                edge_ttl: float = 0, counts: dict[str, int] | None = None) -> tuple[HeteroData, dict, dict]:
     """The graph the events leave, as ``HeteroData`` after ``ToUndirected()``, each type's id -> row (every node
-    ever named) and each type's nodes that exist at the end (named since their last ``node_delete``)."""
+    ever named) and each type's nodes that exist at the end (named since their last ``node_delete``).
+
+    With ``edge_ttl`` the event-time rules hold per typed edge ``u -r-> v``: ``T`` the largest ``ts`` seen, the
+    edge present while ``t(e) > T - ttl`` (``t(e)`` the largest ``ts`` of its upserts since it was last created),
+    and an upsert with ``ts <= T - ttl`` on arrival late (it names its ends and adds nothing); ``counts`` gets
+    the number of late upserts (``"late"``) and of edges that fell out of the window (``"expired"``)."""
+    counts = {} if counts is None else counts
+    counts.update(late=0, expired=0)
     rows: dict[str, dict[str, int]] = {t: {} for t in schema["node_types"]}
     alive: dict[str, set[str]] = {t: set() for t in schema["node_types"]}
     feats: dict[str, dict[str, list[float]]] = {t: {} for t in schema["node_types"]}
-    edges: dict[tuple[str, str, str], set[tuple[str, str]]] = {
-        (r["src_type"], r["rel"], r["dst_type"]): set() for r in schema["relations"]}
+    edges: dict[tuple[str, str, str], dict[tuple[str, str], float]] = {
+        (r["src_type"], r["rel"], r["dst_type"]): {} for r in schema["relations"]}  # edge -> t(e)
+    now: float | None = None
 
     def name(t: str, node: str) -> None:
         rows[t].setdefault(node, len(rows[t]))
         alive[t].add(node)
 
     for ev in events:
+        ts = ev.get("ts", 0)
         if ev["op"] == "node_upsert":
             name(ev["type"], ev["id"])
             feats[ev["type"]][ev["id"]] = ev["features"]
@@ -51,13 +61,24 @@ def hetero_data(events: Iterable[Mapping[str, Any]], schema: Mapping[str, Any]) 
             alive[t].discard(node)
             feats[t].pop(node, None)
             for (s, _, d), pairs in edges.items():
-                pairs -= {(a, b) for a, b in pairs if (s == t and a == node) or (d == t and b == node)}
+                for a, b in [e for e in pairs if (s == t and e[0] == node) or (d == t and e[1] == node)]:
+                    del pairs[a, b]
         elif ev["op"] == "edge_upsert":
             name(ev["src_type"], ev["src"])
             name(ev["dst_type"], ev["dst"])
-            edges[(ev["src_type"], ev["rel"], ev["dst_type"])].add((ev["src"], ev["dst"]))
+            if edge_ttl and now is not None and ts <= now - edge_ttl:
+                counts["late"] += 1
+            else:
+                pairs = edges[(ev["src_type"], ev["rel"], ev["dst_type"])]
+                pairs[ev["src"], ev["dst"]] = max(ts, pairs.get((ev["src"], ev["dst"]), ts))
         elif ev["op"] == "edge_delete":
-            edges[(ev["src_type"], ev["rel"], ev["dst_type"])].discard((ev["src"], ev["dst"]))
+            edges[(ev["src_type"], ev["rel"], ev["dst_type"])].pop((ev["src"], ev["dst"]), None)
+        now = ts if now is None else max(now, ts)
+        if edge_ttl:
+            for pairs in edges.values():
+                for e in [e for e, t_e in pairs.items() if t_e <= now - edge_ttl]:
+                    del pairs[e]
+                    counts["expired"] += 1
     data = HeteroData()
     for t, width in schema["node_types"].items():
         x = torch.zeros(len(rows[t]), width)
@@ -117,10 +138,12 @@ def hetero_forward(model_dir: str | Path, data: HeteroData, edge_lists: list[Map
 
 
 def typed_embeddings(events: Iterable[Mapping[str, Any]], schema: Mapping[str, Any],
-                     model_dir: str | Path) -> dict[str, Any]:
-    """``{"type/id": embedding}`` of every node the events leave, from scratch (the model's seed and fanouts)."""
+                     model_dir: str | Path, edge_ttl: float = 0,
+                     counts: dict[str, int] | None = None) -> dict[str, Any]:
+    """``{"type/id": embedding}`` of every node the events leave, from scratch (the model's seed and fanouts;
+    ``edge_ttl`` and ``counts`` as :func:`hetero_data`'s)."""
     config = json.loads((Path(model_dir) / "config.json").read_text())
-    data, rows, alive = hetero_data(events, schema)
+    data, rows, alive = hetero_data(events, schema, edge_ttl, counts)
     h = hetero_forward(model_dir, data, [sampled(data, rows, config["seed"], k) for k in config["fanouts"]])
     return {f"{t}/{node}": h[t][row].numpy() for t, ids in rows.items() for node, row in ids.items()
             if node in alive[t]}

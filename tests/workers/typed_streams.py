@@ -61,17 +61,19 @@ def typed_stream(seed: int, n: int = 600, node_deletes: bool = True) -> list[dic
     return out
 
 
-def typed_model(path: Path, seed: int, fanouts: list[int]) -> Path:
-    """A typed GraphSAGE with random weights, as PyG's to_hetero builds it, imported."""
+def typed_model(path: Path, seed: int, fanouts: list[int], version: int = 1, weights_seed: int | None = None) -> Path:
+    """A typed GraphSAGE with random weights (drawn with ``weights_seed``, default ``seed``), as PyG's to_hetero
+    builds it, imported as version ``version`` sampling with ``seed``."""
     from torch_geometric.nn import GraphSAGE, to_hetero
 
     data, _, _ = hetero_data(typed_stream(seed, 200), SCHEMA)
-    torch.manual_seed(seed)
+    torch.manual_seed(seed if weights_seed is None else weights_seed)
     module = to_hetero(GraphSAGE((-1, -1), 6, len(fanouts), out_channels=4), GraphSchema.from_dict(SCHEMA).metadata(),
                        aggr="sum").eval()
     with torch.no_grad():
         module(data.x_dict, data.edge_index_dict)
-    import_state_dict(module.state_dict(), path, arch="sage", fanouts=fanouts, seed=seed, schema=SCHEMA)
+    import_state_dict(module.state_dict(), path, arch="sage", fanouts=fanouts, seed=seed, schema=SCHEMA,
+                      version=version)
     return path
 
 

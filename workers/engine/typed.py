@@ -37,7 +37,7 @@ from gnnstream.workers.engine.stats import EngineError
 from gnnstream.stream.events import (MAX_EVENT_BYTES, EdgeDelete, EdgeUpsert, Event, NodeDelete, NodeUpsert,
                                      check_schema, decode_event_json)
 
-__all__ = ["TypedLayout", "bind_schema", "GRAPH_SCHEMA_META"]
+__all__ = ["TypedLayout", "bind_schema", "schema_refusal", "GRAPH_SCHEMA_META"]
 
 GRAPH_SCHEMA_META = "graph_schema"  # a typed graph's schema (its model's), fixed when the state is created
 
@@ -50,20 +50,28 @@ def bind_schema(store: GraphStore, schema: dict[str, Any] | None, model_tag: str
         EngineError: in one line, naming what the state holds.
     """
     held = store.meta(GRAPH_SCHEMA_META)
-    if _graph_of(held) == _graph_of(schema):
-        return
     if held is None and schema is not None and store.num_nodes() == 0:
         store.apply([], meta={GRAPH_SCHEMA_META: schema})
         return
+    refused = schema_refusal(store.path, held, schema, model_tag)
+    if refused:
+        raise EngineError(refused)
+
+
+def schema_refusal(state: str, held: dict[str, Any] | None, schema: dict[str, Any] | None,
+                   model_tag: str) -> str | None:
+    """Why a model of ``schema`` (None: untyped) does not serve the graph of ``state``, which holds ``held`` (its
+    :data:`GRAPH_SCHEMA_META`): one line; None when it does."""
+    if _graph_of(held) == _graph_of(schema):
+        return None
     if held is None:
-        raise EngineError(f"state {store.path!r} holds an untyped graph, which typed model {model_tag} does not "
-                          f"serve; use an untyped model, or a new --state directory")
+        return (f"state {state!r} holds an untyped graph, which typed model {model_tag} does not serve; use an "
+                f"untyped model, or a new --state directory")
     if schema is None:
-        raise EngineError(f"state {store.path!r} holds a typed graph (node types {sorted(held['node_types'])}), "
-                          f"which untyped model {model_tag} does not serve; use a typed model of its schema")
-    raise EngineError(f"state {store.path!r} holds a typed graph of another schema (node types "
-                      f"{sorted(held['node_types'])}) than model {model_tag}; use a model of its schema, or a new "
-                      f"--state directory")
+        return (f"state {state!r} holds a typed graph (node types {sorted(held['node_types'])}), which untyped "
+                f"model {model_tag} does not serve; use a typed model of its schema")
+    return (f"state {state!r} holds a typed graph of another schema (node types {sorted(held['node_types'])}) "
+            f"than model {model_tag}; use a model of its schema, or a new --state directory")
 
 
 def _graph_of(schema: dict[str, Any] | None) -> Any:
@@ -82,6 +90,8 @@ class TypedLayout:
         schema: the model's graph schema.
         store: the graph store holding the graph.
     """
+
+    held_as = 2  # the store's edges that hold one typed edge: counts of the store's edges are this many per edge
 
     def __init__(self, schema: GraphSchema, store: GraphStore):
         self.schema, self.store = schema, store

@@ -382,6 +382,7 @@ def apply_events(state: str, model_dir: str | None, path: str, *, batch: int = 1
         invalid = _InvalidLines(path, report, dead_letters, keep_through=done)
         total = _count_lines(path)
         applied = published = expired = late = 0
+        held_as = 1 if engine.typed is None else engine.typed.held_as  # the store's edges per edge of the graph
         recomputed = [0] * engine.num_layers
         with progress_bar(total, "apply") as bar:
             bar.update(done)
@@ -398,8 +399,8 @@ def apply_events(state: str, model_dir: str | None, path: str, *, batch: int = 1
                 stats = engine.recompute(event_ts=result.max_ts)
                 clock = _lap(phases, "recompute", clock)
                 applied += len({line for line, _ in chunk})  # lines (a typed event is several of the store's)
-                expired += result.expired_edges
-                late += result.late_events
+                expired += result.expired_edges // held_as
+                late += result.late_events // held_as
                 published += stats.published
                 for i, n in enumerate(stats.recomputed):
                     recomputed[i] += n

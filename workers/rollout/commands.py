@@ -4,7 +4,7 @@
 
 * ``start --from LIVE_STATE --state NEW_STATE --model NEW_MODEL_DIR``:
   checks that the new model fits the live graph (input dimension, sampling
-  seed) before anything is written; copies the live state while its worker
+  seed, a typed graph's schema) before anything is written; copies the live state while its worker
   runs (:func:`gnnstream.graph_state.snapshot.snapshot`); computes every embedding of
   the new model on the copy (published when its worker starts). The copy
   resumes the stream where the live state was, so ``gnnstream run --state
@@ -32,10 +32,12 @@ import shutil
 import time
 from typing import Any
 
+from gnnstream.graph_state.keys import META_CALLER
 from gnnstream.graph_state.transaction import Transaction
 from gnnstream.stream.backends import DEFAULT_KAFKA_CLIENT, open_consumer, open_producer
 from gnnstream.stream.errors import retrying
 from gnnstream.stream.rollout import CONTROL_TOPIC, Marker, encode_marker, version_topic
+from gnnstream.workers.engine.typed import GRAPH_SCHEMA_META, schema_refusal
 from gnnstream.workers.rollout.records import ROLLOUT_META, SERVING_META, record_rollout, stored_rollout
 from gnnstream.workers.rollout.topic import RolloutError, RolloutView, named_topic, read_rollout, record_in_topic
 
@@ -61,7 +63,8 @@ def start(live_state: str, state: str, model_dir: str, *, bootstrap: str | None 
     if bootstrap is not None:
         named_topic(control_topic)
     config = load_model_dir(model_dir).config
-    facts = read_meta(live_state, [b"model", SERVING_META, ROLLOUT_META])
+    held_schema = f"{META_CALLER}{GRAPH_SCHEMA_META}".encode()
+    facts = read_meta(live_state, [b"model", SERVING_META, ROLLOUT_META, held_schema])
     live_model = json.loads(facts["model"])["model"] if facts["model"] else None
     if live_model is None:
         raise RolloutError(f"state {live_state!r} holds no embeddings yet: there is no live version to roll out "
@@ -73,8 +76,11 @@ def start(live_state: str, state: str, model_dir: str, *, bootstrap: str | None 
         raise RolloutError(f"model {config.model_id} samples with seed {config.seed} but the live graph in "
                            f"{live_state!r} was sampled with seed {facts['seed']}; a version rolled out beside it "
                            f"must use seed {facts['seed']}")
-    config.check_untyped("gnnstream rollout")
-    if facts["feature_dim"] is not None and config.in_dim != facts["feature_dim"]:
+    held = facts[held_schema.decode()]  # the live graph's schema (None: untyped)
+    refused = schema_refusal(live_state, held and json.loads(held), config.schema, config.model_id)
+    if refused:
+        raise RolloutError(refused)
+    if config.schema is None and facts["feature_dim"] is not None and config.in_dim != facts["feature_dim"]:
         raise RolloutError(f"model {config.model_id} takes {config.in_dim} input features but the live graph in "
                            f"{live_state!r} holds {facts['feature_dim']}-dim features")
     version_topic(config.model_id)

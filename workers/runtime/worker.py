@@ -461,8 +461,9 @@ class Worker:
 
     def _applied(self, result: Any) -> None:
         """The event-time metrics of an applied batch (``GraphStore.apply``'s result)."""
-        self.metrics.late_events.inc(result.late_events)
-        self.metrics.edges_expired.inc(result.expired_edges)
+        held_as = 1 if self.engine.typed is None else self.engine.typed.held_as  # the store's edges per edge
+        self.metrics.late_events.inc(result.late_events // held_as)
+        self.metrics.edges_expired.inc(result.expired_edges // held_as)
         if result.stream_time is not None:
             self.metrics.stream_time.set(result.stream_time)
 
