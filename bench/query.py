@@ -33,7 +33,11 @@ once (``--store-cache`` keeps the loaded store between runs). Then:
 merchants, devices), its first half a typed GraphSAGE with a transaction
 head is trained on (``train_typed_model``, ``--train-epochs``) and loaded
 into the state (``graph load`` + ``backfill``), its second half the stream
-(the sustained run and the paced one each from its start). The one load is
+(the sustained run and the paced one each from its start). Where the stream
+needs more events than the second half holds, it goes on with the second
+half again as a fresh cohort: its accounts and devices renamed (``a7-c1``),
+each created with its features before it is first named, paying the same
+merchants, and so on. The one load is
 ``POST /v1/score`` at ``--score-rps`` (200) for ``--seconds``: a payment that
 has not landed (a new ``txn_id``) from an account to a merchant, both drawn
 from the first half's payments, with the edge features of a third.
@@ -260,7 +264,8 @@ def synthetic_workload(args: argparse.Namespace, work: Path, result: dict[str, A
 
 def payments_workload(args: argparse.Namespace, work: Path, result: dict[str, Any]) -> tuple[str, Path, Any, list]:
     """The payment stream's typed model, trained on its first half, and a state of that half, backfilled; the
-    second half as events (``events(n, seed)``: its first ``n``, whatever the seed) and the score requests."""
+    second half as events (``events(n, seed)``: its first ``n``, whatever the seed, then fresh cohorts of it) and
+    the score requests."""
     from gnnstream.fraud.payments import SCHEMA, generate
     from gnnstream.stream.events import decode_event
     from gnnstream.workers.offline.jobs import backfill, load_events
@@ -278,13 +283,41 @@ def payments_workload(args: argparse.Namespace, work: Path, result: dict[str, An
                        "trained": {k: trained[k] for k in ("model", "train_nodes", "final_loss", "held_out_auc")}}
     result["setup"] = {"load": load_events(str(base), str(path), model_dir=model),
                        "backfill": backfill(str(base), model)}
-    tail = [decode_event(ev, typed=True) for ev in stream.events[half:]]
+    tail = stream.events[half:]
+    # a cohort: the second half with the accounts and devices that the first half created created again first
+    features = {(ev["type"], ev["id"]): ev["features"] for ev in history if ev["op"] == "node_upsert"}
+    cohort, named = [], set()
+    for ev in tail:
+        ends = [(ev["type"], ev["id"])] if ev["op"] == "node_upsert" else \
+            [(ev["src_type"], ev["src"]), (ev["dst_type"], ev["dst"])]
+        for end in ends:
+            if end[0] != "merchant" and end not in named:
+                named.add(end)
+                if end in features and ev["op"] != "node_upsert":
+                    cohort.append({"op": "node_upsert", "type": end[0], "id": end[1], "ts": ev["ts"],
+                                   "features": features[end]})
+        cohort.append(ev)
+
+    def renamed(ev: dict[str, Any], suffix: str) -> dict[str, Any]:
+        ev = dict(ev)
+        if ev["op"] == "node_upsert":
+            if ev["type"] != "merchant":
+                ev["id"] += suffix
+        else:
+            ev["src"] += suffix  # every relation runs from an account
+            if ev["dst_type"] != "merchant":
+                ev["dst"] += suffix
+            if "txn_id" in ev:
+                ev["txn_id"] += suffix
+        return ev
 
     def events(n: int, seed: int) -> list:
-        if n > len(tail):
-            raise SystemExit(f"the stream may need {n} events but the payment stream's second half holds "
-                             f"{len(tail)}: give more --days")
-        return tail[:n]
+        out = [decode_event(ev, typed=True) for ev in tail[:n]]
+        lap = 0
+        while len(out) < n:
+            lap += 1
+            out += [decode_event(renamed(ev, f"-c{lap}"), typed=True) for ev in cohort[:n - len(out)]]
+        return out
 
     payments = [ev for ev in history if ev.get("txn_id")]
     return model, base, events, score_requests(payments, args, np.random.default_rng(3))
