@@ -284,7 +284,8 @@ def payments_workload(args: argparse.Namespace, work: Path, result: dict[str, An
     result["setup"] = {"load": load_events(str(base), str(path), model_dir=model),
                        "backfill": backfill(str(base), model)}
     tail = stream.events[half:]
-    # a cohort: the second half with the accounts and devices that the first half created created again first
+    # a cohort: the second half, each account and device of the first half created again (with its features)
+    # before the cohort first names it
     features = {(ev["type"], ev["id"]): ev["features"] for ev in history if ev["op"] == "node_upsert"}
     cohort, named = [], set()
     for ev in tail:
