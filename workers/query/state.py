@@ -410,6 +410,7 @@ class _Evaluation:
         self.state, self.overlay, self.clean = state, overlay, clean
         self.fanouts = state.fanouts
         self._samples: list[dict[int, list[int]]] = [{} for _ in self.fanouts]
+        self._relation_samples: dict[tuple[int, int, tuple[str, str, str]], list[int]] = {}
         self._changed: list[dict[int, bool]] = [{} for _ in range(len(self.fanouts) + 1)]
         self._stages: dict[int, int] = {}
         self.typed = state.typed
@@ -434,10 +435,15 @@ class _Evaluation:
         return self.overlay.node(name[colon + 1:]) if 0 <= colon < slash else v
 
     def relation_sample(self, l: int, v: int, edge_type: tuple[str, str, str]) -> list[int]:
-        """``S'_{k_l,ρ}(v)`` of a typed graph's node: its slot's sample (empty without a slot)."""
-        ov = self.overlay
-        slot = ov.node(f"{'__'.join(edge_type)}:{ov.name(v)}")
-        return ov.sample(slot, self.fanouts[l]) if slot is not None and ov.alive(slot) else []
+        """``S'_{k_l,ρ}(v)`` of a typed graph's node: its slot's sample (empty without a slot); read once (the
+        layer reads it again after :meth:`sample` did)."""
+        got = self._relation_samples.get((l, v, edge_type))
+        if got is None:
+            ov = self.overlay
+            slot = ov.node(f"{'__'.join(edge_type)}:{ov.name(v)}")
+            got = self._relation_samples[(l, v, edge_type)] = \
+                ov.sample(slot, self.fanouts[l]) if slot is not None and ov.alive(slot) else []
+        return got
 
     def sample(self, l: int, v: int) -> list[int]:
         """``S'_{k_l}(v)`` as layer ``l`` reads it (empty for a node that does not use its neighbours, two hops
