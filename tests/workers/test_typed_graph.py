@@ -101,6 +101,15 @@ def test_typed_what_if_and_transaction_score_equal_applying_the_events(tmp_path,
             view.parse_score({"event": {**txn, "rel": "uses", "dst_type": "device", "dst": "d1",
                                         "features": None}})
         assert err.value.status == 400
+        # nodes are asked for as type/id: a slot is no node, an unknown type or a bare id is refused
+        assert view.embedding("merchant/m5")["id"] == "merchant/m5"
+        with pytest.raises(QueryError) as err:
+            view.embedding("account__pays__merchant:merchant/m5")
+        assert err.value.status == 404
+        for ids, reason in ((["shop/m5"], "unknown_type"), (["m5"], "bad_id"), ([f"account/{'x' * 257}"], "bad_id")):
+            with pytest.raises(QueryError) as err:
+                view.parse_infer({"events": what_if, "ids": ids})
+            assert (err.value.status, err.value.extra["reason"]) == (400, reason), ids
     finally:
         view.close()
     assert stored(state) == before  # nothing was written

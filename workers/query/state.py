@@ -219,15 +219,26 @@ class QueryState:
                 "dirty": self.store.dirty_count(), "rereads": self.rereads}
 
     # ---------------------------------------------------------------- lookup
+    def _node(self, name: str) -> int:
+        """The interned id of node ``name``.
+
+        Raises:
+            QueryError: 404 for a node that does not exist (a typed graph's nodes are ``type/id``: its slots are
+                none).
+        """
+        iid = self.store.iid(name)
+        if iid is None or not self.store.exists_iid(iid) or (
+                self.typed is not None and name.partition("/")[0] not in self.typed.type_index):
+            raise QueryError(404, f"no node {name!r}")
+        return iid
+
     def embedding(self, name: str) -> dict[str, Any]:
         """``{"id", "model", "version", "mode", "embedding"}`` of a node's stored final embedding.
 
         Raises:
             QueryError: 404 for a node that does not exist, was deleted or has no embedding yet.
         """
-        iid = self.store.iid(name)
-        if iid is None or not self.store.exists_iid(iid):
-            raise QueryError(404, f"no node {name!r}")
+        iid = self._node(name)
         elsewhere = self.kept(name)
         if elsewhere is not None:
             raise QueryError(421, f"node {name!r} is in output partition {elsewhere}, which another worker of "
@@ -247,9 +258,7 @@ class QueryState:
         Raises:
             QueryError: 404 for a node that does not exist.
         """
-        iid = self.store.iid(name)
-        if iid is None or not self.store.exists_iid(iid):
-            raise QueryError(404, f"no node {name!r}")
+        iid = self._node(name)
         degree = self.store.degree_iid(iid)
         evaluation = _Evaluation(self, Overlay(self.store, self.model.config.seed), False)
         uses = evaluation.stage(iid) != STAGE_NONE
@@ -287,10 +296,26 @@ class QueryState:
         ids = []
         for i, value in enumerate(raw_ids):
             try:
-                ids.append(_node_id(value))
+                ids.append(self.node_name(value))
             except InvalidEvent as exc:
                 raise QueryError(400, f"ids[{i}]: {exc.detail}", index=i, reason=exc.reason) from None
         return events, ids
+
+    def node_name(self, value: Any) -> str:
+        """A node id of a request as the store names the node: an untyped graph's as the stream's decoder takes
+        an event's id; a typed graph's ``type/id``, of a type of the schema and an id the decoder takes.
+
+        Raises:
+            InvalidEvent: ``bad_id``, ``empty_id`` or (typed) ``unknown_type``.
+        """
+        if self.typed is None:
+            return _node_id(value)
+        node_type, slash, node = value.partition("/") if isinstance(value, str) else ("", "", "")
+        if not slash:
+            raise InvalidEvent("bad_id", f"a typed graph's node is named type/id (got {str(value)[:80]!r})")
+        if node_type not in self.typed.type_index:
+            raise InvalidEvent("unknown_type", f"node type {node_type[:80]!r} is not in the schema")
+        return f"{node_type}/{_node_id(node)}"
 
     def read_event(self, obj: Any) -> list[Event]:
         """A decoded JSON event as the events the store applies (a typed one as several, as the worker reads it).
