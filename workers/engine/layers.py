@@ -254,36 +254,54 @@ class LayerRunner:
         return out, sampled
 
     def _compute_typed(self, layer: int, targets: np.ndarray, inputs: Rows) -> tuple[np.ndarray, int]:
-        """:meth:`compute` of a typed graph's nodes: per node type, :attr:`chunk_nodes` at a time, the samples
-        of each edge type reaching it (its slots' lists, :mod:`gnnstream.workers.engine.typed`) into
-        :meth:`HeteroSAGE.layer`, or past the first layer into :meth:`HeteroSAGE.layer_projected` from the
-        projections the source keeps (as :meth:`compute` runs an untyped GraphSAGE)."""
+        """:meth:`compute` of a typed graph's nodes, :attr:`chunk_nodes` at a time: the samples of each edge type
+        reaching a target (its slots' lists, :mod:`gnnstream.workers.engine.typed`) into
+        :meth:`HeteroSAGE.layer` (one node type a call), or past the first layer into
+        :meth:`HeteroSAGE.layer_projected` from the projections the source keeps (every type in one call), as
+        :meth:`compute` runs an untyped GraphSAGE."""
         typed, k = self.typed, self.fanouts[layer]
         projected = getattr(inputs, "projected", None) if self.projects[layer] else None
         out = np.zeros((len(targets), self.dims[layer + 1]), dtype=np.float32)
         kinds = typed.types(targets)
+        if projected is not None:
+            groups = [(None, np.flatnonzero(kinds >= 0))]
+        else:
+            groups = [(t, np.flatnonzero(kinds == index)) for t, index in typed.type_index.items()]
         sampled = 0
-        for t, index in typed.type_index.items():
-            of_type = np.flatnonzero(kinds == index)
-            edge_types = typed.schema.inbound(t)
-            for start in range(0, len(of_type), self.chunk_nodes):
-                sel = of_type[start:start + self.chunk_nodes]
+        for node_type, of_group in groups:
+            for start in range(0, len(of_group), self.chunk_nodes):
+                sel = of_group[start:start + self.chunk_nodes]
                 chunk = targets[sel]
-                mats, capped = [], np.zeros(len(chunk), dtype=bool)
-                for e in edge_types:
-                    mat, full = self._slot_samples(chunk, e, k)
-                    mats.append(mat)
-                    capped |= full
-                self.capped += int(np.count_nonzero(capped))
+                mats, planes = self._typed_samples(chunk, kinds[sel], k)
                 valid = [mat >= 0 for mat in mats]
                 flat = [mat[ok] for mat, ok in zip(mats, valid)]
                 sampled += sum(len(ids) for ids in flat)
-                if projected is not None:
-                    h = self._typed_projected(layer, chunk, edge_types, valid, flat, projected)
+                if node_type is None:
+                    h = self._typed_projected(layer, chunk, planes, valid, flat, projected)
                 else:
-                    h = self._typed_plain(layer, t, chunk, edge_types, valid, flat, inputs)
+                    h = self._typed_plain(layer, node_type, chunk, valid, flat, inputs)
                 out[sel] = h.cpu().numpy()
         return out, sampled
+
+    def _typed_samples(self, chunk: np.ndarray, kinds: np.ndarray, k: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """Per place ``j`` in the inbound edge types of a target's type: ``S_{k,ρ}`` of each target of
+        ``chunk`` for its ``j``-th edge type ``ρ`` (a ``[len(chunk), k]`` iid matrix padded with -1, empty past
+        its type's edge types), and the projection plane of ``ρ`` in its source type (:meth:`HeteroSAGE.project`).
+        Counts the targets whose sample the fanout capped, in any edge type."""
+        typed = self.typed
+        present = [(t, np.flatnonzero(kinds == index)) for t, index in typed.type_index.items()]
+        present = [(t, rows) for t, rows in present if len(rows)]
+        places = max((len(typed.schema.inbound(t)) for t, _ in present), default=0)
+        mats = [np.full((len(chunk), k), -1, dtype=np.int64) for _ in range(places)]
+        planes = [np.zeros(len(chunk), dtype=np.int64) for _ in range(places)]
+        capped = np.zeros(len(chunk), dtype=bool)
+        for t, rows in present:
+            for j, e in enumerate(typed.schema.inbound(t)):
+                mats[j][rows], full = self._slot_samples(chunk[rows], e, k)
+                planes[j][rows] = 1 + self.gnn.outbound[e[0]].index(e)
+                capped[rows] |= full
+        self.capped += int(np.count_nonzero(capped))
+        return mats, planes
 
     def _slot_samples(self, chunk: np.ndarray, edge_type: Any, k: int) -> tuple[np.ndarray, np.ndarray]:
         """``S_{k,ρ}`` of each node of ``chunk`` as a ``[len(chunk), k]`` iid matrix padded with -1 (its slot's
@@ -300,8 +318,9 @@ class LayerRunner:
             capped[live] = degree > k
         return mat, capped
 
-    def _typed_plain(self, layer: int, node_type: str, chunk: np.ndarray, edge_types: list[Any],
-                     valid: list[np.ndarray], flat: list[np.ndarray], inputs: Rows) -> torch.Tensor:
+    def _typed_plain(self, layer: int, node_type: str, chunk: np.ndarray, valid: list[np.ndarray],
+                     flat: list[np.ndarray], inputs: Rows) -> torch.Tensor:
+        edge_types = self.typed.schema.inbound(node_type)
         table, pos = inputs(np.concatenate([chunk] + flat))
         widths = self.gnn.widths[layer]  # the first layer's inputs are each type's width of the padded rows
         by_width = {table.shape[1]: self.table_tensor(table)}
@@ -317,15 +336,15 @@ class LayerRunner:
         with torch.no_grad(), threads_for(len(chunk)):
             return self.gnn.layer(layer, node_type, x_self, rel_inputs)
 
-    def _typed_projected(self, layer: int, chunk: np.ndarray, edge_types: list[Any], valid: list[np.ndarray],
+    def _typed_projected(self, layer: int, chunk: np.ndarray, planes: list[np.ndarray], valid: list[np.ndarray],
                          flat: list[np.ndarray], projected: Any) -> torch.Tensor:
         """A target's root plane (weight 1) and, per edge type, its neighbours' planes of that edge type
         (weight ``1 / |S_ρ(v)|``) in one gathered sum, a bag per target."""
         table, pos, stride = projected(np.concatenate([chunk] + flat), self.projector(layer))
         rows, weights, start = [pos[:len(chunk), None]], [np.ones((len(chunk), 1), dtype=np.float32)], len(chunk)
-        for e, ok, ids in zip(edge_types, valid, flat):
-            at = np.zeros(ok.shape, dtype=np.int64)
-            at[ok] = pos[start:start + len(ids)] + (1 + self.gnn.outbound[e[0]].index(e)) * stride
+        for plane, ok, ids in zip(planes, valid, flat):
+            at = np.repeat(plane[:, None] * stride, ok.shape[1], axis=1)  # where the target's type reads ρ's plane
+            at[ok] += pos[start:start + len(ids)]
             start += len(ids)
             rows.append(at)
             weights.append(np.broadcast_to((1.0 / np.maximum(ok.sum(axis=1), 1)).astype(np.float32)[:, None], ok.shape))
