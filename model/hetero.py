@@ -106,8 +106,8 @@ class HeteroSAGE(nn.Module):
 
     def projects(self, l: int) -> bool:
         """Whether layer ``l`` runs from projected inputs (:meth:`project`, :meth:`layer_projected`): every
-        layer past the first (whose inputs are one width for every type)."""
-        return l > 0
+        layer does."""
+        return True
 
     @torch.no_grad()
     def project(self, l: int, node_type: str, x: Tensor) -> list[Tensor]:

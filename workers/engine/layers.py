@@ -40,7 +40,7 @@ class LayerRunner:
         self._device_table: tuple[np.ndarray, torch.Tensor] | None = None  # the input table copied to the device
         self.uses_counts = [typed is None and bool(getattr(c, "uses_neighbour_counts", False)) for c in gnn.convs]
         # a layer past the first whose inputs (the engine's own h^l) can be kept projected: see compute
-        self.projects = [layer > 0 and gnn.projects(layer) for layer in range(len(fanouts))]
+        self.projects = [(typed is not None or layer > 0) and gnn.projects(layer) for layer in range(len(fanouts))]
         self.capped = 0  # targets whose sample was capped by the fanout, since take_capped
         self.staged = bool(policy.by_age)
         self._rank = seeded_rank_bytes(store.seed)
@@ -191,8 +191,9 @@ class LayerRunner:
             for t, index in self.typed.type_index.items():
                 sel = np.flatnonzero(kinds == index)
                 if len(sel):
+                    width = self.gnn.widths[layer][t]  # the first layer's rows are features padded to the widest type's
                     with threads_for(len(sel)):
-                        out = self.gnn.project(layer, t, self.tensor(rows[sel]))
+                        out = self.gnn.project(layer, t, self.tensor(np.ascontiguousarray(rows[sel, :width])))
                     for plane, h in zip(planes, out):
                         plane[sel] = h.cpu().numpy()
             return planes
@@ -256,31 +257,22 @@ class LayerRunner:
     def _compute_typed(self, layer: int, targets: np.ndarray, inputs: Rows) -> tuple[np.ndarray, int]:
         """:meth:`compute` of a typed graph's nodes, :attr:`chunk_nodes` at a time: the samples of each edge type
         reaching a target (its slots' lists, :mod:`gnnstream.workers.engine.typed`) into
-        :meth:`HeteroSAGE.layer` (one node type a call), or past the first layer into
-        :meth:`HeteroSAGE.layer_projected` from the projections the source keeps (every type in one call), as
-        :meth:`compute` runs an untyped GraphSAGE."""
-        typed, k = self.typed, self.fanouts[layer]
-        projected = getattr(inputs, "projected", None) if self.projects[layer] else None
+        :meth:`HeteroSAGE.layer_projected`, from the projections the source keeps (every layer, every node
+        type in one call: a target costs one gathered sum, and only the rows that changed are projected
+        again)."""
+        k, projected = self.fanouts[layer], getattr(inputs, "projected")
         out = np.zeros((len(targets), self.dims[layer + 1]), dtype=np.float32)
-        kinds = typed.types(targets)
-        if projected is not None:
-            groups = [(None, np.flatnonzero(kinds >= 0))]
-        else:
-            groups = [(t, np.flatnonzero(kinds == index)) for t, index in typed.type_index.items()]
+        kinds = self.typed.types(targets)
+        of_type = np.flatnonzero(kinds >= 0)
         sampled = 0
-        for node_type, of_group in groups:
-            for start in range(0, len(of_group), self.chunk_nodes):
-                sel = of_group[start:start + self.chunk_nodes]
-                chunk = targets[sel]
-                mats, planes = self._typed_samples(chunk, kinds[sel], k)
-                valid = [mat >= 0 for mat in mats]
-                flat = [mat[ok] for mat, ok in zip(mats, valid)]
-                sampled += sum(len(ids) for ids in flat)
-                if node_type is None:
-                    h = self._typed_projected(layer, chunk, planes, valid, flat, projected)
-                else:
-                    h = self._typed_plain(layer, node_type, chunk, valid, flat, inputs)
-                out[sel] = h.cpu().numpy()
+        for start in range(0, len(of_type), self.chunk_nodes):
+            sel = of_type[start:start + self.chunk_nodes]
+            chunk = targets[sel]
+            mats, planes = self._typed_samples(chunk, kinds[sel], k)
+            valid = [mat >= 0 for mat in mats]
+            flat = [mat[ok] for mat, ok in zip(mats, valid)]
+            sampled += sum(len(ids) for ids in flat)
+            out[sel] = self._typed_projected(layer, chunk, planes, valid, flat, projected).cpu().numpy()
         return out, sampled
 
     def _typed_samples(self, chunk: np.ndarray, kinds: np.ndarray, k: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
@@ -317,24 +309,6 @@ class LayerRunner:
             mat[live] = store.sample_matrix(k, slots[live])
             capped[live] = degree > k
         return mat, capped
-
-    def _typed_plain(self, layer: int, node_type: str, chunk: np.ndarray, valid: list[np.ndarray],
-                     flat: list[np.ndarray], inputs: Rows) -> torch.Tensor:
-        edge_types = self.typed.schema.inbound(node_type)
-        table, pos = inputs(np.concatenate([chunk] + flat))
-        widths = self.gnn.widths[layer]  # the first layer's inputs are each type's width of the padded rows
-        by_width = {table.shape[1]: self.table_tensor(table)}
-        rel_inputs, start = [], len(chunk)
-        for e, ok, ids in zip(edge_types, valid, flat):
-            width = widths[e[0]]
-            if width not in by_width:
-                by_width[width] = self.tensor(np.ascontiguousarray(table[:, :width]))
-            rel_inputs.append((e, by_width[width], self.tensor(pos[start:start + len(ids)]),
-                               self.tensor(ok.sum(axis=1).astype(np.int64))))
-            start += len(ids)
-        x_self = self.tensor(np.ascontiguousarray(table[pos[:len(chunk)], :widths[node_type]]))
-        with torch.no_grad(), threads_for(len(chunk)):
-            return self.gnn.layer(layer, node_type, x_self, rel_inputs)
 
     def _typed_projected(self, layer: int, chunk: np.ndarray, planes: list[np.ndarray], valid: list[np.ndarray],
                          flat: list[np.ndarray], projected: Any) -> torch.Tensor:
