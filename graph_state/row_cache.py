@@ -40,7 +40,7 @@ class EmbeddingTables:
         self._rows: list[np.ndarray] = [np.zeros((0, d), dtype=np.float32) for d in self.dims]
         self._loaded: list[np.ndarray] = [np.zeros(0, dtype=bool) for _ in self.dims]
         self._present: list[np.ndarray] = [np.zeros(0, dtype=bool) for _ in self.dims]
-        # by layer, projections of the cached rows (:meth:`projected`): (first and second stacked, which are current)
+        # by layer, projections of the cached rows (:meth:`projected`): (their planes stacked, which are current)
         self._proj: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
     def clear(self) -> None:
@@ -124,34 +124,39 @@ class EmbeddingTables:
         rows, present = self.get(layer, iids)
         return rows, np.arange(len(iids), dtype=np.int64), present
 
-    def projected(self, layer: int, iids: np.ndarray, project: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
-                  ) -> tuple[np.ndarray, np.ndarray, int]:
-        """``(table, positions, half)``: ``project``'s two outputs for the rows of ``iids`` at ``layer``,
-        stacked in one table: ``table[positions[i]]`` is the first of ``iids[i]``, ``table[half + positions[i]]``
-        its second.
+    def projected(self, layer: int, iids: np.ndarray, project: Callable[..., tuple[np.ndarray, ...]],
+                  with_iids: bool = False) -> tuple[np.ndarray, np.ndarray, int]:
+        """``(table, positions, stride)``: ``project``'s outputs (its planes, as many as it returns) for the
+        rows of ``iids`` at ``layer``, stacked in one table: ``table[j * stride + positions[i]]`` is plane ``j``
+        of ``iids[i]`` (two planes: the first at ``positions[i]``, the second ``stride`` rows further).
 
         Projections are kept beside the cache and computed again only for
         rows set, loaded or invalidated since, so a layer whose inputs barely
         change costs no matrix product per target (``project`` must map each
-        row on its own, like a linear layer).
+        row on its own, like a linear layer). With ``with_iids``, ``project``
+        is given the rows' iids too (a typed graph's projections depend on
+        the node's type).
         """
         table, pos = self.index(layer, iids)
         if table is not self._rows[layer]:  # beyond the bound: nothing is kept
-            return np.concatenate(project(table)), pos, len(table)
+            planes = project(table, iids) if with_iids else project(table)
+            return np.concatenate(planes), pos, len(table)
         held = self._proj.get(layer)
         stale = unique_ids(pos[~held[1][pos]]) if held is not None else unique_ids(pos)
         if len(stale):
-            first, second = project(table[stale])
-            held = self._held_projections(layer, first.shape[1])
-            held[0][stale], held[0][len(table) + stale] = first, second
+            planes = project(table[stale], stale) if with_iids else project(table[stale])
+            held = self._held_projections(layer, len(planes), planes[0].shape[1])
+            for j, plane in enumerate(planes):
+                held[0][j * len(table) + stale] = plane
             held[1][stale] = True
         return held[0], pos, len(table)
 
-    def _held_projections(self, layer: int, width: int) -> tuple[np.ndarray, np.ndarray]:
+    def _held_projections(self, layer: int, planes: int, width: int) -> tuple[np.ndarray, np.ndarray]:
         held = self._proj.get(layer)
         if held is None:
             size = len(self._rows[layer])
-            held = self._proj[layer] = (np.zeros((2 * size, width), dtype=np.float32), np.zeros(size, dtype=bool))
+            held = self._proj[layer] = (np.zeros((planes * size, width), dtype=np.float32),
+                                        np.zeros(size, dtype=bool))
         return held
 
     def _stale(self, layer: int, iids: np.ndarray) -> None:

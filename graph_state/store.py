@@ -462,6 +462,11 @@ class GraphStore:
         """
         return self._nbrs.sample_matrix(k, iids)
 
+    def load_prefixes(self, iids: np.ndarray) -> None:
+        """Read the neighbour-list prefix rows of ``iids`` into memory now (those :meth:`sample_matrix` has
+        not read), rather than in the next batch that changes their lists."""
+        self._nbrs.load_rows(np.asarray(iids, dtype=np.int64))
+
     def sampled_by(self, k: int, u: int, limit: int | None = None) -> list[int]:
         """Nodes ``v`` with ``u`` in ``S_k(v)`` in id order (k must be one of the store's fanouts).
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from gnnstream.model.schema import EdgeType, GraphSchema, edge_type_name
@@ -52,6 +53,9 @@ class HeteroSAGE(nn.Module):
             width = out_dim if l == num_layers - 1 else hidden_dim
             widths.append({t: width for t in schema.type_names})
         self.widths = widths
+        # by node type, the edge types whose messages its nodes send (a projection plane each, :meth:`project`)
+        self.outbound = {t: [e for e in self.edge_types if e[0] == t] for t in schema.type_names}
+        self.planes = 1 + max(len(out) for out in self.outbound.values())
         self._roots: dict[tuple[int, str], tuple[Tensor, Tensor]] = {}
         self.convs = nn.ModuleList(
             nn.ModuleDict({edge_type_name(e): SAGELayer(widths[l][e[0]], widths[l + 1][e[2]], root_dim=widths[l][e[2]])
@@ -99,6 +103,43 @@ class HeteroSAGE(nn.Module):
                     table, rows, count = given[e]
                     out.addmm_(conv.mean_indexed(table, rows, count), conv.lin_l.weight.t())
         return out.relu() if l < self.num_layers - 1 else out
+
+    def projects(self, l: int) -> bool:
+        """Whether layer ``l`` runs from projected inputs (:meth:`project`, :meth:`layer_projected`): every
+        layer does."""
+        return True
+
+    @torch.no_grad()
+    def project(self, l: int, node_type: str, x: Tensor) -> list[Tensor]:
+        """Layer ``l``'s :attr:`planes` projections of the inputs ``x`` of nodes of ``node_type``: the root
+        term ``Σ_ρ (W_r^ρ x + b_l^ρ)`` over the edge types reaching the type, then ``W_l^ρ x`` for each edge
+        type ``ρ`` of :attr:`outbound` (the type's order), zeros past them.
+
+        The layer is linear before its activation, so a target's
+        ``h^{l+1}`` is its root plane plus, per edge type ``ρ``, the mean of
+        its neighbours' planes of ``ρ`` (:meth:`layer_projected`); equal to
+        :meth:`layer` up to float rounding.
+
+        Shapes:
+            ``x: [N, widths[l][node_type]]`` -> :attr:`planes` of ``[N, widths[l + 1][t]]``.
+        """
+        weight, bias = self._root(l, node_type)
+        out = [torch.addmm(bias, x, weight.t())]
+        out += [torch.mm(x, self.convs[l][edge_type_name(e)].lin_l.weight.t()) for e in self.outbound[node_type]]
+        return out + [torch.zeros_like(out[0]) for _ in range(self.planes - len(out))]
+
+    @torch.no_grad()
+    def layer_projected(self, l: int, table: Tensor, rows: Tensor, weights: Tensor, offsets: Tensor) -> Tensor:
+        """Layer ``l`` (and its ReLU unless it is the last) from projected inputs (:meth:`project`) stacked in
+        ``table``: target ``b`` is ``Σ_j weights[j] · table[rows[j]]`` over its bag ``j ∈ [offsets[b],
+        offsets[b + 1])`` (its root plane weighing 1, each neighbour's plane of an edge type ``1 / |S_ρ(v)|``),
+        one ``embedding_bag``.
+
+        Shapes:
+            ``table: [M, width]``, ``rows: [E]``, ``weights: [E]``, ``offsets: [B]`` -> ``[B, width]``.
+        """
+        out = F.embedding_bag(rows, table, offsets, mode="sum", per_sample_weights=weights)
+        return out.relu_() if l < self.num_layers - 1 else out
 
     def _root(self, l: int, node_type: str) -> tuple[Tensor, Tensor]:
         """``(Σ_ρ W_r^ρ, Σ_ρ b_l^ρ)`` over the edge types reaching ``node_type`` at layer ``l``, kept while the

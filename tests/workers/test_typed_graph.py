@@ -171,3 +171,23 @@ def test_a_typed_rollout_prepares_and_serves_the_new_version_exactly(tmp_path):
     assert_embeddings_close(stored(new), typed_embeddings(events, SCHEMA, v2), what="v2 after the rest")
     assert stored(live) == before
     assert_embeddings_close(before, typed_embeddings(events[:300], SCHEMA, v1), what="v1 on the live state")
+
+
+def test_typed_layers_run_a_chunk_of_targets_at_a_time_and_count_capped_samples(tmp_path):
+    """An engine running 4 targets per layer call: recompute and from scratch equal the typed reference, and
+    the targets whose samples the fanout capped are counted."""
+    model = typed_model(tmp_path / "model", 1, [3, 2])
+    events = typed_stream(1, 300)
+    capped = 0
+    with GraphStore(tmp_path / "state", seed=1) as store:
+        engine = Engine(store, load_model_dir(model), chunk_nodes=4)
+        for start in range(0, len(events), 50):
+            store.apply([e for ev in events[start:start + 50] for e in engine.read_event(json.dumps(ev))])
+            capped += engine.recompute().fanout_capped
+        targets, rows = engine.from_scratch()
+        kept, present = engine.tables.get(engine.num_layers, targets)
+        names = [store.name(v) for v in targets.tolist()]
+    want = typed_embeddings(events, SCHEMA, model)
+    assert present.all() and capped > 0
+    assert_embeddings_close(dict(zip(names, rows)), want, what="typed embeddings from scratch")
+    assert_embeddings_close(dict(zip(names, kept)), want, what="typed embeddings recomputed")

@@ -335,6 +335,8 @@ class Engine:
             if progress:
                 progress(layer + 1)
         self._write_final(targets[owned], h[owned], publish=publish, stats=stats, event_ts=None, force=True)
+        if self.typed is not None:  # a typed node's own list is never sampled (its slots' are), but batches merge
+            self.store.load_prefixes(targets)  # into its prefix row: read with the rest, as an untyped backfill's are
         # rows of nodes that are gone (deleted before the marks that would withdraw them were processed)
         tx = Transaction()
         for layer, log in self.logs.items():

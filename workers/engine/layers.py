@@ -40,7 +40,7 @@ class LayerRunner:
         self._device_table: tuple[np.ndarray, torch.Tensor] | None = None  # the input table copied to the device
         self.uses_counts = [typed is None and bool(getattr(c, "uses_neighbour_counts", False)) for c in gnn.convs]
         # a layer past the first whose inputs (the engine's own h^l) can be kept projected: see compute
-        self.projects = [typed is None and layer > 0 and gnn.projects(layer) for layer in range(len(fanouts))]
+        self.projects = [(typed is not None or layer > 0) and gnn.projects(layer) for layer in range(len(fanouts))]
         self.capped = 0  # targets whose sample was capped by the fanout, since take_capped
         self.staged = bool(policy.by_age)
         self._rank = seeded_rank_bytes(store.seed)
@@ -176,11 +176,29 @@ class LayerRunner:
         return held[1]
 
     def projector(self, layer: int) -> Project:
-        def project(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Layer ``layer``'s projections of rows (a :data:`Project`): the model's two, or a typed model's planes
+        of each row's node type (zeros for an iid below 0)."""
+        def project(rows: np.ndarray, iids: np.ndarray) -> tuple[np.ndarray, ...]:
             with threads_for(len(rows)):
                 first, second = self.gnn.project(layer, self.tensor(rows))
             return first.cpu().numpy(), second.cpu().numpy()
-        return project
+
+        def project_typed(rows: np.ndarray, iids: np.ndarray) -> tuple[np.ndarray, ...]:
+            kinds = np.full(len(iids), -1, dtype=np.int64)
+            kinds[iids >= 0] = self.typed.types(iids[iids >= 0])
+            planes = tuple(np.zeros((len(rows), self.dims[layer + 1]), dtype=np.float32)
+                           for _ in range(self.gnn.planes))
+            for t, index in self.typed.type_index.items():
+                sel = np.flatnonzero(kinds == index)
+                if len(sel):
+                    width = self.gnn.widths[layer][t]  # the first layer's rows are features padded to the widest type's
+                    with threads_for(len(sel)):
+                        out = self.gnn.project(layer, t, self.tensor(np.ascontiguousarray(rows[sel, :width])))
+                    for plane, h in zip(planes, out):
+                        plane[sel] = h.cpu().numpy()
+            return planes
+
+        return project if self.typed is None else project_typed
 
     def compute(self, layer: int, targets: np.ndarray, inputs: Rows) -> tuple[np.ndarray, int]:
         """``h^{layer+1}`` of ``targets`` (0-based layer index) from the ``h^layer`` rows of ``inputs``.
@@ -237,42 +255,75 @@ class LayerRunner:
         return out, sampled
 
     def _compute_typed(self, layer: int, targets: np.ndarray, inputs: Rows) -> tuple[np.ndarray, int]:
-        """:meth:`compute` of a typed graph's nodes: per node type, the samples of each edge type reaching it
-        (its slots' lists, :mod:`gnnstream.workers.engine.typed`) into :meth:`HeteroSAGE.layer`."""
-        typed, store, k = self.typed, self.store, self.fanouts[layer]
+        """:meth:`compute` of a typed graph's nodes, :attr:`chunk_nodes` at a time: the samples of each edge type
+        reaching a target (its slots' lists, :mod:`gnnstream.workers.engine.typed`) into
+        :meth:`HeteroSAGE.layer_projected`, from the projections the source keeps (every layer, every node
+        type in one call: a target costs one gathered sum, and only the rows that changed are projected
+        again)."""
+        k, projected = self.fanouts[layer], getattr(inputs, "projected")
         out = np.zeros((len(targets), self.dims[layer + 1]), dtype=np.float32)
-        kinds = typed.types(targets)
+        kinds = self.typed.types(targets)
+        of_type = np.flatnonzero(kinds >= 0)
         sampled = 0
-        for t, index in typed.type_index.items():
-            sel = np.flatnonzero(kinds == index)
-            if not len(sel):
-                continue
+        for start in range(0, len(of_type), self.chunk_nodes):
+            sel = of_type[start:start + self.chunk_nodes]
             chunk = targets[sel]
-            edge_types = typed.schema.inbound(t)
-            mats = []
-            for e in edge_types:
-                slots = typed.slots(chunk, e)
-                mat = np.full((len(chunk), k), -1, dtype=np.int64)
-                live = np.flatnonzero(slots >= 0)
-                live = live[store.node_arrays(slots[live])[0] >= 0]
-                if len(live) and k:
-                    mat[live] = store.sample_matrix(k, slots[live])
-                mats.append(mat)
-            flat = [mat[mat >= 0] for mat in mats]
-            table, pos = inputs(np.concatenate([chunk] + flat))
-            widths = self.gnn.widths[layer]  # the first layer's inputs are each type's width of the padded rows
-            by_width = {table.shape[1]: self.table_tensor(table)}
-            rel_inputs, start = [], len(chunk)
-            for e, mat, ids in zip(edge_types, mats, flat):
-                counts = (mat >= 0).sum(axis=1)
-                sampled += len(ids)
-                width = widths[e[0]]
-                if width not in by_width:
-                    by_width[width] = self.tensor(np.ascontiguousarray(table[:, :width]))
-                rel_inputs.append((e, by_width[width], self.tensor(pos[start:start + len(ids)]),
-                                   self.tensor(counts.astype(np.int64))))
-                start += len(ids)
-            x_self = self.tensor(np.ascontiguousarray(table[pos[:len(chunk)], :widths[t]]))
-            with torch.no_grad(), threads_for(len(chunk)):
-                out[sel] = self.gnn.layer(layer, t, x_self, rel_inputs).cpu().numpy()
+            mats, planes = self._typed_samples(chunk, kinds[sel], k)
+            valid = [mat >= 0 for mat in mats]
+            flat = [mat[ok] for mat, ok in zip(mats, valid)]
+            sampled += sum(len(ids) for ids in flat)
+            out[sel] = self._typed_projected(layer, chunk, planes, valid, flat, projected).cpu().numpy()
         return out, sampled
+
+    def _typed_samples(self, chunk: np.ndarray, kinds: np.ndarray, k: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """Per place ``j`` in the inbound edge types of a target's type: ``S_{k,ρ}`` of each target of
+        ``chunk`` for its ``j``-th edge type ``ρ`` (a ``[len(chunk), k]`` iid matrix padded with -1, empty past
+        its type's edge types), and the projection plane of ``ρ`` in its source type (:meth:`HeteroSAGE.project`).
+        Counts the targets whose sample the fanout capped, in any edge type."""
+        typed = self.typed
+        present = [(t, np.flatnonzero(kinds == index)) for t, index in typed.type_index.items()]
+        present = [(t, rows) for t, rows in present if len(rows)]
+        places = max((len(typed.schema.inbound(t)) for t, _ in present), default=0)
+        mats = [np.full((len(chunk), k), -1, dtype=np.int64) for _ in range(places)]
+        planes = [np.zeros(len(chunk), dtype=np.int64) for _ in range(places)]
+        capped = np.zeros(len(chunk), dtype=bool)
+        for t, rows in present:
+            for j, e in enumerate(typed.schema.inbound(t)):
+                mats[j][rows], full = self._slot_samples(chunk[rows], e, k)
+                planes[j][rows] = 1 + self.gnn.outbound[e[0]].index(e)
+                capped[rows] |= full
+        self.capped += int(np.count_nonzero(capped))
+        return mats, planes
+
+    def _slot_samples(self, chunk: np.ndarray, edge_type: Any, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """``S_{k,ρ}`` of each node of ``chunk`` as a ``[len(chunk), k]`` iid matrix padded with -1 (its slot's
+        sample), and which of them the fanout capped."""
+        store = self.store
+        slots = self.typed.slots(chunk, edge_type)
+        mat = np.full((len(chunk), k), -1, dtype=np.int64)
+        capped = np.zeros(len(chunk), dtype=bool)
+        live = np.flatnonzero(slots >= 0)
+        degree = store.node_arrays(slots[live])[0]
+        live, degree = live[degree >= 0], degree[degree >= 0]
+        if len(live) and k:
+            mat[live] = store.sample_matrix(k, slots[live])
+            capped[live] = degree > k
+        return mat, capped
+
+    def _typed_projected(self, layer: int, chunk: np.ndarray, planes: list[np.ndarray], valid: list[np.ndarray],
+                         flat: list[np.ndarray], projected: Any) -> torch.Tensor:
+        """A target's root plane (weight 1) and, per edge type, its neighbours' planes of that edge type
+        (weight ``1 / |S_ρ(v)|``) in one gathered sum, a bag per target."""
+        table, pos, stride = projected(np.concatenate([chunk] + flat), self.projector(layer))
+        rows, weights, start = [pos[:len(chunk), None]], [np.ones((len(chunk), 1), dtype=np.float32)], len(chunk)
+        for plane, ok, ids in zip(planes, valid, flat):
+            at = np.repeat(plane[:, None] * stride, ok.shape[1], axis=1)  # where the target's type reads ρ's plane
+            at[ok] += pos[start:start + len(ids)]
+            start += len(ids)
+            rows.append(at)
+            weights.append(np.broadcast_to((1.0 / np.maximum(ok.sum(axis=1), 1)).astype(np.float32)[:, None], ok.shape))
+        taken = np.hstack([np.ones((len(chunk), 1), dtype=bool)] + valid)  # row by row: each target's bag
+        size = taken.sum(axis=1)
+        with torch.no_grad(), threads_for(len(chunk)):
+            return self.gnn.layer_projected(layer, self.table_tensor(table), self.tensor(np.hstack(rows)[taken]),
+                                            self.tensor(np.hstack(weights)[taken]), self.tensor(np.cumsum(size) - size))

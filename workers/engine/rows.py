@@ -13,17 +13,18 @@ __all__ = ["Rows", "Project", "DenseRows", "CachedRows"]
 Rows = Callable[[np.ndarray], "tuple[np.ndarray, np.ndarray]"]
 """Layer inputs by iid: ``rows(iids) -> (table, positions)``, ``table[positions[i]]`` being the row of ``iids[i]``.
 
-A source may also offer ``projected(iids, project) -> (table, positions, half)``: a
-layer's two projections of those rows (:meth:`gnnstream.model.network.GNN.project`) stacked
-in one table, the second ``half`` rows after the first, kept between calls where
-it can."""
-Project = Callable[[np.ndarray], "tuple[np.ndarray, np.ndarray]"]
+A source may also offer ``projected(iids, project) -> (table, positions, stride)``: a
+layer's projections of those rows (``project(rows, iids)``, its planes: the two of
+:meth:`gnnstream.model.network.GNN.project`, or a typed layer's) stacked in one table,
+each plane ``stride`` rows after the one before, kept between calls where it can."""
+Project = Callable[[np.ndarray, np.ndarray], "tuple[np.ndarray, ...]"]
 
 
 class DenseRows:
     """The rows of ``targets`` (zeros for any other iid) as a :data:`Rows` source, projected once on request."""
 
     def __init__(self, targets: np.ndarray, rows: np.ndarray):
+        self._iids = np.append(targets, -1)  # of the rows, the zeros last
         self._pos = np.full(int(targets.max()) + 1 if len(targets) else 0, len(rows), dtype=np.int64)
         self._pos[targets] = np.arange(len(targets))
         self._rows = np.concatenate([rows, np.zeros((1, rows.shape[1]), dtype=np.float32)])
@@ -38,7 +39,7 @@ class DenseRows:
 
     def projected(self, iids: np.ndarray, project: Project) -> tuple[np.ndarray, np.ndarray, int]:
         if self._projected is None:
-            self._projected = np.concatenate(project(self._rows))
+            self._projected = np.concatenate(project(self._rows, self._iids))
         return self._projected, self._positions(iids), len(self._rows)
 
 
@@ -52,4 +53,4 @@ class CachedRows:
         return self.tables.index(self.layer, iids)
 
     def projected(self, iids: np.ndarray, project: Project) -> tuple[np.ndarray, np.ndarray, int]:
-        return self.tables.projected(self.layer, iids, project)
+        return self.tables.projected(self.layer, iids, project, with_iids=True)

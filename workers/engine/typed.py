@@ -39,6 +39,7 @@ from gnnstream.stream.events import (MAX_EVENT_BYTES, EdgeDelete, EdgeUpsert, Ev
 
 __all__ = ["TypedLayout", "bind_schema", "schema_refusal", "GRAPH_SCHEMA_META"]
 
+_UNKNOWN = -2  # an iid not learnt yet (TypedLayout)
 GRAPH_SCHEMA_META = "graph_schema"  # a typed graph's schema (its model's), fixed when the state is created
 
 
@@ -105,9 +106,13 @@ class TypedLayout:
                                                          (r.dst, "rev_" + r.rel, r.src)))
                             for r in schema.relations}
         self._inbound = {t: [edge_type_name(e) for e in schema.inbound(t)] for t in schema.type_names}
-        self._owner: dict[int, int] = {}  # slot iid -> its node's iid (-1: not a slot)
-        self._type: dict[int, int] = {}  # node iid -> type index
-        self._slot: dict[tuple[str, int], int] = {}  # (edge type, node iid) -> slot iid, once the slot exists
+        # by iid, learnt when first asked: a slot's node (a node itself, -1 for a slot whose node was never
+        # seen, _UNKNOWN not learnt yet), a node's type index (-1 for a slot), and by edge type each node's
+        # slot of it (-1: none yet; a slot interned later is learnt through owners, which the engine asks of
+        # every node an apply marks, and so of every new slot, before it computes)
+        self._owner = np.zeros(0, dtype=np.int64)
+        self._type = np.zeros(0, dtype=np.int64)
+        self._slot = {edge_type_name(e): np.zeros(0, dtype=np.int64) for e in schema.edge_types()}
         self.scored: str | None = None  # the relation whose upserts :meth:`check` keeps (transaction scores)
         self._scored: list[EdgeUpsert] = []
 
@@ -160,25 +165,47 @@ class TypedLayout:
         return [EdgeDelete(a, b, ev.ts) for a, b in edges]
 
     # ------------------------------------------------------------------ nodes and slots
-    def _learn(self, iid: int) -> None:
-        name = self.store.name(iid)
-        colon, slash = name.find(":"), name.find("/")
-        if 0 <= colon < slash:  # a slot: ρ:type/id
-            owner = self.store.iid(name[colon + 1:])
-            self._owner[iid] = -1 if owner is None else owner
-        else:
-            self._owner[iid] = iid
-            self._type[iid] = self.type_index.get(name[:slash], -1)
+    def _grow(self, size: int) -> None:
+        have = len(self._owner)
+        if size <= have:
+            return
+        new = max(size, 2 * have, 1024)
+        for name in ("_owner", "_type"):
+            grown = np.full(new, _UNKNOWN, dtype=np.int64)
+            grown[:have] = getattr(self, name)
+            setattr(self, name, grown)
+        for relation, slots in self._slot.items():
+            grown = np.full(new, _UNKNOWN, dtype=np.int64)
+            grown[:have] = slots
+            self._slot[relation] = grown
+
+    def _learn(self, iids: np.ndarray) -> None:
+        """Learn the owner and type of distinct ``iids`` not learnt yet (a slot's node's slot of its type)."""
+        store = self.store
+        for iid in iids.tolist():
+            name = store.name(iid)
+            colon, slash = name.find(":"), name.find("/")
+            if 0 <= colon < slash:  # a slot: ρ:type/id
+                owner = store.iid(name[colon + 1:])
+                self._owner[iid], self._type[iid] = -1 if owner is None else owner, -1
+                if owner is not None:
+                    self._grow(owner + 1)
+                    self._slot[name[:colon]][owner] = iid
+            else:
+                self._owner[iid] = iid
+                self._type[iid] = self.type_index.get(name[:slash], -1)
+
+    def _known(self, iids: np.ndarray) -> None:
+        if len(iids):
+            self._grow(int(iids.max()) + 1)
+            new = iids[self._owner[iids] == _UNKNOWN]
+            if len(new):
+                self._learn(np.unique(new))
 
     def owners(self, iids: np.ndarray) -> np.ndarray:
         """Each iid's node: a slot's owner, a node itself (-1 for a slot whose node was never seen)."""
-        owner = self._owner
-        out = np.empty(len(iids), dtype=np.int64)
-        for i, iid in enumerate(iids.tolist()):
-            if iid not in owner:
-                self._learn(iid)
-            out[i] = owner[iid]
-        return out
+        self._known(iids)
+        return self._owner[iids]
 
     def nodes(self, iids: np.ndarray) -> np.ndarray:
         """The typed nodes among ``iids`` (slots left out)."""
@@ -186,25 +213,17 @@ class TypedLayout:
 
     def types(self, iids: np.ndarray) -> np.ndarray:
         """The type index (:attr:`type_index`) of each node of ``iids``."""
-        kind = self._type
-        out = np.empty(len(iids), dtype=np.int64)
-        for i, iid in enumerate(iids.tolist()):
-            if iid not in kind:
-                self._learn(iid)
-            out[i] = kind.get(iid, -1)
-        return out
+        self._known(iids)
+        return self._type[iids]
 
     def slots(self, iids: np.ndarray, edge_type: EdgeType) -> np.ndarray:
         """The slot of ``edge_type`` of each node of ``iids`` (-1 where it has none: an empty sample)."""
         relation = edge_type_name(edge_type)
-        known, out = self._slot, np.empty(len(iids), dtype=np.int64)
-        for i, v in enumerate(iids.tolist()):
-            slot = known.get((relation, v))
-            if slot is None:  # interned ids are never reused: a slot found stays the node's
-                slot = self.store.iid(f"{relation}:{self.store.name(v)}")
-                if slot is None:
-                    out[i] = -1
-                    continue
-                known[(relation, v)] = slot
-            out[i] = slot
+        self._known(iids)
+        known = self._slot[relation]
+        out = known[iids]
+        unknown = np.flatnonzero(out == _UNKNOWN)
+        for i, v in zip(unknown.tolist(), iids[unknown].tolist()):
+            slot = self.store.iid(f"{relation}:{self.store.name(v)}")  # interned ids are never reused
+            known[v] = out[i] = -1 if slot is None else slot
         return out
