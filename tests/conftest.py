@@ -19,6 +19,10 @@ after another in one process:
 * ``promtool``: the tests that need promtool, which a fresh machine installs
   with apt-get (one install, not one per process).
 
+The groups go out first (the largest first), then the tests marked ``slow``,
+then the other ``broker`` ones, then the rest, so that no long test starts
+when the others are nearly done.
+
 Every test that starts a broker carries the ``broker`` mark (``-m "not broker"``
 runs the rest): one that takes a broker fixture (``broker``,
 ``private_broker``) or names ``EmbeddedBroker(`` in its own body without the
@@ -32,6 +36,7 @@ import uuid
 from collections.abc import Callable, Iterator
 
 import pytest
+from _pytest.nodeid import NodeId
 
 from gnnstream.stream.broker import EmbeddedBroker
 from gnnstream.stream.exceptions import BrokerBinaryNotFound
@@ -55,12 +60,34 @@ def _starts_a_broker(item: pytest.Item) -> bool:
     return "EmbeddedBroker(" in source
 
 
+def _rank(item: pytest.Item) -> int:
+    """Where a test goes in the run: the slow ones first, then the ones with a broker, then the rest."""
+    return 0 if item.get_closest_marker("slow") else 1 if item.get_closest_marker("broker") else 2
+
+
+def _name_group(item: pytest.Item) -> None:
+    """Add ``@group`` to the node id of a test with an ``xdist_group`` mark: how ``--dist loadgroup`` finds the
+    groups. pytest-xdist 3.8 writes it to ``item._nodeid``, which pytest 9.2 no longer reads (its node id is a
+    structured ``_id``): without this every test of a group could run in another process
+    (pytest-dev/pytest-xdist#1386)."""
+    names = sorted({str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+                    for mark in item.iter_markers("xdist_group")})
+    suffix = "@" + "_".join(names)
+    if names and not item.nodeid.endswith(suffix):
+        item._id = NodeId.parse(item.nodeid + suffix)
+
+
+@pytest.hookimpl(trylast=True)  # after xdist's own hook, so a fixed xdist's suffix is not added twice
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     unmarked = [item.nodeid for item in items if item.get_closest_marker("broker") is None and _starts_a_broker(item)]
     if unmarked:
         raise pytest.UsageError(
             f"{len(unmarked)} test(s) start the embedded broker without @pytest.mark.broker; mark them: "
             + ", ".join(unmarked))
+    items.sort(key=_rank)  # stable: collection order within a rank; every process sorts alike
+    if config.getoption("loadgroup", False):  # set in the xdist worker processes of --dist loadgroup
+        for item in items:
+            _name_group(item)
 
 
 @pytest.fixture(scope="session")

@@ -115,6 +115,7 @@ def final_graphs(draw):
     return final, noise
 
 
+@pytest.mark.slow
 @settings(max_examples=25, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(graph=final_graphs(), seed=st.sampled_from([0, 7]), order_seed=st.integers(0, 2**32))

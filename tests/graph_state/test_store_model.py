@@ -145,12 +145,14 @@ _SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, Hea
                                                          HealthCheck.data_too_large])
 
 
+@pytest.mark.slow
 @settings(max_examples=60, **_SETTINGS)
 @given(scenario=scenarios())
 def test_random_streams_match_model(tmp_path_factory, scenario):
     _run_scenario(tmp_path_factory, scenario)
 
 
+@pytest.mark.slow
 @settings(max_examples=35, **_SETTINGS)
 @given(scenario=scenarios(hub_min=36, max_events=70))
 def test_hub_past_cached_prefix_matches_model(tmp_path_factory, scenario):

@@ -9,7 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.slow  # a bench run each
 
 
 def _bench(tmp_path: Path, *args: str) -> dict:

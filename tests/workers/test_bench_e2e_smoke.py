@@ -15,6 +15,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 @pytest.mark.broker
 def test_e2e_synthetic_quick_run(tmp_path: Path) -> None:
     out = subprocess.run(

@@ -449,6 +449,7 @@ def test_first_batch_without_features(broker: EmbeddedBroker, model_dir: str, tm
     assert_exact(broker.bootstrap, n, evs, hw, tmp_path, model_dir)
 
 
+@pytest.mark.slow
 def test_sigterm_with_broker_down_exits_and_restart_publishes_pending(kafka_client: str, events: list,
                                                                       model_dir: str, tmp_path: Path) -> None:
     """SIGTERM while the broker is frozen (SIGSTOP: connections hang, nothing is refused): the worker exits
