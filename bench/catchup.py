@@ -22,8 +22,10 @@ Two states:
   stream is its second half.
 
 Reported per state: catch-up milliseconds (p50, p90, max; wall and CPU),
-the write-ahead log bytes each catch-up replayed (growth of the ``*.log``
-files), events per batch. Prints ONE JSON object on stdout; progress on
+the CPU mean of each quarter of the batches (the writer's memtables, and so
+the follower's, grow until the writer flushes them), catch-ups that found
+new table files apart, the write-ahead log bytes each catch-up replayed
+(growth of the ``*.log`` files), events per batch. Prints ONE JSON object on stdout; progress on
 stderr.
 
     .venv/bin/python -m bench.catchup
@@ -66,7 +68,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def _writer(state: str, model: str, events: list, batch: int, conn: Any) -> None:
-    """The worker's writes: each batch applied and recomputed once ``conn`` says go; replies with its events."""
+    """The worker's writes: each batch applied and recomputed once ``conn`` says go; replies with its events
+    and the CPU seconds it took (every thread of the process: flushes and compactions included)."""
     from gnnstream.workers.heap import freeze_warm_heap
     from gnnstream.workers.state import open_engine, open_store
     with open_store(state, create=False, model_dir=model) as store:
@@ -77,11 +80,12 @@ def _writer(state: str, model: str, events: list, batch: int, conn: Any) -> None
             if conn.recv() != "go":
                 break
             chunk = events[start:start + batch]
+            t = time.process_time()
             if engine.typed is not None:  # a typed event is several of the store's, as the worker reads it
                 chunk = [held for ev in chunk for held in engine.typed.check(ev)]
             result = store.apply(chunk)
             engine.recompute(event_ts=result.max_ts)
-            conn.send(min(batch, len(events) - start))
+            conn.send((min(batch, len(events) - start), time.process_time() - t))
         conn.recv()  # the follower is done: close
     conn.close()
 
@@ -112,6 +116,7 @@ def follow(state: Path, model: str, events: list, args: argparse.Namespace) -> d
     cpu: list[float] = []
     wal: list[int] = []
     tables: list[int] = []
+    writer_cpu: list[float] = []  # the writer process's CPU per batch (all its threads)
     sizes: list[int] = []
     try:
         if here.recv() != "ready":
@@ -122,7 +127,9 @@ def follow(state: Path, model: str, events: list, args: argparse.Namespace) -> d
         query.refresh()
         for i in range(-(-len(events) // args.batch)):
             here.send("go")
-            sizes.append(here.recv())
+            size, spent = here.recv()
+            sizes.append(size)
+            writer_cpu.append(spent)
             grown, new = _files(state, seen)
             wal.append(grown)
             tables.append(new)
@@ -140,6 +147,7 @@ def follow(state: Path, model: str, events: list, args: argparse.Namespace) -> d
         shutil.rmtree(own, ignore_errors=True)
     skip = args.warmup
     wall, cpu, wal, tables, sizes = wall[skip:], cpu[skip:], wal[skip:], tables[skip:], sizes[skip:]
+    writer_cpu = writer_cpu[skip:]
 
     def ms(values: list[float]) -> dict[str, float]:
         if not values:
@@ -149,10 +157,12 @@ def follow(state: Path, model: str, events: list, args: argparse.Namespace) -> d
 
     return {"batches": len(wall), "events_per_batch": round(float(np.mean(sizes)), 1),
             "catch_up_ms": ms(wall), "catch_up_cpu_ms": ms(cpu),
+            # the writer's memtables (and so the follower's) grow until it flushes: later catch-ups cost more
+            "catch_up_cpu_ms_mean_by_quarter": [round(1000 * float(np.mean(q)), 2) for q in np.array_split(cpu, 4)],
             "with_new_tables_ms": ms([w for w, t in zip(wall, tables) if t]),
             "without_new_tables_ms": ms([w for w, t in zip(wall, tables) if not t]),
             "wal_kib_per_batch": {"p50": round(percentile(wal, 50) / 1024, 1), "max": round(max(wal) / 1024, 1)},
-            "dirty_at_end": status["dirty"]}
+            "writer_cpu_ms_per_batch": ms(writer_cpu), "dirty_at_end": status["dirty"]}
 
 
 def built(kind: str, args: argparse.Namespace, work: Path) -> tuple[str, Path, list, dict[str, Any]]:
