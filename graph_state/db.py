@@ -25,6 +25,7 @@ logger = logging.getLogger(__name__)
 
 _FLOAT_FAMILIES = ("feats", "embpages")
 _BLOCK_CACHE_BYTES = 256 << 20
+_WAL_BYTES = 16 << 20  # the writer's write-ahead logs, at most (then it flushes the families they hold)
 
 REMEDY = ("restore a snapshot of the state directory, or rebuild it with `gnnstream graph load` and "
           "`gnnstream backfill`")
@@ -257,6 +258,9 @@ def open_db(path: str, lock_timeout: float) -> Rdict:
     opts = Options(raw_mode=True)
     opts.create_if_missing(True)
     opts.create_missing_column_families(True)
+    # a follower replays the writer's log into memtables that live until the writer flushes the log's data,
+    # and each write it replays costs more the fuller they are: flush every family once the logs pass this
+    opts.set_max_total_wal_size(_WAL_BYTES)
     opts.set_paranoid_checks(True)  # RocksDB's default, relied on: damage found at open or in the background fails
     cache = Cache(_BLOCK_CACHE_BYTES)
     cfs = {name: family_options(cache, name) for name in keys.COLUMN_FAMILIES}
