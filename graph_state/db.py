@@ -25,6 +25,7 @@ logger = logging.getLogger(__name__)
 
 _FLOAT_FAMILIES = ("feats", "embpages")
 _BLOCK_CACHE_BYTES = 256 << 20
+_WAL_BYTES = 16 << 20  # the writer's write-ahead logs, at most (then it flushes the families they hold)
 
 REMEDY = ("restore a snapshot of the state directory, or rebuild it with `gnnstream graph load` and "
           "`gnnstream backfill`")
@@ -257,6 +258,9 @@ def open_db(path: str, lock_timeout: float) -> Rdict:
     opts = Options(raw_mode=True)
     opts.create_if_missing(True)
     opts.create_missing_column_families(True)
+    # a follower replays the writer's log into memtables that live until the writer flushes the log's data,
+    # and each write it replays costs more the fuller they are: flush every family once the logs pass this
+    opts.set_max_total_wal_size(_WAL_BYTES)
     opts.set_paranoid_checks(True)  # RocksDB's default, relied on: damage found at open or in the background fails
     cache = Cache(_BLOCK_CACHE_BYTES)
     cfs = {name: family_options(cache, name) for name in keys.COLUMN_FAMILIES}
@@ -280,8 +284,9 @@ def open_db(path: str, lock_timeout: float) -> Rdict:
             time.sleep(0.1)
 
 
-def open_follower(path: str, own_dir: str) -> Rdict:
-    """Open ``path`` as a RocksDB secondary instance keeping its own files in ``own_dir``.
+def open_follower(path: str, own_dir: str, families: Sequence[str] = keys.COLUMN_FAMILIES) -> Rdict:
+    """Open ``path`` as a RocksDB secondary instance keeping its own files in ``own_dir``, with the column
+    families ``families`` only (a catch-up replays the writer's log into those alone).
 
     Raises:
         StateCorrupted: as :meth:`_open`.
@@ -295,7 +300,7 @@ def open_follower(path: str, own_dir: str) -> Rdict:
     opts.set_max_open_files(-1)  # a secondary must keep table files open: the writer deletes compacted ones
     opts.set_max_file_opening_threads(1)  # else every catch-up starts threads to open files: 10-15 ms each
     cache = Cache(_BLOCK_CACHE_BYTES)
-    cfs = {name: family_options(cache, name) for name in keys.COLUMN_FAMILIES}
+    cfs = {name: family_options(cache, name, follower=True) for name in families}
     try:
         return Rdict(path, options=opts, column_families=cfs, access_type=AccessType.secondary(own_dir))
     except Exception as exc:  # rocksdict raises plain Exception
@@ -312,19 +317,24 @@ def other_families(error: BaseException) -> bool:
     return "Column families not opened" in str(error)
 
 
-def family_options(cache: Cache, name: str) -> Options:
+def family_options(cache: Cache, name: str, follower: bool = False) -> Options:
     """Bloom filters (most edge and id lookups are for keys that do not exist) and a shared block cache.
 
     Float rows (features, embeddings) do not compress: those families are
-    stored uncompressed, which saves flush and compaction CPU.
+    stored uncompressed, which saves flush and compaction CPU. The writer's
+    memtables have a whole-key bloom filter too; a ``follower``'s do not: it
+    fills its memtables by replaying the writer's log while readers wait,
+    and a filter costs every replayed write a few random bit sets in a
+    filter of 5 % of the write buffer.
     """
     table = BlockBasedOptions()
     table.set_bloom_filter(10, False)
     table.set_block_cache(cache)
     opts = Options(raw_mode=True)
     opts.set_block_based_table_factory(table)
-    opts.set_memtable_prefix_bloom_ratio(0.05)
-    opts.set_memtable_whole_key_filtering(True)
+    if not follower:
+        opts.set_memtable_prefix_bloom_ratio(0.05)
+        opts.set_memtable_whole_key_filtering(True)
     if name in _FLOAT_FAMILIES:
         opts.set_compression_type(DBCompressionType.none())
     return opts
