@@ -284,9 +284,8 @@ def open_db(path: str, lock_timeout: float) -> Rdict:
             time.sleep(0.1)
 
 
-def open_follower(path: str, own_dir: str, families: Sequence[str] = keys.COLUMN_FAMILIES) -> Rdict:
-    """Open ``path`` as a RocksDB secondary instance keeping its own files in ``own_dir``, with the column
-    families ``families`` only (a catch-up replays the writer's log into those alone).
+def open_follower(path: str, own_dir: str) -> Rdict:
+    """Open ``path`` as a RocksDB secondary instance keeping its own files in ``own_dir``.
 
     Raises:
         StateCorrupted: as :meth:`_open`.
@@ -300,7 +299,7 @@ def open_follower(path: str, own_dir: str, families: Sequence[str] = keys.COLUMN
     opts.set_max_open_files(-1)  # a secondary must keep table files open: the writer deletes compacted ones
     opts.set_max_file_opening_threads(1)  # else every catch-up starts threads to open files: 10-15 ms each
     cache = Cache(_BLOCK_CACHE_BYTES)
-    cfs = {name: family_options(cache, name, follower=True) for name in families}
+    cfs = {name: family_options(cache, name, follower=True) for name in keys.COLUMN_FAMILIES}
     try:
         return Rdict(path, options=opts, column_families=cfs, access_type=AccessType.secondary(own_dir))
     except Exception as exc:  # rocksdict raises plain Exception

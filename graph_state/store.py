@@ -56,8 +56,6 @@ class GraphStore:
             beside the process that writes it (a RocksDB secondary instance,
             which needs no lock), seeing its writes as of the last
             :meth:`catch_up`. Nothing is ever written to ``path``.
-        families: with ``follow``, the column families to open (default: all of them); a catch-up then
-            replays the writer's writes to those alone, and reading any other one is refused.
     """
 
     def __init__(
@@ -70,19 +68,14 @@ class GraphStore:
         cache_nodes: int = 2_000_000,
         lock_timeout: float = 10.0,
         follow: str | os.PathLike[str] | None = None,
-        families: Sequence[str] | None = None,
     ):
         self.path = os.fspath(path)
         self.following = follow is not None
-        if families is not None and (follow is None or not set(families) <= set(keys.COLUMN_FAMILIES)):
-            raise StoreConfigError(f"families {list(families)!r}: a follower of some of the column families "
-                                   f"{list(keys.COLUMN_FAMILIES)!r} only")
-        opened = keys.COLUMN_FAMILIES if families is None else tuple(dict.fromkeys(("meta", *families)))
-        self._db = open_follower(self.path, os.fspath(follow), opened) if follow is not None else \
+        self._db = open_follower(self.path, os.fspath(follow)) if follow is not None else \
             self._open(self.path, lock_timeout)
-        self._cf = {name: self._db.get_column_family(name) for name in opened}
+        self._cf = {name: self._db.get_column_family(name) for name in keys.COLUMN_FAMILIES}
         self._families = {name: Family(view, self.path) for name, view in self._cf.items()}  # checked scans
-        self._handles = {name: self._db.get_column_family_handle(name) for name in opened}
+        self._handles = {name: self._db.get_column_family_handle(name) for name in keys.COLUMN_FAMILIES}
         self._write_opts = WriteOptions()
         self._cache_nodes = cache_nodes
         this = weakref.proxy(self)  # the parts call the hooks below without keeping the store alive
@@ -585,12 +578,5 @@ class GraphStore:
 
     def column(self, name: str) -> Family:
         """The column family ``name``, for reading, with scans that raise :class:`StateCorrupted` on a read error
-        (:class:`Family`); writes go through :meth:`commit` (or :meth:`apply`).
-
-        Raises:
-            StoreConfigError: a follower opened without ``name`` (``families``).
-        """
-        try:
-            return self._families[name]
-        except KeyError:
-            raise StoreConfigError(f"store {self.path!r} was opened without column family {name!r}") from None
+        (:class:`Family`); writes go through :meth:`commit` (or :meth:`apply`)."""
+        return self._families[name]

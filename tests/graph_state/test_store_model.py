@@ -430,25 +430,3 @@ def test_a_follower_keeps_names_ids_across_catch_ups(tmp_path) -> None:
         if follower is not None:
             follower.close()
         writer.close()
-
-
-def test_a_follower_of_some_families_reads_those_and_refuses_the_rest(tmp_path) -> None:
-    """A follower opened with ``families`` catches up on those (meta always among them) and refuses any other
-    family by name; only a follower takes ``families``."""
-    from gnnstream.graph_state.exceptions import StoreConfigError
-    writer = GraphStore(tmp_path / "s", seed=0)
-    follower = None
-    try:
-        writer.apply([EdgeUpsert("a", "b", 1)])
-        follower = GraphStore(tmp_path / "s", follow=tmp_path / "f", families=("ids", "names", "nodes", "nbrs"))
-        writer.apply([EdgeUpsert("b", "c", 2)])
-        follower.catch_up()
-        assert sorted(follower.neighbors("b")) == ["a", "c"] and follower.seed == 0
-        with pytest.raises(StoreConfigError, match="without column family 'outbox'"):
-            follower.column("outbox")
-    finally:
-        if follower is not None:
-            follower.close()
-        writer.close()
-    with pytest.raises(StoreConfigError, match="a follower of some"):
-        GraphStore(tmp_path / "s", families=("ids",))

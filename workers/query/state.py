@@ -68,10 +68,6 @@ MAX_EVENTS = 1_000  # events of one what-if request
 MAX_IDS = 1_000  # nodes asked for in one what-if request
 _REREADS = 3  # catch-ups tried when the writer reused a frame this reader was about to read
 KEPT_ROWS = 4_000_000  # rows of the frames lookups keep in memory (PageLog.row), as many as the worker's row cache
-# the column families answers read: a catch-up replays the worker's writes to these alone (not its outbox,
-# sampled-by index or born index)
-FAMILIES = ("meta", "ids", "names", "nodes", "feats", "edges", "nbrs", "offsets", "dirty", "embpages",
-            "layerpages", "expiry")
 
 
 class QueryError(ValueError):
@@ -145,7 +141,7 @@ class QueryState:
 
     def __init__(self, state_dir: str | os.PathLike[str], model_dir: str | os.PathLike[str] | None,
                  own_dir: str | os.PathLike[str], head: ScoreHead | None = None):
-        self.store = GraphStore(state_dir, follow=own_dir, families=FAMILIES)
+        self.store = GraphStore(state_dir, follow=own_dir)
         try:
             if model_dir is None:
                 raw = self.store.column("meta").get(MODEL_DIR_META)
