@@ -494,7 +494,8 @@ class Producer(ProducerClient):
         bootstrap: ``host:port[,host:port...]``.
         linger_ms: how long a batch waits for more records.
         batch_size: bytes per partition batch.
-        max_block_ms: how long :meth:`send` may block (metadata, full buffer).
+        max_block_ms: how long :meth:`send` may block (the first connection of a
+            fresh kafka-python producer, metadata, full buffer).
         max_message_bytes: the largest record it sends (``max_request_size``).
         **config: other ``KafkaProducer`` settings.
     """
@@ -503,6 +504,7 @@ class Producer(ProducerClient):
                  max_block_ms: int = 10_000, max_message_bytes: int = MAX_MESSAGE_BYTES, **config: Any):
         self._settings: dict[str, Any] = dict(bootstrap_servers=bootstrap, linger_ms=linger_ms,
                                               batch_size=batch_size, max_block_ms=max_block_ms,
+                                              bootstrap_timeout_ms=max_block_ms,
                                               acks="all", client_id="gnnstream-producer",
                                               max_request_size=max_message_bytes)
         self._settings.update(config)
