@@ -283,6 +283,7 @@ class EventConsumer(ConsumerClient):
         self.topics = [topic] if isinstance(topic, str) else list(topic)
         self._on_assign, self._on_revoke = on_assign, on_revoke
         self._paused = paused
+        self._settled = False  # assigned, and not revoked since
         self._next: dict[PartitionKey, int] = {}
         self._hook_error: BaseException | None = None
         self._start_at_end = config.pop("auto_offset_reset", "earliest") == "latest"
@@ -320,6 +321,7 @@ class EventConsumer(ConsumerClient):
         return self._consumer
 
     def _assigned(self, partitions: list[PartitionKey]) -> None:
+        self._settled = True
         try:
             stored = dict(self._on_assign(partitions) or {}) if self._on_assign else {}
             for key in partitions:
@@ -341,6 +343,7 @@ class EventConsumer(ConsumerClient):
             self._hook_error = exc
 
     def _revoked(self, partitions: list[PartitionKey]) -> None:
+        self._settled = False
         self._to_end.difference_update(partitions)
         if partitions:
             logger.info("revoked %s", sorted(partitions))
@@ -364,11 +367,24 @@ class EventConsumer(ConsumerClient):
     def poll_batch(self, max_records: int = 500, timeout_s: float = 1.0) -> list[Record]:
         """Up to ``max_records`` records, waiting at most ``timeout_s`` (joins included).
 
+        A ``paused`` member that holds its assignment sleeps ``timeout_s``,
+        then polls without waiting: it reads no records, kafka-python sends
+        its heartbeats from an I/O thread of its own, and its poll goes
+        round without pause while a heartbeat is overdue (a broker that
+        takes connections and does not answer), which would hold a core for
+        as long as the broker stays that way. From a revocation to the next
+        assignment it polls for the whole ``timeout_s``: kafka-python sends
+        a join again when the one in flight ended while no poll waited for it.
+
         Raises:
             StreamError: the ``on_assign``/``on_revoke`` hook failed; the
                 records of that poll are not returned.
         """
-        batches = self._client.poll(timeout_ms=int(timeout_s * 1000), max_records=max_records)
+        if self._paused and self._settled:
+            time.sleep(timeout_s)
+            batches = self._client.poll(timeout_ms=0, max_records=max_records)
+        else:
+            batches = self._client.poll(timeout_ms=int(timeout_s * 1000), max_records=max_records)
         if self._hook_error is not None:
             error, self._hook_error = self._hook_error, None
             raise StreamError(f"partition assignment hook failed for {self.topics}: {error!r}") from error
@@ -478,7 +494,8 @@ class Producer(ProducerClient):
         bootstrap: ``host:port[,host:port...]``.
         linger_ms: how long a batch waits for more records.
         batch_size: bytes per partition batch.
-        max_block_ms: how long :meth:`send` may block (metadata, full buffer).
+        max_block_ms: how long :meth:`send` may block (the first connection of a
+            fresh kafka-python producer, metadata, full buffer).
         max_message_bytes: the largest record it sends (``max_request_size``).
         **config: other ``KafkaProducer`` settings.
     """
@@ -487,6 +504,7 @@ class Producer(ProducerClient):
                  max_block_ms: int = 10_000, max_message_bytes: int = MAX_MESSAGE_BYTES, **config: Any):
         self._settings: dict[str, Any] = dict(bootstrap_servers=bootstrap, linger_ms=linger_ms,
                                               batch_size=batch_size, max_block_ms=max_block_ms,
+                                              bootstrap_timeout_ms=max_block_ms,
                                               acks="all", client_id="gnnstream-producer",
                                               max_request_size=max_message_bytes)
         self._settings.update(config)

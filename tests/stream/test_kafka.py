@@ -447,6 +447,46 @@ def test_rebalance_hands_partitions_over_at_the_stored_offsets(kafka_client: str
 # ---------------------------------------------------------------- confluent-kafka only
 
 
+def test_assigned_paused_kafka_python_member_sleeps_then_polls_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A paused member that holds its assignment asks kafka-python's poll for no wait (which goes round
+    without pause while a heartbeat is overdue) and sleeps instead; from a revocation to the next assignment
+    it waits inside the poll, where kafka-python finishes a join."""
+    import gnnstream.stream.kafka as kafka_backend
+    calls: list[tuple[str, float]] = []
+    events: list[str] = ["assign", "", "revoke", "", "assign"]  # what the group does inside each poll
+
+    class FakeConsumer:
+        def __init__(self, **config: object) -> None:
+            self.listener = None
+
+        def subscribe(self, topics: list[str], listener: object) -> None:
+            self.listener = listener
+
+        def poll(self, timeout_ms: int, max_records: int) -> dict:
+            calls.append(("poll", timeout_ms))
+            tps = [kafka_backend.TopicPartition("out", 0)]
+            event = events.pop(0)
+            if event == "assign":
+                self.listener.on_partitions_assigned(tps)
+            elif event == "revoke":
+                self.listener.on_partitions_revoked(tps)
+            return {}
+
+        def seek_to_beginning(self, *tps: object) -> None:
+            pass
+
+        def pause(self, *tps: object) -> None:
+            pass
+
+    monkeypatch.setattr(kafka_backend, "KafkaConsumer", FakeConsumer)
+    monkeypatch.setattr(kafka_backend.time, "sleep", lambda s: calls.append(("sleep", s)))
+    member = kafka_backend.EventConsumer("127.0.0.1:9", "out", "g", paused=True)
+    for _ in range(5):
+        assert member.poll_batch(1, 0.2) == []
+    assert calls == [("poll", 200), ("sleep", 0.2), ("poll", 0), ("sleep", 0.2), ("poll", 0), ("poll", 200),
+                     ("poll", 200)]
+
+
 def test_confluent_settings_are_checked() -> None:
     from gnnstream.stream.confluent import ConfluentConsumer, ConfluentProducer, librdkafka_settings
 
