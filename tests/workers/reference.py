@@ -11,8 +11,11 @@ run layer by layer on one sampled edge list per layer (in float64).
 
 from __future__ import annotations
 
+import contextlib
 import heapq
+import io
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -40,6 +43,7 @@ __all__ = [
     "fast_tempdir",
     "gnnstream_command",
     "run_gnnstream",
+    "call_gnnstream",
     "DATA_DIR",
     "ATOL",
 ]
@@ -64,6 +68,30 @@ def run_gnnstream(*argv: Any, timeout: float = 600) -> subprocess.CompletedProce
     texts); its output is captured as text. ``timeout`` is a safety net, not a measurement."""
     env = dict(os.environ, GNNSTREAM_NO_PROGRESS="1", COLUMNS="200")
     return subprocess.run(gnnstream_command(*argv), capture_output=True, text=True, env=env, timeout=timeout)
+
+
+def call_gnnstream(*argv: Any) -> subprocess.CompletedProcess:
+    """``gnnstream ARGV`` run in this process, without the start-up of a new interpreter: its exit status,
+    stdout and stderr as :func:`run_gnnstream` gives them (stderr with the log records of WARNING and above, as
+    the command logs them in a process of its own). For what needs no process of its own (no lock held here,
+    no crash); set ``GNNSTREAM_NO_PROGRESS`` first."""
+    from gnnstream.workers.cli import main
+    from gnnstream.workers.settings import LOG_FORMAT
+    out, err = io.StringIO(), io.StringIO()
+    log = logging.StreamHandler(err)
+    log.setLevel(logging.WARNING)
+    log.setFormatter(logging.Formatter(LOG_FORMAT))
+    root = logging.getLogger()
+    root.addHandler(log)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                status = main([str(a) for a in argv])
+            except SystemExit as exc:  # argparse's usage errors
+                status = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
+    finally:
+        root.removeHandler(log)
+    return subprocess.CompletedProcess(list(argv), status, out.getvalue(), err.getvalue())
 
 
 def fast_tempdir() -> tempfile.TemporaryDirectory:
