@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 import numpy as np
+import pytest
 import torch
 from torch_geometric.nn.models import GAT, GCN, GraphSAGE
 
@@ -73,8 +74,8 @@ def run_gnnstream(*argv: Any, timeout: float = 600) -> subprocess.CompletedProce
 def call_gnnstream(*argv: Any) -> subprocess.CompletedProcess:
     """``gnnstream ARGV`` run in this process, without the start-up of a new interpreter: its exit status,
     stdout and stderr as :func:`run_gnnstream` gives them (stderr with the log records of WARNING and above, as
-    the command logs them in a process of its own). For what needs no process of its own (no lock held here,
-    no crash); set ``GNNSTREAM_NO_PROGRESS`` first."""
+    the command logs them in a process of its own), with the same environment. For what needs no process of
+    its own (no lock held here, no crash)."""
     from gnnstream.workers.cli import main
     from gnnstream.workers.settings import LOG_FORMAT
     out, err = io.StringIO(), io.StringIO()
@@ -84,7 +85,9 @@ def call_gnnstream(*argv: Any) -> subprocess.CompletedProcess:
     root = logging.getLogger()
     root.addHandler(log)
     try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), pytest.MonkeyPatch.context() as env:
+            env.setenv("GNNSTREAM_NO_PROGRESS", "1")
+            env.setenv("COLUMNS", "200")
             try:
                 status = main([str(a) for a in argv])
             except SystemExit as exc:  # argparse's usage errors
