@@ -264,9 +264,8 @@ def test_worker_env_vars_are_real_settings(worker_envs: dict[str, dict[str, str]
 
 
 def test_run_help_mentions_every_env_var(worker_envs: dict[str, dict[str, str]]) -> None:
-    env = dict(os.environ, COLUMNS="200")
-    result = subprocess.run([sys.executable, "-m", "gnnstream.workers.cli", "run", "--help"], capture_output=True, text=True,
-                            timeout=120, cwd=ROOT, env=env)
+    from tests.workers.reference import call_gnnstream
+    result = call_gnnstream("run", "--help")
     assert result.returncode == 0, result.stderr
     help_text = result.stdout
     for name in set().union(*worker_envs.values()):

@@ -19,7 +19,7 @@ from gnnstream.stream.kafka import EventConsumer, Producer, ensure_topics
 from gnnstream.stream.exceptions import InvalidUpdate
 from gnnstream.stream.updates import EmbeddingUpdate, encode_update, tombstone
 from tests.support import small_otc_csv as _small_csv
-from tests.workers.reference import run_gnnstream
+from tests.workers.reference import call_gnnstream
 from gnnstream.fraud.datasets import BITCOIN_OTC, rhythm
 from gnnstream.stream.snap import SnapRating, read_snap, snap_events
 from gnnstream.workers.engine import Engine
@@ -276,7 +276,7 @@ def test_train_validates_arguments_at_parse_time(tmp_path: Path) -> None:
                                                               "between 0 and 1, both excluded (got '1.5')"),
                                   ("--train-fraction", "0", "argument --train-fraction: expected a fraction"),
                                   ("--train-fraction", "x", "argument --train-fraction: expected a number")):
-        proc = run_gnnstream("train", "--events", csv, "--out", tmp_path / "m", flag, value, timeout=120)
+        proc = call_gnnstream("train", "--events", csv, "--out", tmp_path / "m", flag, value)
         assert proc.returncode == 2, proc.stderr
         assert expected in proc.stderr and "Traceback" not in proc.stderr
         assert not (tmp_path / "m").exists()
@@ -305,18 +305,18 @@ def test_train_refuses_an_existing_model_dir_unless_forced(tmp_path: Path) -> No
     labels.write_text("".join(f"{n},{y}\n" for n, y in distrust_labels(read_snap(csv)).items()))
     args = ("train", "--events", csv, "--labels", labels, "--out", out, "--epochs", "2", "--hidden", "4",
             "--out-dim", "3", "--fanouts", "3,2", "--name", "otc-sage")
-    proc = run_gnnstream(*args, timeout=300)
+    proc = call_gnnstream(*args)
     assert proc.returncode == 2
     assert proc.stderr.strip() == (f"gnnstream: error: {out} already exists and is not empty; choose another "
                                    f"output directory, or pass --force (overwrite=True) to replace the model in it")
     assert (out / "config.json").read_text() == "{}" and sorted(p.name for p in out.iterdir()) == ["config.json"]
-    proc = run_gnnstream(*args, "--force", timeout=300)
+    proc = call_gnnstream(*args, "--force")
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["epochs"] == 2
     assert load_head(out).model == "otc-sage:1" and len(load_head(out).weights) == 3
     # an empty directory is fine without --force
     (tmp_path / "empty").mkdir()
-    proc = run_gnnstream("train", "--events", csv, "--labels", labels, "--out", tmp_path / "empty", "--epochs", "1",
-                         "--hidden", "4",
-                         "--out-dim", "3", "--fanouts", "3,2", timeout=300)
+    proc = call_gnnstream("train", "--events", csv, "--labels", labels, "--out", tmp_path / "empty", "--epochs", "1",
+                          "--hidden", "4",
+                          "--out-dim", "3", "--fanouts", "3,2")
     assert proc.returncode == 0, proc.stderr

@@ -18,7 +18,7 @@ from gnnstream.stream.clients import Record
 from gnnstream.stream.kafka import EventConsumer, Producer, ensure_topics
 from gnnstream.stream.rollout import SERVING_HEADER, version_topic
 from gnnstream.stream.updates import encode_update, encode_updates, tombstone, EmbeddingUpdate
-from tests.workers.reference import run_gnnstream
+from tests.workers.reference import call_gnnstream
 from gnnstream.fraud.canary import canary_mask, compare_scores, ks_statistic
 from gnnstream.fraud.scorer import SUMMARY_KEYS, FraudScorer
 from gnnstream.fraud.train import otc_labels, train_fraud_model
@@ -390,10 +390,9 @@ def test_train_a_second_version_with_another_seed(tmp_path) -> None:
     # the command line: --name and --version make the tag
     labels = tmp_path / "labels.csv"
     labels.write_text("".join(f"{n},{y},{ts}\n" for n, (y, ts) in otc_labels(read_snap(csv), 0.7).items()))
-    proc = run_gnnstream("train", "--events", csv, "--labels", labels, "--out", tmp_path / "cli", "--epochs", "1",
-                         "--hidden", "4",
-                         "--out-dim", "3", "--fanouts", "3,2", "--seed", "3", "--name", "otc-x", "--version", "4",
-                         timeout=300)
+    proc = call_gnnstream("train", "--events", csv, "--labels", labels, "--out", tmp_path / "cli", "--epochs", "1",
+                          "--hidden", "4",
+                          "--out-dim", "3", "--fanouts", "3,2", "--seed", "3", "--name", "otc-x", "--version", "4")
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["model"] == "otc-x:4" and load_head(tmp_path / "cli").model == "otc-x:4"
 
@@ -405,9 +404,9 @@ def test_score_command_line_errors(tmp_path) -> None:
                                                "like 0.05 (got 'x')"),
                            (("--model", "b", "--output-topic", "emb"), "gnnstream: error: --output-topic reads one "
                                                                        "topic, for one --model (got 2)")):
-        proc = run_gnnstream("score", "--model", "a", *args, timeout=120)
+        proc = call_gnnstream("score", "--model", "a", *args)
         assert proc.returncode == 2, proc.stderr
         assert expected in proc.stderr and "Traceback" not in proc.stderr
         assert len([line for line in proc.stderr.splitlines() if "error" in line]) == 1
-    proc = run_gnnstream("train", "--events", "x.csv", "--out", tmp_path / "m", "--version", "v2", timeout=120)
+    proc = call_gnnstream("train", "--events", "x.csv", "--out", tmp_path / "m", "--version", "v2")
     assert proc.returncode == 2 and "argument --version: expected a non-negative whole number" in proc.stderr

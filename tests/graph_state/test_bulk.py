@@ -172,7 +172,7 @@ def test_a_bulk_load_without_edges_equals_apply(tmp_path: Path, events: list) ->
 
 def test_graph_load_into_a_new_state_takes_files_without_edges(tmp_path: Path) -> None:
     from gnnstream.stream.events import encode_event
-    from tests.workers.reference import run_gnnstream
+    from tests.workers.reference import call_gnnstream
     files = {  # name: (events, nodes after the load, events in the bulk part)
         "empty": ([], 0, 0),
         "features": ([NodeUpsert("a", 1, (1.0, 2.0)), NodeUpsert("b", 2, (0.5, 0.5))], 2, 2),
@@ -181,7 +181,7 @@ def test_graph_load_into_a_new_state_takes_files_without_edges(tmp_path: Path) -
     for name, (events, nodes, bulk) in files.items():
         path = tmp_path / f"{name}.jsonl"
         path.write_bytes(b"".join(encode_event(ev) + b"\n" for ev in events))
-        done = run_gnnstream("graph", "load", "--state", tmp_path / name, path, "--seed", 0)
+        done = call_gnnstream("graph", "load", "--state", tmp_path / name, path, "--seed", 0)
         assert done.returncode == 0, done.stderr
         summary = json.loads(done.stdout)
         assert (summary["events"], summary["nodes"], summary["bulk_events"]) == (len(events), nodes, bulk), summary
@@ -189,17 +189,17 @@ def test_graph_load_into_a_new_state_takes_files_without_edges(tmp_path: Path) -
 
 def test_graph_load_takes_the_number_of_workers(tmp_path: Path) -> None:
     from gnnstream.stream.events import encode_event
-    from tests.workers.reference import run_gnnstream
+    from tests.workers.reference import call_gnnstream
     path = tmp_path / "events.jsonl"
     path.write_bytes(b"".join(encode_event(ev) + b"\n" for ev in _without_node_deletes(2, n=40)))
     states = {}
     for workers in ("1", "2"):
-        done = run_gnnstream("graph", "load", "--state", tmp_path / workers, path, "--seed", 0, "--workers", workers)
+        done = call_gnnstream("graph", "load", "--state", tmp_path / workers, path, "--seed", 0, "--workers", workers)
         assert done.returncode == 0, done.stderr
         with GraphStore(tmp_path / workers) as store:
             states[workers] = {family: list(store.column(family).items()) for family in keys.COLUMN_FAMILIES}
     assert states["1"] == states["2"] and len(states["1"]["nbrs"]) > 50
-    refused = run_gnnstream("graph", "load", "--state", tmp_path / "zero", path, "--workers", "0")
+    refused = call_gnnstream("graph", "load", "--state", tmp_path / "zero", path, "--workers", "0")
     assert refused.returncode == 2
     assert refused.stderr.strip().splitlines()[-1] == (
         "gnnstream graph load: error: argument --workers: expected an integer >= 1 (got '0')")

@@ -27,7 +27,7 @@ from gnnstream.graph_state.exceptions import GraphStateError, StateCorrupted
 from gnnstream.graph_state.db import MANIFEST_RECORD
 from gnnstream.graph_state.store import GraphStore
 from gnnstream.model import init_model_dir
-from tests.workers.reference import fast_tempdir, run_gnnstream
+from tests.workers.reference import call_gnnstream, fast_tempdir
 
 NODES = 3_000
 EDGES = 20_000
@@ -63,7 +63,7 @@ def good(work: Path) -> Path:
     _write_events(events)
     (work / "empty.jsonl").write_text("")
     init_model_dir(work / "model", arch="sage", in_dim=8, hidden=16, out_dim=8, layers=2, fanouts=[10, 5], seed=0)
-    done = run_gnnstream("apply", "--state", work / "good", "--model", work / "model", events)
+    done = call_gnnstream("apply", "--state", work / "good", "--model", work / "model", events)
     assert done.returncode == 0, done.stderr[-3000:]
     return work / "good"
 
@@ -100,7 +100,7 @@ def _assert_one_line_error(done: subprocess.CompletedProcess, damaged: str, what
 
 
 def test_the_good_state_verifies(good: Path) -> None:
-    done = run_gnnstream("verify", "--state", good)
+    done = call_gnnstream("verify", "--state", good)
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     assert json.loads(done.stdout)["ok"] is True
     assert json.loads((good / MANIFEST_RECORD).read_text())["manifest"] == (good / "CURRENT").read_text().strip()
@@ -125,7 +125,7 @@ def test_a_damaged_table_file_fails_every_command_that_reads_it(good: Path, work
         _scramble(state / name)
         for command, *rest in READERS[family]:
             args = [a.format(model=work / "model", out=tmp / "emb.jsonl", empty=work / "empty.jsonl") for a in rest]
-            done = run_gnnstream(command, "--state", state, *args)
+            done = call_gnnstream(command, "--state", state, *args)
             _assert_one_line_error(done, name, f"{command} with {family}'s {name} damaged")
 
 
@@ -187,7 +187,7 @@ def test_a_cut_manifest_is_refused_and_costs_no_table_file(good: Path, work: Pat
         tables = sorted(p.name for p in state.glob("*.sst"))
         assert tables
         for command, *args in [("apply", work / "empty.jsonl"), ("verify",), ("embeddings", "--out", tmp / "e.jsonl")]:
-            done = run_gnnstream(command, "--state", state, *args)
+            done = call_gnnstream(command, "--state", state, *args)
             _assert_one_line_error(done, name, f"{command} with {name} cut to {keep}")
         assert sorted(p.name for p in state.glob("*.sst")) == tables, "table files were deleted"
         assert (state / name).stat().st_size == size

@@ -13,7 +13,7 @@ from gnnstream.graph_state import keys
 from gnnstream.graph_state.exceptions import StateLayoutError
 from gnnstream.graph_state.store import GraphStore
 from gnnstream.stream.events import EdgeUpsert
-from tests.workers.reference import run_gnnstream
+from tests.workers.reference import call_gnnstream
 
 
 def _state(path: Path) -> None:
@@ -47,7 +47,7 @@ def test_a_state_of_another_layout_is_refused_everywhere(tmp_path: Path, layout:
     for open_it in (lambda: GraphStore(path), lambda: GraphStore(path, follow=tmp_path / "follower")):
         with pytest.raises(StateLayoutError, match=f"written with {which} .* reads layout {keys.LAYOUT} only"):
             open_it()
-    done = run_gnnstream("graph", "show", "--state", path, "a")
+    done = call_gnnstream("graph", "show", "--state", path, "a")
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert done.returncode != 0 and len(lines) == 1, done.stderr
     assert lines[0].startswith("gnnstream: error: ") and which in lines[0], lines[0]
@@ -72,6 +72,6 @@ def test_a_state_with_families_of_another_layout_is_refused_at_open(tmp_path: Pa
     with pytest.raises(StateLayoutError, match="rebuild it in a new directory"):
         GraphStore(path)
     (tmp_path / "none.jsonl").write_text("")
-    done = run_gnnstream("apply", "--state", path, tmp_path / "none.jsonl")
+    done = call_gnnstream("apply", "--state", path, tmp_path / "none.jsonl")
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert done.returncode != 0 and len(lines) == 1 and "written with an earlier layout" in lines[0], done.stderr

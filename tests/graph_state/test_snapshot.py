@@ -458,25 +458,20 @@ def test_a_failed_snapshot_leaves_nothing(work: Path, closed_state: Path, monkey
 
 
 # ---------------------------------------------------------------------- the command
-def _gnnstream(*argv: object) -> subprocess.CompletedProcess:
-    env = dict(os.environ, GNNSTREAM_NO_PROGRESS="1", COLUMNS="200")
-    return subprocess.run([sys.executable, "-m", "gnnstream.workers.cli", *map(str, argv)], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=300)
-
-
 def test_command(work: Path, closed_state: Path) -> None:
-    done = _gnnstream("snapshot", "--state", closed_state, "--out", work / "copy")
+    from tests.workers.reference import call_gnnstream  # not at the top: the child process needs no PyG
+    done = call_gnnstream("snapshot", "--state", closed_state, "--out", work / "copy")
     assert done.returncode == 0, done.stderr
     summary = json.loads(done.stdout)
     assert summary["offsets"] == {"events:0": BATCH} and summary["out"] == str(work / "copy")
 
-    again = _gnnstream("snapshot", "--state", closed_state, "--out", work / "copy")
+    again = call_gnnstream("snapshot", "--state", closed_state, "--out", work / "copy")
     assert again.returncode == 2 and again.stdout == ""
     assert again.stderr.startswith("gnnstream: error: snapshot target") and again.stderr.count("\n") == 1
-    missing = _gnnstream("snapshot", "--state", work / "missing", "--out", work / "other")
+    missing = call_gnnstream("snapshot", "--state", work / "missing", "--out", work / "other")
     assert missing.returncode == 2 and missing.stderr.count("\n") == 1 and "does not exist" in missing.stderr
 
-    text = " ".join(_gnnstream("snapshot", "--help").stdout.split())
+    text = " ".join(call_gnnstream("snapshot", "--help").stdout.split())
     assert "beside a running worker" in text and "resumes from the copy's stored offsets" in text
 
 

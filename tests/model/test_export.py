@@ -17,7 +17,7 @@ from gnnstream.graph_state.store import GraphStore
 from gnnstream.model import init_model_dir, load_model_dir
 from gnnstream.model.export import SAMPLER_FILE, export_model
 from gnnstream.stream.snap import FEATURE_DIM, read_snap, snap_events
-from tests.workers.reference import run_gnnstream
+from tests.workers.reference import call_gnnstream
 
 FANOUTS = [6, 3]
 
@@ -64,7 +64,7 @@ def test_exported_models_equal_our_layers(arch: str, heads: int, tmp_path: Path)
 def test_torchscript_file_loads_with_torch_alone(tmp_path: Path) -> None:
     model = tmp_path / "model"
     init_model_dir(model, "gat", FEATURE_DIM, 8, 4, 2, FANOUTS, seed=1, heads=2)
-    proc = run_gnnstream("model", "export", model, "--format", "torchscript", "--out", tmp_path / "model.pt")
+    proc = call_gnnstream("model", "export", model, "--format", "torchscript", "--out", tmp_path / "model.pt")
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["sampler_file"] == str(tmp_path / SAMPLER_FILE)
     code = ("import sys, torch; m = torch.jit.load(sys.argv[1]); "
@@ -76,5 +76,5 @@ def test_torchscript_file_loads_with_torch_alone(tmp_path: Path) -> None:
 
 
 def test_export_refuses_an_unknown_format(tmp_path: Path) -> None:
-    proc = run_gnnstream("model", "export", tmp_path, "--format", "tflite", "--out", tmp_path / "m")
+    proc = call_gnnstream("model", "export", tmp_path, "--format", "tflite", "--out", tmp_path / "m")
     assert proc.returncode == 2 and "invalid choice: 'tflite'" in proc.stderr

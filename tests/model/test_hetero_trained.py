@@ -10,7 +10,7 @@ import torch
 
 from gnnstream.fraud.payments import SCHEMA, generate
 from gnnstream.model.schema import GraphSchema
-from tests.workers.reference import assert_embeddings_close, run_gnnstream
+from tests.workers.reference import assert_embeddings_close, call_gnnstream
 from tests.workers.typed_reference import hetero_data, sampled
 
 SEED, FANOUT = 3, 4
@@ -52,16 +52,16 @@ def test_a_trained_to_hetero_model_serves_its_own_forward_pass(tmp_path):
 
     torch.save(module.state_dict(), tmp_path / "trained.pt")
     (tmp_path / "schema.json").write_text(json.dumps(SCHEMA))
-    imported = run_gnnstream("model", "import", tmp_path / "trained.pt", tmp_path / "model", "--arch", "sage",
-                             "--fanouts", f"{FANOUT},{FANOUT}", "--seed", str(SEED),
-                             "--schema", tmp_path / "schema.json")
+    imported = call_gnnstream("model", "import", tmp_path / "trained.pt", tmp_path / "model", "--arch", "sage",
+                              "--fanouts", f"{FANOUT},{FANOUT}", "--seed", str(SEED),
+                              "--schema", tmp_path / "schema.json")
     assert imported.returncode == 0, imported.stderr
     with open(tmp_path / "events.jsonl", "w") as fh:
         fh.writelines(json.dumps(ev) + "\n" for ev in stream.events)
-    applied = run_gnnstream("apply", "--state", tmp_path / "state", "--model", tmp_path / "model", "--batch", "97",
-                            tmp_path / "events.jsonl")
+    applied = call_gnnstream("apply", "--state", tmp_path / "state", "--model", tmp_path / "model", "--batch", "97",
+                             tmp_path / "events.jsonl")
     assert applied.returncode == 0, applied.stderr
-    done = run_gnnstream("embeddings", "--state", tmp_path / "state", "--out", "-")
+    done = call_gnnstream("embeddings", "--state", tmp_path / "state", "--out", "-")
     assert done.returncode == 0, done.stderr
     served = {row["id"]: row["embedding"] for row in map(json.loads, done.stdout.splitlines())}
     expected = {f"{t}/{node}": want[t][row].numpy() for t, ids in rows.items() for node, row in ids.items()

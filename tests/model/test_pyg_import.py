@@ -12,7 +12,7 @@ from torch_geometric.nn import GAT, GCN, GATConv, GraphSAGE, SAGEConv
 from gnnstream.model import load_model_dir
 from gnnstream.model.exceptions import CorruptWeights
 from gnnstream.model.pyg import UnsupportedModel, import_checkpoint, import_pyg, import_state_dict
-from tests.workers.reference import run_gnnstream
+from tests.workers.reference import call_gnnstream
 
 
 def _graph() -> tuple[torch.Tensor, torch.Tensor]:
@@ -95,14 +95,14 @@ def test_gat_heads_are_read_from_the_weights(tmp_path: Path) -> None:
 
 def test_the_command_imports_a_checkpoint_and_refuses_in_one_line(tmp_path: Path) -> None:
     torch.save(GAT(6, 8, 2, out_channels=4, heads=2).state_dict(), tmp_path / "gat.pt")
-    proc = run_gnnstream("model", "import", tmp_path / "gat.pt", tmp_path / "m", "--arch", "gat", "--fanouts", "4,2",
-                         "--name", "mine", "--version", "3")
+    proc = call_gnnstream("model", "import", tmp_path / "gat.pt", tmp_path / "m", "--arch", "gat", "--fanouts", "4,2",
+                          "--name", "mine", "--version", "3")
     assert proc.returncode == 0, proc.stderr
     assert {k: json.loads(proc.stdout)[k] for k in ("arch", "in_dim", "hidden_dim", "out_dim", "heads", "name",
                                                     "version")} == \
         {"arch": "gat", "in_dim": 6, "hidden_dim": 8, "out_dim": 4, "heads": 2, "name": "mine", "version": 3}
-    proc = run_gnnstream("model", "import", tmp_path / "gat.pt", tmp_path / "n", "--arch", "gat", "--fanouts", "4,2",
-                         "--aggr", "sum")
+    proc = call_gnnstream("model", "import", tmp_path / "gat.pt", tmp_path / "n", "--arch", "gat", "--fanouts", "4,2",
+                          "--aggr", "sum")
     assert proc.returncode == 2 and proc.stderr == ("gnnstream: error: cannot serve the model exactly: aggr='sum'; "
                                                     "only aggr='mean' is served\n")
     torch.save({"model": GAT(6, 8, 2).state_dict(), "epoch": 3}, tmp_path / "wrapped.pt")

@@ -11,17 +11,21 @@ run layer by layer on one sampled edge list per layer (in float64).
 
 from __future__ import annotations
 
+import contextlib
 import heapq
+import io
 import json
+import logging
 import os
 import subprocess
 import sys
 import tempfile
 from hashlib import blake2b
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import numpy as np
+import pytest
 import torch
 from torch_geometric.nn.models import GAT, GCN, GraphSAGE
 
@@ -40,6 +44,7 @@ __all__ = [
     "fast_tempdir",
     "gnnstream_command",
     "run_gnnstream",
+    "call_gnnstream",
     "DATA_DIR",
     "ATOL",
 ]
@@ -64,6 +69,49 @@ def run_gnnstream(*argv: Any, timeout: float = 600) -> subprocess.CompletedProce
     texts); its output is captured as text. ``timeout`` is a safety net, not a measurement."""
     env = dict(os.environ, GNNSTREAM_NO_PROGRESS="1", COLUMNS="200")
     return subprocess.run(gnnstream_command(*argv), capture_output=True, text=True, env=env, timeout=timeout)
+
+
+@contextlib.contextmanager
+def _fd_output(fd: int) -> Iterator[Callable[[], str]]:
+    """What is written to file descriptor ``fd`` (1 or 2) below Python (RocksDB, torch) inside the block."""
+    with tempfile.TemporaryFile() as sink:
+        saved = os.dup(fd)
+        os.dup2(sink.fileno(), fd)
+        try:
+            yield lambda: (sink.seek(0), sink.read().decode(errors="replace"))[1]
+        finally:
+            os.dup2(saved, fd)
+            os.close(saved)
+
+
+def call_gnnstream(*argv: Any) -> subprocess.CompletedProcess:
+    """``gnnstream ARGV`` run in this process, without the start-up of a new interpreter: its exit status,
+    stdout and stderr as :func:`run_gnnstream` gives them (with the log records of WARNING and above, as the
+    command logs them in a process of its own, and what native code writes to file descriptors 1 and 2), in
+    the same environment. For what needs no process of its own (no lock held here, no crash)."""
+    from gnnstream.workers.cli import main
+    from gnnstream.workers.settings import LOG_FORMAT
+    out, err = io.StringIO(), io.StringIO()
+    log = logging.StreamHandler(err)
+    log.setLevel(logging.WARNING)
+    log.setFormatter(logging.Formatter(LOG_FORMAT))
+    root = logging.getLogger()
+    root.addHandler(log)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), pytest.MonkeyPatch.context() as env, \
+                _fd_output(1) as native_out, _fd_output(2) as native_err:
+            env.setenv("GNNSTREAM_NO_PROGRESS", "1")
+            env.setenv("COLUMNS", "200")
+            try:
+                status = main([str(a) for a in argv])
+            except SystemExit as exc:  # argparse's usage errors
+                status = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
+            stdout, stderr = native_out() + out.getvalue(), native_err() + err.getvalue()
+    finally:
+        root.removeHandler(log)
+    return subprocess.CompletedProcess(list(argv), status, stdout, stderr)
 
 
 def fast_tempdir() -> tempfile.TemporaryDirectory:

@@ -1,8 +1,9 @@
 """Bring your own model: a model trained in PyTorch Geometric, imported, serves its own embeddings.
 
 A real ``torch_geometric.nn.GraphSAGE`` and ``GAT`` are trained for a few epochs on the shipped Bitcoin Alpha
-data and their ``state_dict`` saved as a user saves it; ``gnnstream model import`` turns it into a model
-directory; the events go through ``gnnstream apply`` and through Kafka (``gnnstream run --exit-when-idle``);
+data and their ``state_dict`` saved as a user saves it (once per architecture and test process); ``gnnstream
+model import`` turns it into a model directory; the events go through ``gnnstream apply`` and through Kafka
+(``gnnstream run --exit-when-idle``, a worker process of its own);
 every embedding equals the PyG module's own forward pass on the sampled edge list (built from the sampler's
 rank formula in tests/workers/reference.py, with the cold-start policy applied).
 """
@@ -11,8 +12,11 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
+import numpy as np
 import pytest
 import torch
 from torch_geometric.nn import GAT, GraphSAGE
@@ -24,7 +28,8 @@ from gnnstream.stream.events import encode_event
 from gnnstream.stream.kafka import ensure_topics
 from gnnstream.stream.snap import FEATURE_DIM, read_snap, snap_events
 from gnnstream.stream.updates import decode_update
-from tests.workers.reference import assert_embeddings_close, fold_jsonl, layer_edge_lists, neighbourhoods, run_gnnstream
+from tests.workers.reference import (assert_embeddings_close, call_gnnstream, fold_jsonl, layer_edge_lists,
+                                     neighbourhoods, run_gnnstream)
 
 RATINGS = 3000
 FANOUT = 10  # one fanout for both layers: the module's forward takes one edge list for every layer
@@ -52,13 +57,30 @@ def _train_pyg(arch: str, x: torch.Tensor, edge_index: torch.Tensor, y: torch.Te
     return module.eval()
 
 
-@pytest.mark.slow
-@pytest.mark.broker
-@pytest.mark.parametrize("kafka_client", KAFKA_CLIENTS)
-@pytest.mark.parametrize("arch", ["sage", "gat"])
-def test_a_pyg_model_serves_its_own_embeddings(arch: str, kafka_client: str, broker, tmp_path: Path) -> None:
+class Data(NamedTuple):
+    """The shipped ratings as events, their final graph, and what PyG is trained and run on."""
+    events: Path
+    order: list[str]
+    nbrs: dict[str, set[str]]
+    x: torch.Tensor
+    edge_index: torch.Tensor
+    y: torch.Tensor
+    idx: torch.Tensor
+
+
+class Imported(NamedTuple):
+    """One architecture trained, imported and applied offline: what each test of it checks."""
+    want: dict[str, np.ndarray]
+    model: Path
+    config: dict
+    stored: dict[str, list[float]]
+    modes: dict[str, str]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Data:
     rows = read_snap(BITCOIN_ALPHA)[:RATINGS]
-    events = tmp_path / "events.jsonl"
+    events = tmp_path_factory.mktemp("byom") / "events.jsonl"
     events.write_bytes(b"".join(encode_event(ev) + b"\n" for ev in snap_events(rows)))
     fold = fold_jsonl(events)
     order = sorted(fold.nodes)
@@ -70,37 +92,66 @@ def test_a_pyg_model_serves_its_own_embeddings(arch: str, kafka_client: str, bro
     (edge_index,) = layer_edge_lists(order, nbrs, SEED, [FANOUT], lambda degree: degree >= MIN_NEIGHBOURS)
     labels = distrust_labels(rows)
     pos = {v: i for i, v in enumerate(order)}
-    idx = torch.tensor([pos[v] for v in labels])
-    module = _train_pyg(arch, x, edge_index, torch.tensor(list(labels.values()), dtype=torch.float32), idx)
-    with torch.no_grad():
-        want = {v: e for v, e in zip(order, module(x, edge_index).numpy())}
+    return Data(events, order, nbrs, x, edge_index, torch.tensor(list(labels.values()), dtype=torch.float32),
+                torch.tensor([pos[v] for v in labels]))
 
+
+def _import(arch: str, data: Data, tmp_path: Path) -> Imported:
+    module = _train_pyg(arch, data.x, data.edge_index, data.y, data.idx)
+    with torch.no_grad():
+        want = {v: e for v, e in zip(data.order, module(data.x, data.edge_index).numpy())}
     checkpoint = tmp_path / "user.pt"
     torch.save(module.state_dict(), checkpoint)  # as a user saves a model
     model = tmp_path / "model"
-    proc = run_gnnstream("model", "import", checkpoint, model, "--arch", arch, "--fanouts", f"{FANOUT},{FANOUT}",
-                         "--seed", SEED, "--cold-start", "feature_only", "--min-neighbours", MIN_NEIGHBOURS,
-                         "--name", f"byom-{arch}")
+    proc = call_gnnstream("model", "import", checkpoint, model, "--arch", arch, "--fanouts", f"{FANOUT},{FANOUT}",
+                          "--seed", SEED, "--cold-start", "feature_only", "--min-neighbours", MIN_NEIGHBOURS,
+                          "--name", f"byom-{arch}")
     assert proc.returncode == 0, proc.stderr
     config = json.loads(proc.stdout)
-    assert (config["in_dim"], config["hidden_dim"], config["out_dim"], config["heads"]) == \
-        (FEATURE_DIM, 32, 16, 4 if arch == "gat" else 1)
-
     # offline: apply the file, export the stored embeddings
     state = tmp_path / "state"
-    proc = run_gnnstream("apply", "--state", state, "--model", model, events)
+    proc = call_gnnstream("apply", "--state", state, "--model", model, data.events)
     assert proc.returncode == 0, proc.stderr
-    proc = run_gnnstream("embeddings", "--state", state, "--out", tmp_path / "emb.jsonl")
+    proc = call_gnnstream("embeddings", "--state", state, "--out", tmp_path / "emb.jsonl")
     assert proc.returncode == 0, proc.stderr
-    stored = {o["id"]: o["embedding"] for o in map(json.loads, (tmp_path / "emb.jsonl").read_text().splitlines())}
+    exported = list(map(json.loads, (tmp_path / "emb.jsonl").read_text().splitlines()))
+    return Imported(want, model, config, {o["id"]: o["embedding"] for o in exported},
+                    {o["id"]: o["mode"] for o in exported})
+
+
+@pytest.fixture(scope="module")
+def imported(data: Data, tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Imported]:
+    """Each architecture trained, imported and applied once per test process; the tests of one architecture
+    share an ``xdist_group`` so that they run in one process."""
+    done: dict[str, Imported] = {}
+
+    def get(arch: str) -> Imported:
+        if arch not in done:
+            done[arch] = _import(arch, data, tmp_path_factory.mktemp(f"byom-{arch}"))
+        return done[arch]
+
+    return get
+
+
+@pytest.mark.slow
+@pytest.mark.broker
+@pytest.mark.parametrize("kafka_client", KAFKA_CLIENTS)
+@pytest.mark.parametrize("arch", [pytest.param(arch, marks=pytest.mark.xdist_group(f"byom-{arch}"))
+                                  for arch in ("sage", "gat")])
+def test_a_pyg_model_serves_its_own_embeddings(arch: str, kafka_client: str, data: Data,
+                                               imported: Callable[[str], Imported], broker, tmp_path: Path) -> None:
+    events, order, nbrs = data.events, data.order, data.nbrs
+    want, model, config, stored, modes = imported(arch)
+    assert (config["in_dim"], config["hidden_dim"], config["out_dim"], config["heads"]) == \
+        (FEATURE_DIM, 32, 16, 4 if arch == "gat" else 1)
     assert_embeddings_close(stored, want, what=f"{arch} via apply")
 
     # streaming: produce the file, run the worker until idle, read what it published
     tag = uuid.uuid4().hex[:8]
     topics = {"events": f"ev-{tag}", "output": f"emb-{tag}", "dlq": f"dlq-{tag}"}
     ensure_topics(broker.bootstrap, {topics["events"]: PARTITIONS, topics["output"]: PARTITIONS, topics["dlq"]: 1})
-    proc = run_gnnstream("produce", "--bootstrap", broker.bootstrap, "--kafka-client", kafka_client,
-                         "--events-topic", topics["events"], "--partitions", PARTITIONS, events)
+    proc = call_gnnstream("produce", "--bootstrap", broker.bootstrap, "--kafka-client", kafka_client,
+                          "--events-topic", topics["events"], "--partitions", PARTITIONS, events)
     assert proc.returncode == 0, proc.stderr
     proc = run_gnnstream("run", "--bootstrap", broker.bootstrap, "--kafka-client", kafka_client,
                          "--state", tmp_path / "state-kafka", "--model",
@@ -114,5 +165,4 @@ def test_a_pyg_model_serves_its_own_embeddings(arch: str, kafka_client: str, bro
         if update.id not in latest or update.version > latest[update.id][0]:
             latest[update.id] = (update.version, list(update.embedding))
     assert_embeddings_close({v: e for v, (_, e) in latest.items()}, want, what=f"{arch} via Kafka")
-    modes = {o["id"]: o["mode"] for o in map(json.loads, (tmp_path / "emb.jsonl").read_text().splitlines())}
     assert {modes[v] for v in order if len(nbrs[v]) < MIN_NEIGHBOURS} == {"feature_only"}

@@ -6,9 +6,6 @@ tail that never stops fails the test instead of hanging it.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,14 +20,9 @@ from gnnstream.stream.kafka import Producer, ensure_topics
 from gnnstream.stream.updates import EmbeddingUpdate, encode_update
 from gnnstream.workers.cli import main
 from gnnstream.workers.offline.replay import tail_embeddings
+from tests.workers.reference import call_gnnstream
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _gnnstream(*argv: Any, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, GNNSTREAM_NO_PROGRESS="1")
-    return subprocess.run([sys.executable, "-m", "gnnstream.workers.cli", *map(str, argv)], capture_output=True, text=True,
-                          cwd=ROOT, env=env, timeout=timeout)
 
 
 def _topics(bootstrap: str) -> set[str]:
@@ -62,8 +54,8 @@ def test_produce_checks_its_file_before_kafka(capsys: pytest.CaptureFixture, mon
 @pytest.mark.parametrize("client", ["confluent", "kafka-python"])
 def test_tail_of_a_missing_topic_stops_after_idle_with_one_line(broker: Any, unique_name: Any, client: str) -> None:
     topic = unique_name("typo")
-    result = _gnnstream("tail", "--bootstrap", broker.bootstrap, "--kafka-client", client, "--output-topic", topic,
-                        "--idle", "1")
+    result = call_gnnstream("tail", "--bootstrap", broker.bootstrap, "--kafka-client", client, "--output-topic", topic,
+                            "--idle", "1")
     assert result.returncode == 2, result.stderr[-2000:]
     assert result.stdout == ""
     assert result.stderr.splitlines()[-1] == (f"gnnstream: error: topic {topic!r} does not exist at "
@@ -80,8 +72,8 @@ def test_tail_of_an_existing_topic_prints_its_updates(broker: Any, unique_name: 
     with Producer(broker.bootstrap) as producer:
         producer.send(topic, b"n0", encode_update(update))
         producer.flush(30)
-    result = _gnnstream("tail", "--bootstrap", broker.bootstrap, "--output-topic", topic, "--from-beginning",
-                        "--max", "1", "--idle", "20")
+    result = call_gnnstream("tail", "--bootstrap", broker.bootstrap, "--output-topic", topic, "--from-beginning",
+                            "--max", "1", "--idle", "20")
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.startswith("n0 v1 full m:1 dim=3 [+0.0000, +1.0000, +2.0000, …]")
 

@@ -31,12 +31,12 @@ from tests.workers.reference import (
     ATOL,
     GraphFold,
     assert_embeddings_close,
+    call_gnnstream,
     expected_modes,
     fast_tempdir,
     neighbourhoods,
     rank,
     reference_embeddings,
-    run_gnnstream,
 )
 from gnnstream.workers.engine import Engine
 from gnnstream.graph_state.outbox import decode_record
@@ -831,8 +831,8 @@ def test_a_device_torch_does_not_have_is_refused_before_anything_changes(model_d
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="torch sees no CUDA GPU here"):
             check_device("cuda")
-        done = run_gnnstream("backfill", "--state", tmp_path / "none", "--model", model_dirs["sage"],
-                             "--device", "cuda")
+        done = call_gnnstream("backfill", "--state", tmp_path / "none", "--model", model_dirs["sage"],
+                              "--device", "cuda")
         lines = [line for line in done.stderr.splitlines() if line.strip()]
         assert done.returncode != 0 and len(lines) == 1 and "no CUDA GPU" in lines[0], done.stderr
         assert not (tmp_path / "none").exists()

@@ -361,7 +361,7 @@ def _jsonl(path: Path, events: list) -> Path:
 def test_load_backfill_apply_in_runs_and_verify_from_the_command_line(models: dict[str, Path], tmp_path: Path) -> None:
     """``graph load --edge-ttl`` (bulk), ``backfill``, ``apply`` of two more files, ``verify``: the stored
     embeddings are the reference's at the final stream time; another window is refused in one line."""
-    from tests.workers.reference import run_gnnstream
+    from tests.workers.reference import call_gnnstream
     import json
     model_dir = models["gcn_staged"]
     events = random_stream(7, 300)
@@ -369,27 +369,27 @@ def test_load_backfill_apply_in_runs_and_verify_from_the_command_line(models: di
     parts = [_jsonl(tmp_path / f"part{i}.jsonl", events[a:b]) for i, (a, b) in enumerate([(0, 120), (120, 210),
                                                                                              (210, 300)])]
     deletes = [i for i, ev in enumerate(events[:120]) if isinstance(ev, NodeDelete)]
-    done = run_gnnstream("graph", "load", "--state", state, "--model", model_dir, "--edge-ttl", TTL, parts[0])
+    done = call_gnnstream("graph", "load", "--state", state, "--model", model_dir, "--edge-ttl", TTL, parts[0])
     assert done.returncode == 0, done.stderr
     summary = json.loads(done.stdout)
     assert summary["edge_ttl"] == TTL and summary["bulk_events"] == (deletes[0] if deletes else 120)
-    done = run_gnnstream("backfill", "--state", state, "--model", model_dir)
+    done = call_gnnstream("backfill", "--state", state, "--model", model_dir)
     assert done.returncode == 0, done.stderr
     expired = 0
     for part in parts[1:]:
-        done = run_gnnstream("apply", "--state", state, part)
+        done = call_gnnstream("apply", "--state", state, part)
         assert done.returncode == 0, done.stderr
         expired += json.loads(done.stdout)["edges_expired"]
     assert expired > 0
-    done = run_gnnstream("verify", "--state", state)
+    done = call_gnnstream("verify", "--state", state)
     assert done.returncode == 0, done.stdout + done.stderr
-    done = run_gnnstream("embeddings", "--state", state, "--out", "-")
+    done = call_gnnstream("embeddings", "--state", state, "--out", "-")
     got = {row["id"]: row["embedding"] for row in map(json.loads, done.stdout.splitlines())}
     fold = GraphFold(TTL)
     for ev in events:
         fold.apply_event(ev)
     assert_embeddings_close(got, fold_embeddings(fold, model_dir))
-    refused = run_gnnstream("apply", "--state", state, "--edge-ttl", 10, parts[2])
+    refused = call_gnnstream("apply", "--state", state, "--edge-ttl", 10, parts[2])
     assert refused.returncode != 0
     line, = [ln for ln in refused.stderr.splitlines() if ln.strip()]
     assert "created with --edge-ttl 30, not 10" in line
@@ -407,10 +407,10 @@ def test_a_state_of_the_layout_without_event_time_is_refused_with_how_to_rebuild
 
 def test_model_init_writes_a_staged_policy(tmp_path: Path) -> None:
     """``model init --cold-start staged`` records the policy with its ages, as the engine reads it."""
-    from tests.workers.reference import run_gnnstream
-    res = run_gnnstream("model", "init", tmp_path / "m", "--in-dim", DIM, "--fanouts", "3", "--layers", "1",
-                        "--cold-start", "staged", "--feature-only-s", "10", "--expand-s", "20",
-                        "--min-neighbours", "3")
+    from tests.workers.reference import call_gnnstream
+    res = call_gnnstream("model", "init", tmp_path / "m", "--in-dim", DIM, "--fanouts", "3", "--layers", "1",
+                         "--cold-start", "staged", "--feature-only-s", "10", "--expand-s", "20",
+                         "--min-neighbours", "3")
     assert res.returncode == 0, res.stderr
     policy = load_model_dir(str(tmp_path / "m")).config.cold_start
     assert policy == {"policy": "staged", "feature_only_s": 10.0, "expand_s": 20.0, "min_neighbours": 3}

@@ -24,7 +24,7 @@ from gnnstream.stream.kafka import ensure_topics
 from tests.support import (JOIN_TIMEOUT_S, PARTITIONS, Names, event_messages, health, high_watermarks,
                            killed_after, latest_updates, produce, running_worker, stop_worker, wait_for,
                            worker_cmd)
-from tests.workers.reference import GraphFold, assert_embeddings_close, fold_embeddings, run_gnnstream
+from tests.workers.reference import GraphFold, assert_embeddings_close, call_gnnstream, fold_embeddings
 
 pytestmark = [pytest.mark.broker, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
@@ -49,8 +49,8 @@ def test_a_windowed_staged_worker_killed_mid_stream_ends_exact(kafka_client: str
     from gnnstream.graph_state.store import GraphStore
     n = Names(tmp_path)
     (tmp_path / "empty.jsonl").write_text("")
-    made = run_gnnstream("graph", "load", "--state", n.state, "--model", staged_model, "--edge-ttl", TTL,
-                         tmp_path / "empty.jsonl")
+    made = call_gnnstream("graph", "load", "--state", n.state, "--model", staged_model, "--edge-ttl", TTL,
+                          tmp_path / "empty.jsonl")
     assert made.returncode == 0, made.stderr
     ensure_topics(broker.bootstrap, {n.events: PARTITIONS, n.output: PARTITIONS, n.dlq: 1})
     messages = event_messages(events)
@@ -81,9 +81,9 @@ def test_a_windowed_staged_worker_killed_mid_stream_ends_exact(kafka_client: str
         assert store.stream_time == fold.T
         assert {(s, d) for s, d, _, _ in store.edges()} == fold.edges
         assert fold.expired > 500  # the window expired many edges on the way
-    verified = run_gnnstream("verify", "--state", n.state)
+    verified = call_gnnstream("verify", "--state", n.state)
     assert verified.returncode == 0, verified.stdout + verified.stderr
-    out = run_gnnstream("embeddings", "--state", n.state, "--out", "-")
+    out = call_gnnstream("embeddings", "--state", n.state, "--out", "-")
     stored = {row["id"]: row for row in map(json.loads, out.stdout.splitlines())}
     want = fold_embeddings(fold, staged_model)
     assert_embeddings_close({v: r["embedding"] for v, r in stored.items()}, want, what="stored vs reference")
@@ -111,8 +111,8 @@ def test_three_windowed_staged_workers_publish_exactly(broker: EmbeddedBroker, e
     (tmp_path / "empty.jsonl").write_text("")
 
     def windowed_state(name: str) -> None:
-        made = run_gnnstream("graph", "load", "--state", tmp_path / f"state-{name}", "--model", staged_model,
-                             "--edge-ttl", TTL, tmp_path / "empty.jsonl")
+        made = call_gnnstream("graph", "load", "--state", tmp_path / f"state-{name}", "--model", staged_model,
+                              "--edge-ttl", TTL, tmp_path / "empty.jsonl")
         assert made.returncode == 0, made.stderr
 
     running, at = group_of_three(broker.bootstrap, n, staged_model, tmp_path, procs, PARTS, windowed_state)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from gnnstream.model import init_model_dir
-from tests.workers.reference import DATA_DIR, run_gnnstream
+from tests.workers.reference import DATA_DIR, call_gnnstream
 from gnnstream.workers.cli import main
 
 DATA = DATA_DIR / "soc-sign-bitcoinotc.csv.gz"
@@ -27,14 +27,15 @@ def test_full_otc_replay_in_three_runs_verifies(tmp_path: Path) -> None:
     applied = 0
     for end in thirds:  # the file grows between runs; each run resumes at the stored position
         growing.write_bytes(b"".join(lines[:end]))
-        done = run_gnnstream("apply", "--state", tmp_path / "state", "--model", tmp_path / "model", growing, "--batch", "1000")
+        done = call_gnnstream("apply", "--state", tmp_path / "state", "--model", tmp_path / "model", growing,
+                              "--batch", "1000")
         assert done.returncode == 0, done.stderr[-2000:]
         summary = json.loads(done.stdout)
         assert summary["pending"] == 0 and summary["invalid"] == 0
         assert summary["events"] == end - applied  # only the lines added since the last run
         applied += summary["events"]
     assert applied == len(lines)
-    done = run_gnnstream("verify", "--state", tmp_path / "state")
+    done = call_gnnstream("verify", "--state", tmp_path / "state")
     assert done.returncode == 0, done.stdout + done.stderr[-2000:]
     report = json.loads(done.stdout)
     assert report["ok"] and report["nodes"] == 5881 and report["mismatched"] == 0

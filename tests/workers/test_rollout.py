@@ -31,7 +31,7 @@ from gnnstream.stream.kafka import ensure_topics
 from gnnstream.stream.rollout import SERVING_HEADER, Marker, encode_marker, is_serving, version_topic
 from gnnstream.stream.updates import decode_update
 from tests.support import Proc, expected, healthz, otc_stream, wait_for_workers
-from tests.workers.reference import ATOL, GraphFold, fold_embeddings, gnnstream_command
+from tests.workers.reference import ATOL, GraphFold, call_gnnstream, fold_embeddings, gnnstream_command
 
 pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"),
               pytest.mark.xdist_group("scale-out")]  # several workers at once: one such test at a time
@@ -386,26 +386,23 @@ def test_rollout_start_refuses_a_model_that_does_not_fit(tmp_path: Path) -> None
         model = tmp_path / f"v2-{what}"
         init_model_dir(str(model), arch="sage", hidden=8, out_dim=4, layers=2, fanouts=[3, 2], name="fit",
                        version=2, **fields)
-        done = subprocess.run(gnnstream_command("rollout", "start", "--from", live, "--state", tmp_path / "new",
-                                                "--model", model, "--no-record"),
-                              capture_output=True, text=True, timeout=300)
+        done = call_gnnstream("rollout", "start", "--from", live, "--state", tmp_path / "new", "--model", model,
+                              "--no-record")
         assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
         assert ("input features" if what == "dim" else "seed") in done.stderr, done.stderr
         assert not (tmp_path / "new").exists() and not list(tmp_path.glob("new*"))
-    same = subprocess.run(gnnstream_command("rollout", "start", "--from", live, "--state", tmp_path / "new",
-                                            "--model", v1, "--no-record"), capture_output=True, text=True, timeout=300)
+    same = call_gnnstream("rollout", "start", "--from", live, "--state", tmp_path / "new", "--model", v1,
+                          "--no-record")
     assert same.returncode == 2 and "another version" in same.stderr, same.stderr
     model = tmp_path / "v2"
     init_model_dir(str(model), arch="sage", in_dim=4, hidden=8, out_dim=4, layers=2, fanouts=[3, 2], seed=5,
                    name="fit", version=2)
-    ok = subprocess.run(gnnstream_command("rollout", "start", "--from", live, "--state", tmp_path / "new",
-                                          "--model", model, "--no-record"), capture_output=True, text=True,
-                        timeout=300)
+    ok = call_gnnstream("rollout", "start", "--from", live, "--state", tmp_path / "new", "--model", model,
+                        "--no-record")
     assert ok.returncode == 0, ok.stderr
     result = json.loads(ok.stdout)
     assert result["model"] == "fit:2" and result["serving"] == "fit:1" and result["nodes"] > 0, result
-    done = subprocess.run(gnnstream_command("verify", "--state", tmp_path / "new", "--model", model),
-                          capture_output=True, text=True, timeout=300)
+    done = call_gnnstream("verify", "--state", tmp_path / "new", "--model", model)
     assert done.returncode == 0 and json.loads(done.stdout)["ok"], done.stdout + done.stderr
 
 

@@ -25,7 +25,7 @@ import pytest
 
 from gnnstream.graph_state.store import GraphStore
 from gnnstream.model import init_model_dir
-from tests.workers.reference import (assert_embeddings_close, fast_tempdir, fold_jsonl, run_gnnstream,
+from tests.workers.reference import (assert_embeddings_close, call_gnnstream, fast_tempdir, fold_jsonl,
                                      reference_embeddings)
 from gnnstream.graph_state.codecs import PAGE_ROWS
 from gnnstream.graph_state.page_log import PageLog
@@ -71,7 +71,7 @@ def good(work: Path) -> Path:
     _write_events(events)
     (work / "empty.jsonl").write_text("")
     init_model_dir(work / "model", arch="sage", in_dim=8, hidden=16, out_dim=8, layers=2, fanouts=[10, 5], seed=0)
-    done = run_gnnstream("apply", "--state", work / "good", "--model", work / "model", events, "--batch", 500)
+    done = call_gnnstream("apply", "--state", work / "good", "--model", work / "model", events, "--batch", 500)
     assert done.returncode == 0, done.stderr[-3000:]
     return work / "good"
 
@@ -135,19 +135,19 @@ def test_damaged_rows_are_recomputed_by_the_next_apply(good: Path, work: Path, r
         live = _damage(state, layer, kind)
         assert _damaged_pages(state)[layer] == live  # the check finds every record of the damaged page
 
-        done = run_gnnstream("apply", "--state", state, work / "empty.jsonl")
+        done = call_gnnstream("apply", "--state", state, work / "empty.jsonl")
         assert done.returncode == 0, done.stderr[-3000:]
         assert DAMAGE_NOTE in done.stderr, done.stderr[-3000:]
         assert json.loads(done.stdout)["pending"] == 0
         assert _damaged_pages(state) == {"final": 0, "layer1": 0}, "the damaged frame is still in use"
 
-        verified = run_gnnstream("verify", "--state", state)
+        verified = call_gnnstream("verify", "--state", state)
         assert verified.returncode == 0, verified.stdout + verified.stderr[-3000:]
         summary = json.loads(verified.stdout)
         assert summary["ok"] is True and summary["pending_dirty"] == 0, summary
 
         export = tmp / "emb.jsonl"
-        exported = run_gnnstream("embeddings", "--state", state, "--out", export)
+        exported = call_gnnstream("embeddings", "--state", state, "--out", export)
         assert exported.returncode == 0, exported.stderr[-3000:]
         records = [json.loads(line) for line in export.read_text().splitlines()]
         got = {r["id"]: np.asarray(r["embedding"], dtype=np.float64) for r in records}
@@ -155,5 +155,5 @@ def test_damaged_rows_are_recomputed_by_the_next_apply(good: Path, work: Path, r
         assert all(np.isfinite(v).all() for v in got.values()), "an exported embedding holds NaN or inf"
         assert_embeddings_close(got, reference, what=f"{layer} rows with {kind}, after apply")
 
-        again = run_gnnstream("apply", "--state", state, work / "empty.jsonl")
+        again = call_gnnstream("apply", "--state", state, work / "empty.jsonl")
         assert again.returncode == 0 and DAMAGE_NOTE not in again.stderr, again.stderr[-3000:]

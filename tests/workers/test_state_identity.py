@@ -1,9 +1,10 @@
 """A state's identity at the command line: which commands create, change or only read a state.
 
-Most checks run the real ``gnnstream`` command in a process of its own and
-look at what a user sees: the exit status, the one error line on stderr, the
-JSON summary, and the state directory's files before and after. A small
-synthetic graph keeps each command short.
+Most checks run the real ``gnnstream`` command line (its ``main``, in this
+process; in a process of its own where a lock is held) and look at what a
+user sees: the exit status, the one error line on stderr, the JSON summary,
+and the state directory's files before and after. A small synthetic graph
+keeps each command short.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import pytest
 from gnnstream.graph_state.exceptions import StateModelMismatch, StateNotFoundError, StateSeedMismatch
 from gnnstream.graph_state.store import GraphStore
 from gnnstream.stream.events import EdgeUpsert
-from tests.workers.reference import fast_tempdir, run_gnnstream
+from tests.workers.reference import call_gnnstream, fast_tempdir, run_gnnstream
 from gnnstream.workers.cli import main
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -147,7 +148,7 @@ def test_read_only_commands_refuse_a_missing_state_and_create_nothing(tmp: Path,
                  ["graph", "show", "--state", typo, "1"],
                  ["backfill", "--state", typo, "--model", models["m"]],  # an empty new state has nothing to embed
                  ["apply", "--state", typo, events]):  # creates a state only with a model to take its seed from
-        res = run_gnnstream(*argv)
+        res = call_gnnstream(*argv)
         assert res.returncode == 2, (argv, res.stdout, res.stderr)
         line = error_line(res)
         assert f"state directory {str(typo)!r} does not exist" in line, line
@@ -160,7 +161,7 @@ def test_a_missing_events_file_creates_no_state(tmp: Path, models: dict[str, Pat
     state, missing = tmp / "new", tmp / "nosuch.jsonl"
     for argv in (["graph", "load", "--state", state, missing],
                  ["apply", "--state", state, "--model", models["m"], missing]):
-        res = run_gnnstream(*argv)
+        res = call_gnnstream(*argv)
         assert res.returncode == 2, (argv, res.stdout, res.stderr)
         assert "events file not found" in error_line(res) and str(missing) in error_line(res)
         assert not state.exists(), f"{argv[0]} created {state}"
@@ -171,7 +172,7 @@ def test_a_state_path_that_is_a_file_is_one_line(tmp: Path, events: Path, models
     plain.write_bytes(b"not a state\n")
     for argv in (["verify", "--state", plain], ["apply", "--state", plain, "--model", models["m"], events],
                  ["graph", "load", "--state", plain, events]):
-        res = run_gnnstream(*argv)
+        res = call_gnnstream(*argv)
         assert res.returncode == 2, (argv, res.stdout, res.stderr)
         line = error_line(res)
         assert f"state path {str(plain)!r} is a file, not a state directory" in line, line
@@ -182,7 +183,7 @@ def test_verify_with_another_model_refuses_and_changes_nothing(tmp: Path, good: 
                                                                models: dict[str, Path]) -> None:
     state = copy_state(good, tmp)
     before = tree_digest(state)
-    res = run_gnnstream("verify", "--state", state, "--model", models["bigger"])
+    res = call_gnnstream("verify", "--state", state, "--model", models["bigger"])
     assert res.returncode == 2, (res.stdout, res.stderr)
     line = error_line(res)
     assert "holds the embeddings of model model:1" in line and str(models["bigger"]) in line, line
@@ -191,24 +192,24 @@ def test_verify_with_another_model_refuses_and_changes_nothing(tmp: Path, good: 
     assert tree_digest(state) == before, "verify with another model changed the state's files"
 
     # nor does a plain verify, which still passes with the state's own model
-    res = run_gnnstream("verify", "--state", state)
+    res = call_gnnstream("verify", "--state", state)
     summary = strict_json(res.stdout)
     assert res.returncode == 0 and summary["ok"] is True and summary["status"] == "ok", res.stdout + res.stderr
     assert summary["nodes"] == NODES and summary["model"] == "model:1"
-    res = run_gnnstream("embeddings", "--state", state, "--out", "-")
+    res = call_gnnstream("embeddings", "--state", state, "--out", "-")
     assert res.returncode == 0, res.stderr
     widths = {len(json.loads(line)["embedding"]) for line in res.stdout.splitlines()}
     assert widths == {4}
     assert tree_digest(state) == before, "verify or embeddings changed the state's files"
 
     # apply with another model is refused too; backfill is the one way to switch
-    res = run_gnnstream("apply", "--state", state, "--model", models["bigger"], events)
+    res = call_gnnstream("apply", "--state", state, "--model", models["bigger"], events)
     assert res.returncode == 2 and "gnnstream backfill" in error_line(res), res.stderr
-    res = run_gnnstream("backfill", "--state", state, "--model", models["bigger"])
+    res = call_gnnstream("backfill", "--state", state, "--model", models["bigger"])
     assert res.returncode == 0, res.stderr
-    res = run_gnnstream("verify", "--state", state)
+    res = call_gnnstream("verify", "--state", state)
     assert res.returncode == 0 and strict_json(res.stdout)["ok"] is True, res.stdout + res.stderr
-    res = run_gnnstream("embeddings", "--state", state, "--out", "-")
+    res = call_gnnstream("embeddings", "--state", state, "--out", "-")
     assert {len(json.loads(line)["embedding"]) for line in res.stdout.splitlines()} == {6}
 
 
@@ -220,7 +221,7 @@ def test_verify_reports_non_finite_rows_as_mismatches_in_valid_json(tmp: Path, g
         data = np.fromfile(path, dtype="<f4")
         np.where(data != 0, np.float32(np.nan), data).astype("<f4").tofile(path)
     before = tree_digest(state)
-    res = run_gnnstream("verify", "--state", state)
+    res = call_gnnstream("verify", "--state", state)
     assert res.returncode == 1, (res.returncode, res.stdout, res.stderr)
     summary = strict_json(res.stdout)
     assert summary["ok"] is False and summary["status"] == "mismatch", summary
@@ -234,7 +235,7 @@ def test_verify_tells_pending_work_from_a_mismatch(tmp: Path, good: Path, models
     state = copy_state(good, tmp)
     with GraphStore(state) as store:  # events applied without their recompute: dirty marks wait
         store.apply([EdgeUpsert("0", "new-node", 10_000.0, 1.0), EdgeUpsert("1", "0", 10_001.0, 1.0)])
-    res = run_gnnstream("verify", "--state", state)
+    res = call_gnnstream("verify", "--state", state)
     summary = strict_json(res.stdout)
     assert res.returncode == 3, (res.returncode, summary, res.stderr)
     assert summary["status"] == "pending" and summary["ok"] is False, summary
@@ -242,8 +243,8 @@ def test_verify_tells_pending_work_from_a_mismatch(tmp: Path, good: Path, models
 
     empty = tmp / "nothing.jsonl"
     empty.write_bytes(b"")
-    assert run_gnnstream("apply", "--state", state, empty).returncode == 0  # finishes the work
-    res = run_gnnstream("verify", "--state", state)
+    assert call_gnnstream("apply", "--state", state, empty).returncode == 0  # finishes the work
+    res = call_gnnstream("verify", "--state", state)
     summary = strict_json(res.stdout)
     assert res.returncode == 0 and summary["status"] == "ok" and summary["pending_dirty"] == 0, summary
 
@@ -251,19 +252,19 @@ def test_verify_tells_pending_work_from_a_mismatch(tmp: Path, good: Path, models
 # ---------------------------------------------------------------------- creating a state
 def test_graph_load_with_a_seed_7_model_then_apply(tmp: Path, events: Path, models: dict[str, Path]) -> None:
     state = tmp / "state"
-    res = run_gnnstream("graph", "load", "--state", state, "--model", models["m7"], "--seed", "3", events)
+    res = call_gnnstream("graph", "load", "--state", state, "--model", models["m7"], "--seed", "3", events)
     assert res.returncode == 2 and "--seed 3 disagrees with model" in error_line(res), res.stderr
     assert not state.exists()
-    res = run_gnnstream("graph", "load", "--state", state, "--model", models["m7"], events)
+    res = call_gnnstream("graph", "load", "--state", state, "--model", models["m7"], events)
     assert res.returncode == 0, res.stderr
     summary = strict_json(res.stdout)
     assert summary["seed"] == 7 and summary["nodes"] == NODES and summary["invalid"] == 0, summary
-    res = run_gnnstream("apply", "--state", state, "--model", models["m7"], events)
+    res = call_gnnstream("apply", "--state", state, "--model", models["m7"], events)
     assert res.returncode == 0, res.stderr
-    res = run_gnnstream("verify", "--state", state)
+    res = call_gnnstream("verify", "--state", state)
     assert res.returncode == 0 and strict_json(res.stdout)["ok"] is True, res.stdout + res.stderr
     # the seed-3 model does not fit the seed-7 state: one line, both seeds named
-    res = run_gnnstream("apply", "--state", state, "--model", models["m"], events)
+    res = call_gnnstream("apply", "--state", state, "--model", models["m"], events)
     line = error_line(res)
     assert res.returncode == 2 and "samples with seed 7" in line and "seed 3" in line, line
 
@@ -307,7 +308,7 @@ def test_a_wrong_length_feature_line_is_skipped_counted_and_reported(tmp: Path, 
     state = tmp / "state"
     letters = tmp / "dead.jsonl"
     argv = ("apply", "--state", state, "--model", models["m"], path, "--batch", 40, "--dead-letters", letters)
-    res = run_gnnstream(*argv)
+    res = call_gnnstream(*argv)
     assert res.returncode == 0, res.stderr
     first = strict_json(res.stdout)
     assert first["events"] == 249 and first["invalid"] == 1, first
@@ -321,12 +322,12 @@ def test_a_wrong_length_feature_line_is_skipped_counted_and_reported(tmp: Path, 
 
     # the rest of the file, with a line that is not UTF-8: the rerun continues, never stops at the bad lines
     path.write_bytes(b"".join(mixed))
-    res = run_gnnstream(*argv)
+    res = call_gnnstream(*argv)
     assert res.returncode == 0, res.stderr
     second = strict_json(res.stdout)
     assert second["events"] == len(lines) - 249 and second["invalid"] == 1, second
     assert second["invalid_reasons"] == {"not_utf8": 1}
-    res = run_gnnstream(*argv)  # nothing new: nothing counted twice
+    res = call_gnnstream(*argv)  # nothing new: nothing counted twice
     third = strict_json(res.stdout)
     assert res.returncode == 0 and third["events"] == 0 and third["invalid"] == 0, third
     assert [(r["line"], r["reason"]) for r in _report(report)] == [(101, "wrong_feature_length"), (302, "not_utf8")]
@@ -335,9 +336,9 @@ def test_a_wrong_length_feature_line_is_skipped_counted_and_reported(tmp: Path, 
     assert dead[0]["value"].encode() + b"\n" == bad_short
     assert base64.b64decode(dead[1]["value_base64"]) + b"\n" == bad_bytes
 
-    res = run_gnnstream("verify", "--state", state)
+    res = call_gnnstream("verify", "--state", state)
     assert res.returncode == 0 and strict_json(res.stdout)["ok"] is True, res.stdout + res.stderr
-    res = run_gnnstream("graph", "show", "--state", state, "5")
+    res = call_gnnstream("graph", "show", "--state", state, "5")
     shown = strict_json(res.stdout)
     want = next(json.loads(line)["features"] for line in lines if b'"id": "5"' in line)
     np.testing.assert_allclose(shown["features"], want, atol=1e-6)
@@ -394,7 +395,7 @@ def test_embeddings_out_keeps_the_old_file_when_the_state_is_locked(tmp: Path, g
     assert "locked by another process" in line and str(state) in line, line
     assert out.read_text() == "precious\n"
     assert sorted(p.name for p in tmp.iterdir()) == ["emb.jsonl", "state"], "a temporary file was left behind"
-    res = run_gnnstream("embeddings", "--state", state, "--out", out)  # free again: the file is replaced whole
+    res = call_gnnstream("embeddings", "--state", state, "--out", out)  # free again: the file is replaced whole
     assert res.returncode == 0, res.stderr
     assert len(out.read_text().splitlines()) == NODES
 

@@ -15,8 +15,8 @@ from gnnstream.model.head import load_head
 from gnnstream.stream.events import EdgeUpsert, NodeUpsert, encode_event
 from gnnstream.stream.snap import read_snap
 from gnnstream.workers.offline.train import _edge_cut, _split, _store_graph, read_labels, train_model
-from tests.workers.reference import (GraphFold, assert_embeddings_close, layer_edge_lists, neighbourhoods,
-                                     reference_embeddings, run_gnnstream, staged_stages)
+from tests.workers.reference import (GraphFold, assert_embeddings_close, call_gnnstream, layer_edge_lists,
+                                     neighbourhoods, reference_embeddings, staged_stages)
 
 
 def _events(n: int = 40) -> list:
@@ -43,9 +43,9 @@ def test_train_writes_a_servable_model_with_held_out_metrics(tmp_path: Path) -> 
     labels = tmp_path / "labels.csv"
     labels.write_text("id,label\n" + "".join(f"n{i},{i % 2}\n" for i in range(40)))
     assert read_labels(labels)["n3"] == 1
-    proc = run_gnnstream("train", "--events", events, "--labels", labels, "--out", tmp_path / "m", "--arch", "gcn",
-                         "--hidden", "8", "--out-dim", "4", "--fanouts", "2,2", "--epochs", "60", "--name", "ring",
-                         "--edge-ttl", "100")  # the ring spans 39 s: the window keeps every edge
+    proc = call_gnnstream("train", "--events", events, "--labels", labels, "--out", tmp_path / "m", "--arch", "gcn",
+                          "--hidden", "8", "--out-dim", "4", "--fanouts", "2,2", "--epochs", "60", "--name", "ring",
+                          "--edge-ttl", "100")  # the ring spans 39 s: the window keeps every edge
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(proc.stdout)
     assert summary["edge_ttl"] == 100 and summary["train_stages"] == {"feature_only": 0, "expanded": 0, "full": 29}
@@ -60,13 +60,13 @@ def test_train_refuses_labels_of_one_class(tmp_path: Path) -> None:
     events.write_bytes(b"".join(encode_event(ev) + b"\n" for ev in _events()))
     labels = tmp_path / "labels.csv"
     labels.write_text("n1,1\nn3,1\n")
-    proc = run_gnnstream("train", "--events", events, "--labels", labels, "--out", tmp_path / "m")
+    proc = call_gnnstream("train", "--events", events, "--labels", labels, "--out", tmp_path / "m")
     assert proc.returncode == 2 and not (tmp_path / "m").exists()
     assert proc.stderr.strip() == (f"gnnstream: error: the training window of {events} (train fraction 0.7) "
                                    f"labels 2 nodes but not both classes; use a larger --train-fraction or more "
                                    f"labels")
     labels.write_text("n1,1\nn2,yes\n")
-    proc = run_gnnstream("train", "--events", events, "--labels", labels, "--out", tmp_path / "m")
+    proc = call_gnnstream("train", "--events", events, "--labels", labels, "--out", tmp_path / "m")
     assert proc.stderr.strip() == (f"gnnstream: error: labels file {str(labels)!r} line 2: expected id,label[,ts] "
                                    f"with label 0 or 1 (got 'n2,yes')")
 

@@ -17,7 +17,7 @@ from gnnstream.stream.broker import EmbeddedBroker
 from gnnstream.stream.kafka import ensure_topics
 from tests.support import (JOIN_TIMEOUT_S, PARTITIONS, Names, health, high_watermarks, killed_after,
                            latest_updates, produce, read_topic, running_worker, stop_worker, wait_for, worker_cmd)
-from tests.workers.reference import assert_embeddings_close, run_gnnstream
+from tests.workers.reference import assert_embeddings_close, call_gnnstream
 from tests.workers.typed_reference import typed_embeddings
 from tests.workers.typed_streams import SCHEMA, typed_messages, typed_model, typed_stream
 
@@ -89,9 +89,9 @@ def test_a_typed_worker_killed_mid_stream_ends_exact(kafka_client: str, broker: 
     assert summary["applied"] == remaining and summary["pending_marks"] == 0
     with GraphStore(n.state) as store:
         assert store.offsets() == hw
-    verified = run_gnnstream("verify", "--state", n.state)
+    verified = call_gnnstream("verify", "--state", n.state)
     assert verified.returncode == 0, verified.stdout + verified.stderr
-    out = run_gnnstream("embeddings", "--state", n.state, "--out", "-")
+    out = call_gnnstream("embeddings", "--state", n.state, "--out", "-")
     stored = {row["id"]: row for row in map(json.loads, out.stdout.splitlines())}
     want = typed_embeddings(events, SCHEMA, model)
     assert_embeddings_close({v: r["embedding"] for v, r in stored.items()}, want, what="stored vs typed reference")

@@ -32,7 +32,7 @@ from gnnstream.stream.events import EdgeUpsert, NodeUpsert
 from gnnstream.stream.kafka import ensure_topics
 from tests.support import Names, Proc, closed_port, fold, healthz, make_model, random_graph, scrape
 from tests.support import produce_events as produce
-from tests.workers.reference import assert_embeddings_close, gnnstream_command, reference_embeddings
+from tests.workers.reference import assert_embeddings_close, call_gnnstream, gnnstream_command, reference_embeddings
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -323,8 +323,7 @@ def test_sigterm_drains_deferred_hubs(broker: EmbeddedBroker, tmp_path: Path, pr
 
     summary = worker.sigterm()
     assert summary["pending_marks"] == 0
-    result = subprocess.run(gnnstream_command("verify", "--state", n.state), capture_output=True, text=True,
-                            env=_env(), timeout=DEADLINE_S)
+    result = call_gnnstream("verify", "--state", n.state)
     assert result.returncode == 0, result.stdout + result.stderr
     report = json.loads(result.stdout)
     assert report["ok"] is True and report["pending_dirty"] == 0
@@ -371,9 +370,8 @@ def test_stop_without_time_to_drain_keeps_marks(broker: EmbeddedBroker, tmp_path
 def test_seed7_model_on_fresh_state(broker: EmbeddedBroker, tmp_path: Path) -> None:
     from gnnstream.graph_state.store import GraphStore
     model = str(tmp_path / "m7")
-    init = subprocess.run(gnnstream_command("model", "init", model, "--in-dim", IN_DIM, "--hidden", 8, "--out-dim", 6,
-                                            "--fanouts", "4,3", "--seed", 7), capture_output=True, text=True,
-                          env=_env(), timeout=DEADLINE_S)
+    init = call_gnnstream("model", "init", model, "--in-dim", IN_DIM, "--hidden", 8, "--out-dim", 6, "--fanouts", "4,3",
+                          "--seed", 7)
     assert init.returncode == 0, init.stderr
     n = Names(tmp_path)
     ensure_topics(broker.bootstrap, n.topics(PARTITIONS))
