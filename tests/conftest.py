@@ -16,8 +16,13 @@ after another in one process:
 * ``crash-loops``: the SIGKILL loops. They restart processes over and over
   (each kill placed by the victim's progress, not by time); side by side on
   the few cores of CI they would crowd out the rest.
+* ``scale-out``: the tests that run groups of workers or two model versions
+  side by side (scale-out, rollout, event time through Kafka).
 * ``promtool``: the tests that need promtool, which a fresh machine installs
   with apt-get (one install, not one per process).
+* ``byom-sage``, ``byom-gat``: the bring-your-own-model tests of one
+  architecture, which share the model they train and import (a module
+  fixture, built once in the process that runs them).
 
 The groups go out first (the largest first), then the tests marked ``slow``,
 then the other ``broker`` ones, then the rest, so that no long test starts

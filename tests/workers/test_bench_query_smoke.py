@@ -15,6 +15,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 @pytest.mark.broker
 @pytest.mark.parametrize("pacing", [
     ["--typed", "--accounts", "200", "--days", "10", "--train-epochs", "5", "--rate", "50", "--score-rps", "20"],

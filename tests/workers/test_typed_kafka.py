@@ -59,6 +59,7 @@ def _check_transaction_scores(bootstrap: str, topic: str, events: list[dict], fi
     assert checked > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kafka_client", KAFKA_CLIENTS)
 def test_a_typed_worker_killed_mid_stream_ends_exact(kafka_client: str, broker: EmbeddedBroker, model: str,
                                                      tmp_path: Path) -> None:
