@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import gc
 import random
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,14 +19,7 @@ FANOUTS = (1, 3, 10)
 NAMES = ["hub"] + [f"n{i}" for i in range(40)]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _frozen_heap() -> Iterator[None]:
-    """Every ``GraphStore.close()`` runs ``gc.collect()``: the objects alive now (torch, hypothesis) stay out of
-    those collections."""
-    gc.collect()
-    gc.freeze()
-    yield
-    gc.unfreeze()
+pytestmark = pytest.mark.usefixtures("frozen_heap")
 
 
 def _streams(final: list[tuple[str, str, float]], noise: list[tuple[str, str]], rng: random.Random) -> list:

@@ -8,8 +8,6 @@ read with :class:`GraphModel` after every batch.
 
 from __future__ import annotations
 
-import gc
-from collections.abc import Iterator
 from hashlib import blake2b
 from pathlib import Path
 
@@ -87,14 +85,7 @@ def scenarios(draw, hub_min: int = 0, max_events: int = 80):
     return seed, cache_nodes, events, sizes, actions, fanout_at
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _frozen_heap() -> Iterator[None]:
-    """Every ``GraphStore.close()`` runs ``gc.collect()``: the objects alive now (torch, hypothesis) stay out of
-    those collections."""
-    gc.collect()
-    gc.freeze()
-    yield
-    gc.unfreeze()
+pytestmark = pytest.mark.usefixtures("frozen_heap")
 
 
 def _open(path, seed, cache_nodes, with_seed=True):
