@@ -64,7 +64,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--workdir", default=None, help="where the states go (default: the system temp dir)")
     p.add_argument("--state-cache", default=None,
                    help="directory keeping the built states (model, backfilled state, events) between runs")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if min(args.batch, args.batches) < 1 or args.warmup < 0:
+        p.error("--batch and --batches must be at least 1 and --warmup at least 0")
+    return args
 
 
 def _writer(state: str, model: str, events: list, batch: int, conn: Any) -> None:

@@ -112,6 +112,7 @@ class EventApplier:
                 self._touch(ev.src, ev.ts, batch, result)
                 self._touch(ev.dst, ev.ts, batch, result)
                 result.late_events += 1
+                result.late_loops += ev.src == ev.dst
                 continue
             if ev.op != "edge_upsert" or (s := iid_of(ev.src)) is None or (d := iid_of(ev.dst)) is None \
                     or (sn := node_of(s)) is None or (dn := node_of(d)) is None:
@@ -203,6 +204,7 @@ class EventApplier:
             if not (stored[back] if present is None else present) and key != back:
                 pairs[min(key, back)] = None  # each pair once, whichever direction came first
         result.expired_edges += len(due)
+        result.expired_loops += sum(key[:8] == key[8:] for key in due)
         if not pairs:
             return
         unlink = [keys.decode_edge_key(key) for key in pairs]

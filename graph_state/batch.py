@@ -81,6 +81,7 @@ class ApplyResult:
         stream_time: stream time ``T`` after the batch when the batch moved it, else None.
         expired_edges: edges removed because they fell out of the edge window.
         late_events: edge upserts that arrived at or before ``T - ttl`` (endpoints touched, edge not).
+        expired_loops, late_loops: the self-loops among ``expired_edges`` and ``late_events``.
         age_changed: iids of existing nodes whose ``first(v)`` moved back (an upsert older than any before).
         phases: seconds spent per phase (validate, prefetch, events, finish, write, caches).
     """
@@ -96,6 +97,8 @@ class ApplyResult:
     stream_time: float | None = None
     expired_edges: int = 0
     late_events: int = 0
+    expired_loops: int = 0
+    late_loops: int = 0
     age_changed: set[int] = field(default_factory=set)
     phases: dict[str, float] = field(default_factory=dict)
     rows_written: int = 0  # puts and deletes in the batch's WriteBatch

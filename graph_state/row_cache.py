@@ -124,8 +124,9 @@ class EmbeddingTables:
         rows, present = self.get(layer, iids)
         return rows, np.arange(len(iids), dtype=np.int64), present
 
-    def projected(self, layer: int, iids: np.ndarray, project: Callable[..., tuple[np.ndarray, ...]],
-                  with_iids: bool = False) -> tuple[np.ndarray, np.ndarray, int]:
+    def projected(self, layer: int, iids: np.ndarray,
+                  project: Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, ...]]
+                  ) -> tuple[np.ndarray, np.ndarray, int]:
         """``(table, positions, stride)``: ``project``'s outputs (its planes, as many as it returns) for the
         rows of ``iids`` at ``layer``, stacked in one table: ``table[j * stride + positions[i]]`` is plane ``j``
         of ``iids[i]`` (two planes: the first at ``positions[i]``, the second ``stride`` rows further).
@@ -133,18 +134,17 @@ class EmbeddingTables:
         Projections are kept beside the cache and computed again only for
         rows set, loaded or invalidated since, so a layer whose inputs barely
         change costs no matrix product per target (``project`` must map each
-        row on its own, like a linear layer). With ``with_iids``, ``project``
-        is given the rows' iids too (a typed graph's projections depend on
-        the node's type).
+        row on its own, like a linear layer); it is given the rows and their
+        iids (a typed graph's projections depend on the node's type).
         """
         table, pos = self.index(layer, iids)
         if table is not self._rows[layer]:  # beyond the bound: nothing is kept
-            planes = project(table, iids) if with_iids else project(table)
+            planes = project(table, iids)
             return np.concatenate(planes), pos, len(table)
         held = self._proj.get(layer)
         stale = unique_ids(pos[~held[1][pos]]) if held is not None else unique_ids(pos)
         if len(stale):
-            planes = project(table[stale], stale) if with_iids else project(table[stale])
+            planes = project(table[stale], stale)
             held = self._held_projections(layer, len(planes), planes[0].shape[1])
             for j, plane in enumerate(planes):
                 held[0][j * len(table) + stale] = plane

@@ -169,8 +169,12 @@ def _serve(args: argparse.Namespace) -> int:
     if not args.query_port:
         raise ValueError("serve needs a port: pass --query-port PORT or set GNNSTREAM_QUERY_PORT")
     sock = bind(args.query_host, args.query_port)
-    signal.signal(signal.SIGTERM, lambda *_: None)  # the server stops on it and returns: exit 0
-    serve(args.state, args.model, sock, refresh_s=args.refresh, limits=http_limits(args))
+    before = signal.signal(signal.SIGTERM, lambda *_: None)  # the server stops on it and returns: exit 0
+    try:
+        serve(args.state, args.model, sock, refresh_s=args.refresh, limits=http_limits(args))
+    finally:
+        sock.close()
+        signal.signal(signal.SIGTERM, before)
     return 0
 
 

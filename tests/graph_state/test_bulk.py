@@ -189,12 +189,12 @@ def test_graph_load_into_a_new_state_takes_files_without_edges(tmp_path: Path) -
 
 def test_graph_load_takes_the_number_of_workers(tmp_path: Path) -> None:
     from gnnstream.stream.events import encode_event
-    from tests.workers.reference import call_gnnstream
+    from tests.workers.reference import call_gnnstream, run_gnnstream  # --workers 2 forks: its own process
     path = tmp_path / "events.jsonl"
     path.write_bytes(b"".join(encode_event(ev) + b"\n" for ev in _without_node_deletes(2, n=40)))
     states = {}
     for workers in ("1", "2"):
-        done = call_gnnstream("graph", "load", "--state", tmp_path / workers, path, "--seed", 0, "--workers", workers)
+        done = run_gnnstream("graph", "load", "--state", tmp_path / workers, path, "--seed", 0, "--workers", workers)
         assert done.returncode == 0, done.stderr
         with GraphStore(tmp_path / workers) as store:
             states[workers] = {family: list(store.column(family).items()) for family in keys.COLUMN_FAMILIES}

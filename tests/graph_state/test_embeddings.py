@@ -267,7 +267,7 @@ def test_projections_are_kept_beside_the_cache_and_redone_only_for_rows_that_cha
         tables = EmbeddingTables(store, [3, 4], {1: PageLog(store, family="layerpages", prefix=b"\x01")})
         seen: list[list[float]] = []
 
-        def project(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        def project(rows: np.ndarray, iids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             seen.append(rows[:, 0].tolist())
             return rows[:, :2] * 2, rows[:, 2:] + 1
 
@@ -315,7 +315,7 @@ def test_projections_of_rows_beyond_the_bound_are_computed_each_time(tmp_path) -
         tables = EmbeddingTables(store, [3, 2], {1: PageLog(store, family="layerpages", prefix=b"\x01")}, max_rows=4)
         calls = []
 
-        def project(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        def project(rows: np.ndarray, iids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             calls.append(len(rows))
             return rows, rows
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import types
 from collections.abc import Callable
 
 import pytest
@@ -444,9 +445,6 @@ def test_rebalance_hands_partitions_over_at_the_stored_offsets(kafka_client: str
     assert len(seen) == len(set(seen)) == 60  # every record once: nothing re-read after the hand-over
 
 
-# ---------------------------------------------------------------- confluent-kafka only
-
-
 def test_assigned_paused_kafka_python_member_sleeps_then_polls_once(monkeypatch: pytest.MonkeyPatch) -> None:
     """A paused member that holds its assignment asks kafka-python's poll for no wait (which goes round
     without pause while a heartbeat is overdue) and sleeps instead; from a revocation to the next assignment
@@ -479,12 +477,17 @@ def test_assigned_paused_kafka_python_member_sleeps_then_polls_once(monkeypatch:
             pass
 
     monkeypatch.setattr(kafka_backend, "KafkaConsumer", FakeConsumer)
-    monkeypatch.setattr(kafka_backend.time, "sleep", lambda s: calls.append(("sleep", s)))
+    clock = types.SimpleNamespace(**{name: getattr(time, name) for name in dir(time) if not name.startswith("_")})
+    clock.sleep = lambda s: calls.append(("sleep", s))
+    monkeypatch.setattr(kafka_backend, "time", clock)  # the backend's sleeps only, not every thread's
     member = kafka_backend.EventConsumer("127.0.0.1:9", "out", "g", paused=True)
     for _ in range(5):
         assert member.poll_batch(1, 0.2) == []
     assert calls == [("poll", 200), ("sleep", 0.2), ("poll", 0), ("sleep", 0.2), ("poll", 0), ("poll", 200),
                      ("poll", 200)]
+
+
+# ---------------------------------------------------------------- confluent-kafka only
 
 
 def test_confluent_settings_are_checked() -> None:

@@ -12,6 +12,7 @@ run layer by layer on one sampled edge list per layer (in float64).
 from __future__ import annotations
 
 import contextlib
+import gc
 import heapq
 import io
 import json
@@ -88,7 +89,8 @@ def call_gnnstream(*argv: Any) -> subprocess.CompletedProcess:
     """``gnnstream ARGV`` run in this process, without the start-up of a new interpreter: its exit status,
     stdout and stderr as :func:`run_gnnstream` gives them (with the log records of WARNING and above, as the
     command logs them in a process of its own, and what native code writes to file descriptors 1 and 2), in
-    the same environment. For what needs no process of its own (no lock held here, no crash)."""
+    the same environment. For what needs no process of its own (no lock held here, no crash, no fork, no
+    server or signal handler left behind)."""
     from gnnstream.workers.cli import main
     from gnnstream.workers.settings import LOG_FORMAT
     out, err = io.StringIO(), io.StringIO()
@@ -97,6 +99,7 @@ def call_gnnstream(*argv: Any) -> subprocess.CompletedProcess:
     log.setFormatter(logging.Formatter(LOG_FORMAT))
     root = logging.getLogger()
     root.addHandler(log)
+    collector = gc.get_threshold()  # the command tunes the collector for a process of its own
     sys.stdout.flush()
     sys.stderr.flush()
     try:
@@ -111,6 +114,7 @@ def call_gnnstream(*argv: Any) -> subprocess.CompletedProcess:
             stdout, stderr = native_out() + out.getvalue(), native_err() + err.getvalue()
     finally:
         root.removeHandler(log)
+        gc.set_threshold(*collector)
     return subprocess.CompletedProcess(list(argv), status, stdout, stderr)
 
 

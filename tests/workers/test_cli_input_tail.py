@@ -1,7 +1,8 @@
 """``produce`` and ``tail`` with a wrong name: the file is checked before Kafka, a missing topic ends the tail.
 
-The broker tests run ``gnnstream tail`` as a child process with a timeout: a
-tail that never stops fails the test instead of hanging it.
+The broker tests run ``gnnstream tail`` in the test's process with ``--idle``
+bounding its wait: a tail that never stops fails at the suite's per-test
+timeout instead of hanging it.
 """
 
 from __future__ import annotations

@@ -254,8 +254,9 @@ def test_hostile_requests_get_4xx_and_change_nothing(events: list, model_dir: st
 
 
 def test_serve_refuses_with_one_line(tmp_path: Path) -> None:
-    """A port in use, no port, no state: exit 2 and one line naming what to do; nothing is created."""
-    from tests.workers.reference import call_gnnstream
+    """A port in use, no port, no state: exit 2 and one line naming what to do; nothing is created (the last
+    in a process of its own: the server has started before it finds no state)."""
+    from tests.workers.reference import call_gnnstream, run_gnnstream
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen(1)
@@ -268,7 +269,7 @@ def test_serve_refuses_with_one_line(tmp_path: Path) -> None:
     assert res.returncode == 2
     assert res.stderr.strip().splitlines() == [
         "gnnstream: error: serve needs a port: pass --query-port PORT or set GNNSTREAM_QUERY_PORT"]
-    res = call_gnnstream("serve", "--state", str(tmp_path / "none"), "--query-port", free_port())
+    res = run_gnnstream("serve", "--state", str(tmp_path / "none"), "--query-port", free_port())
     assert res.returncode == 2
     assert res.stderr.strip().splitlines() == [
         f"gnnstream: error: no graph store at {str(tmp_path / 'none')!r} (start the worker on it first)"]

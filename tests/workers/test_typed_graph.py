@@ -122,6 +122,8 @@ def test_a_typed_edge_window_equals_the_typed_reference(tmp_path):
     model = typed_model(tmp_path / "model", 2, [3, 2])
     rng = np.random.default_rng(2)
     events = [{**ev, "ts": ev["ts"] + int(rng.integers(-120, 1))} for ev in typed_stream(2)]
+    events.append({"op": "edge_upsert", "src_type": "account", "src": "a1", "rel": "sends", "dst_type": "account",
+                   "dst": "a1", "ts": 0})  # a late self-loop: one of the store's edges, one of the graph's
     state = tmp_path / "state"
     late = expired = 0
     for part, chunk in (("a", events[:250]), ("b", events[250:])):
@@ -191,3 +193,28 @@ def test_typed_layers_run_a_chunk_of_targets_at_a_time_and_count_capped_samples(
     assert present.all() and capped > 0
     assert_embeddings_close(dict(zip(names, rows)), want, what="typed embeddings from scratch")
     assert_embeddings_close(dict(zip(names, kept)), want, what="typed embeddings recomputed")
+
+
+def test_only_the_serving_version_publishes_transaction_scores():
+    """A worker publishes its pending transaction scores while its version serves (or no rollout named one);
+    a candidate's, or the version rolled back from, are dropped: the serving version's workers publish them."""
+    from types import SimpleNamespace
+
+    from gnnstream.workers.runtime.worker import Worker
+
+    class Scores:
+        def __init__(self) -> None:
+            self.pending, self.sent = [{"txn_id": "t1"}], []
+
+        def publish(self) -> int:
+            self.sent += self.pending
+            self.pending = []
+            return len(self.sent)
+
+    worker = Worker.__new__(Worker)
+    worker.engine = SimpleNamespace(model_tag="pay:2")
+    worker.errors = SimpleNamespace(cleared=lambda kind: None)
+    for serving, published in ((None, 1), ("pay:2", 1), ("pay:1", 0)):
+        worker.serving, worker._transactions = serving, Scores()
+        worker._publish_transactions()
+        assert (len(worker._transactions.sent), worker._transactions.pending) == (published, []), serving

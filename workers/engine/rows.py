@@ -53,4 +53,4 @@ class CachedRows:
         return self.tables.index(self.layer, iids)
 
     def projected(self, iids: np.ndarray, project: Project) -> tuple[np.ndarray, np.ndarray, int]:
-        return self.tables.projected(self.layer, iids, project, with_iids=True)
+        return self.tables.projected(self.layer, iids, project)

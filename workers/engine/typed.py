@@ -37,7 +37,7 @@ from gnnstream.workers.engine.stats import EngineError
 from gnnstream.stream.events import (MAX_EVENT_BYTES, EdgeDelete, EdgeUpsert, Event, NodeDelete, NodeUpsert,
                                      check_schema, decode_event_json)
 
-__all__ = ["TypedLayout", "bind_schema", "schema_refusal", "GRAPH_SCHEMA_META"]
+__all__ = ["TypedLayout", "bind_schema", "schema_refusal", "graph_edges", "GRAPH_SCHEMA_META"]
 
 _UNKNOWN = -2  # an iid not learnt yet (TypedLayout)
 GRAPH_SCHEMA_META = "graph_schema"  # a typed graph's schema (its model's), fixed when the state is created
@@ -75,6 +75,12 @@ def schema_refusal(state: str, held: dict[str, Any] | None, schema: dict[str, An
             f"than model {model_tag}; use a model of its schema, or a new --state directory")
 
 
+def graph_edges(typed: "TypedLayout | None", store_edges: int, loops: int) -> int:
+    """How many of the graph's edges ``store_edges`` of the store's are, ``loops`` of them self-loops: as many
+    in an untyped graph; in a typed one, an edge is two of the store's and a self-loop one (the module's text)."""
+    return store_edges if typed is None else (store_edges - loops) // 2 + loops
+
+
 def _graph_of(schema: dict[str, Any] | None) -> Any:
     """What of a schema the stored graph depends on: node types and relations (not edge features or the
     scored relation, which only a transaction head reads)."""
@@ -91,8 +97,6 @@ class TypedLayout:
         schema: the model's graph schema.
         store: the graph store holding the graph.
     """
-
-    held_as = 2  # the store's edges that hold one typed edge: counts of the store's edges are this many per edge
 
     def __init__(self, schema: GraphSchema, store: GraphStore):
         self.schema, self.store = schema, store

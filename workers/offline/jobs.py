@@ -36,7 +36,7 @@ from gnnstream.model import load_model_dir
 from gnnstream.stream.events import Event, InvalidEvent, NodeUpsert, check_features, decode_event_json
 from gnnstream.workers.atomic import atomic_output
 from gnnstream.workers.engine import check_device
-from gnnstream.workers.engine.typed import GRAPH_SCHEMA_META, TypedLayout, bind_schema
+from gnnstream.workers.engine.typed import GRAPH_SCHEMA_META, TypedLayout, bind_schema, graph_edges
 from gnnstream.workers.heap import freeze_warm_heap
 from gnnstream.workers.state import (BINDING_META, ReadOnlyStore, bind_model_dir, held_identity, holds_state,
                                      open_engine, open_store, other_model_error)
@@ -382,7 +382,6 @@ def apply_events(state: str, model_dir: str | None, path: str, *, batch: int = 1
         invalid = _InvalidLines(path, report, dead_letters, keep_through=done)
         total = _count_lines(path)
         applied = published = expired = late = 0
-        held_as = 1 if engine.typed is None else engine.typed.held_as  # the store's edges per edge of the graph
         recomputed = [0] * engine.num_layers
         with progress_bar(total, "apply") as bar:
             bar.update(done)
@@ -399,8 +398,8 @@ def apply_events(state: str, model_dir: str | None, path: str, *, batch: int = 1
                 stats = engine.recompute(event_ts=result.max_ts)
                 clock = _lap(phases, "recompute", clock)
                 applied += len({line for line, _ in chunk})  # lines (a typed event is several of the store's)
-                expired += result.expired_edges // held_as
-                late += result.late_events // held_as
+                expired += graph_edges(engine.typed, result.expired_edges, result.expired_loops)
+                late += graph_edges(engine.typed, result.late_events, result.late_loops)
                 published += stats.published
                 for i, n in enumerate(stats.recomputed):
                     recomputed[i] += n

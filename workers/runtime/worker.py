@@ -80,6 +80,7 @@ from gnnstream.stream.errors import classify
 from gnnstream.stream.exceptions import DeliveryError, StreamError
 from gnnstream.stream.kafka import topic_max_message_bytes
 from gnnstream.stream.rollout import Marker, version_topic
+from gnnstream.workers.engine.typed import graph_edges
 from gnnstream.workers.heap import freeze_warm_heap
 from gnnstream.workers.rollout.records import WorkerProgress, stored_rollout, worker_report
 from gnnstream.workers.runtime.batching import BatchSizer
@@ -443,8 +444,12 @@ class Worker:
 
     def _publish_transactions(self) -> None:
         """Publish the pending transaction scores; a transient failure keeps them for the next batch, a
-        permanent one (:func:`classify`) drops them once, logged and counted."""
+        permanent one (:func:`classify`) drops them once, logged and counted. While another version serves (a
+        rollout's candidate, or the version rolled back from), the serving version's workers publish them."""
         if self._transactions is None:
+            return
+        if self.serving not in (None, self.engine.model_tag):
+            self._transactions.pending = []
             return
         try:
             self._transactions.publish()
@@ -461,9 +466,9 @@ class Worker:
 
     def _applied(self, result: Any) -> None:
         """The event-time metrics of an applied batch (``GraphStore.apply``'s result)."""
-        held_as = 1 if self.engine.typed is None else self.engine.typed.held_as  # the store's edges per edge
-        self.metrics.late_events.inc(result.late_events // held_as)
-        self.metrics.edges_expired.inc(result.expired_edges // held_as)
+        typed = self.engine.typed
+        self.metrics.late_events.inc(graph_edges(typed, result.late_events, result.late_loops))
+        self.metrics.edges_expired.inc(graph_edges(typed, result.expired_edges, result.expired_loops))
         if result.stream_time is not None:
             self.metrics.stream_time.set(result.stream_time)
 
