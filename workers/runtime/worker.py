@@ -427,7 +427,7 @@ class Worker:
         t0 = time.perf_counter()
         meta = {**(self._letters.stored() or {}), **(self._transactions.take() if self._transactions else {})}
         result = self.store.apply(good, offsets, meta or None)
-        self._applied(result)
+        self._applied(result, engine.typed)
         self.offsets.applied(offsets)
         self.markers.stored(offsets)
         self.health.spent("apply", time.perf_counter() - t0)
@@ -464,9 +464,9 @@ class Worker:
             else:
                 self.errors.recoverable("transaction_scores", exc, pause=False)
 
-    def _applied(self, result: Any) -> None:
-        """The event-time metrics of an applied batch (``GraphStore.apply``'s result)."""
-        typed = self.engine.typed
+    def _applied(self, result: Any, typed: Any = None) -> None:
+        """The event-time metrics of an applied batch (``GraphStore.apply``'s result; ``typed``: the typed
+        graph's layout, whose edges are counted)."""
         self.metrics.late_events.inc(graph_edges(typed, result.late_events, result.late_loops))
         self.metrics.edges_expired.inc(graph_edges(typed, result.expired_edges, result.expired_loops))
         if result.stream_time is not None:
