@@ -226,9 +226,9 @@ class QueryState:
             QueryError: 404 for a node that does not exist (a typed graph's nodes are ``type/id``: its slots are
                 none).
         """
-        iid = self.store.iid(name)
-        if iid is None or not self.store.exists_iid(iid) or (
-                self.typed is not None and name.partition("/")[0] not in self.typed.type_index):
+        iid = None if self.typed is not None and name.partition("/")[0] not in self.typed.type_index else \
+            self.store.iid(name)
+        if iid is None or not self.store.exists_iid(iid):
             raise QueryError(404, f"no node {name!r}")
         return iid
 
