@@ -485,7 +485,8 @@ class PageLog:
         return block
 
     def row(self, iid: int, dim: int) -> np.ndarray | None:
-        """A reader's row (``dim`` wide) of one node as of its last :meth:`follow`, a copy; None when it has none.
+        """A reader's row (``dim`` wide) of one node as of its last :meth:`follow`, read-only; None when it has
+        none.
 
         The page's frame is read and checked as by ``rows(checked=True)``,
         raising :class:`FrameReused` likewise. A page's rows never change, so
@@ -494,9 +495,9 @@ class PageLog:
         node the writer rewrote since is read from its new page.
         """
         self._load()
-        if iid >= len(self.page) or not self.has_row[iid]:
+        if iid >= len(self.page) or not self.has_row.item(iid):
             return None
-        seq = int(self.page[iid])
+        seq = self.page.item(iid)
         block = self._kept.get(seq)
         if block is None:
             if seq < 0 or seq in self._unreadable:
@@ -507,7 +508,7 @@ class PageLog:
                 if (len(self._kept) + 1) * PAGE_ROWS > self.keep_rows:
                     self._kept.clear()
                 self._kept[seq] = block
-        return block[self.slot[iid]].copy()
+        return block[self.slot.item(iid)]  # a view of the frame's bytes, as read (never written)
 
     def _check_width(self, seq: int, width: int, dim: int) -> None:
         if width != dim:

@@ -196,6 +196,35 @@ def test_lookup_and_samples_of_every_node(model_dirs: dict[str, Path], tmp_path:
             view.close()
 
 
+def test_lookup_between_a_batch_and_its_recompute(model_dirs: dict[str, Path], tmp_path: Path) -> None:
+    """A node deleted (or created) by a batch the worker has not recomputed yet: its stored row is not
+    answered (nor a row it does not have), as the node records say."""
+    model_dir = model_dirs["sage"]
+    with GraphStore(tmp_path / "s", seed=SEED) as store:
+        engine = Engine(store, load_model_dir(model_dir))
+        store.apply([EdgeUpsert("a", "b", 1.0), EdgeUpsert("b", "c", 2.0)])
+        engine.recompute(drain=True)
+        view = QueryState(store.path, model_dir, tmp_path / "q")
+        try:
+            view.refresh()
+            row = view.embedding("a")["embedding"].copy()
+            store.apply([NodeDelete("b", 3.0), EdgeUpsert("c", "d", 3.0)])  # not recomputed yet
+            view.refresh()
+            for name, message in (("b", "no node 'b'"), ("d", "node 'd' has no embedding yet")):
+                with pytest.raises(QueryError) as err:
+                    view.embedding(name)
+                assert (err.value.status, str(err.value)) == (404, message)
+            np.testing.assert_array_equal(view.embedding("a")["embedding"], row)  # marked, its stored row
+            engine.recompute(drain=True)
+            view.refresh()
+            with pytest.raises(QueryError) as err:
+                view.embedding("b")
+            assert (err.value.status, str(err.value)) == (404, "no node 'b'")
+            assert view.embedding("d")["version"] >= 1
+        finally:
+            view.close()
+
+
 def test_scores_come_with_a_fraud_head(model_dirs: dict[str, Path], tmp_path: Path) -> None:
     model_dir = model_dirs["sage"]
     head = ScoreHead(tuple(float(i) - 2.5 for i in range(6)), 0.25)

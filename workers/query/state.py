@@ -165,6 +165,7 @@ class QueryState:
         self.policy = model.cold_start
         self.rereads = 0  # answers read again after the worker reused a frame they were reading
         self._kept_raw: tuple[int, set[int] | None] | None = None  # the worker's kept partitions, read on demand
+        self._marked: set[int] | None = None  # nodes with a dirty mark at the last catch-up, read on demand
         # h^l of every layer: the page logs of the layers in between, then the final one
         self.logs = {l: PageLog(self.store, family="layerpages", prefix=bytes((l,)), rows_name=f"layer{l}-rows")
                      for l in range(1, len(self.fanouts))}
@@ -190,6 +191,7 @@ class QueryState:
         self.store.catch_up()
         self._behind = set(self.logs)
         self._kept_raw = None
+        self._marked = None
 
     def log(self, layer: int) -> PageLog:
         """The page log of ``h^layer``, up to date with the last catch-up: lookups read only the final one, so
@@ -226,31 +228,60 @@ class QueryState:
             QueryError: 404 for a node that does not exist (a typed graph's nodes are ``type/id``: its slots are
                 none).
         """
-        iid = None if self.typed is not None and name.partition("/")[0] not in self.typed.type_index else \
-            self.store.iid(name)
+        iid = self._iid(name)
         if iid is None or not self.store.exists_iid(iid):
             raise QueryError(404, f"no node {name!r}")
         return iid
 
+    def _iid(self, name: str) -> int | None:
+        """The interned id of ``name`` (None: never seen, or not a node of the typed graph's types)."""
+        if self.typed is not None and name.partition("/")[0] not in self.typed.type_index:
+            return None
+        return self.store.iid(name)
+
+    def _unmarked(self, iid: int) -> bool:
+        """Whether node ``iid`` had no dirty mark at the last catch-up (False for any node where the store keeps
+        no marks: it has no fanouts)."""
+        marked = self._marked
+        if marked is None:
+            if self.store.fanouts:
+                marked = self._marked = set(self.store.dirty_mark_arrays()[1].tolist())
+            else:
+                return False
+        return iid not in marked
+
     def embedding(self, name: str) -> dict[str, Any]:
         """``{"id", "model", "version", "mode", "embedding"}`` of a node's stored final embedding.
+
+        A node of a kept partition whose final row is stored exists unless it
+        has a dirty mark: the worker deletes a node in the WriteBatch that
+        marks it dirty, and clears the marks in the one that withdraws its
+        row. Such a node is answered without reading its record.
 
         Raises:
             QueryError: 404 for a node that does not exist, was deleted or has no embedding yet.
         """
-        iid = self._node(name)
-        elsewhere = self.kept(name)
-        if elsewhere is not None:
-            raise QueryError(421, f"node {name!r} is in output partition {elsewhere}, which another worker of "
-                                  f"the group publishes: ask that worker (or POST /v1/infer here)",
-                             partition=elsewhere)
-        final = len(self.fanouts)
-        row = self._read(lambda: self.log(final).row(iid, self.dims[-1]))
+        iid = self._iid(name)
+        if iid is None:
+            raise QueryError(404, f"no node {name!r}")
+        return self._read(lambda: self._embedding(name, iid))
+
+    def _embedding(self, name: str, iid: int) -> dict[str, Any]:
+        pages, dim = self.log(len(self.fanouts)), self.dims[-1]
+        row = pages.row(iid, dim) if self.kept(name) is None and self._unmarked(iid) else None
         if row is None:
-            raise QueryError(404, f"node {name!r} has no embedding yet")
-        pages = self.log(final)
-        return {"id": name, "model": self.model_tag, "version": int(pages.version[iid]),
-                "mode": pages.names[pages.mode[iid]], "embedding": row}
+            if not self.store.exists_iid(iid):
+                raise QueryError(404, f"no node {name!r}")
+            elsewhere = self.kept(name)
+            if elsewhere is not None:
+                raise QueryError(421, f"node {name!r} is in output partition {elsewhere}, which another worker of "
+                                      f"the group publishes: ask that worker (or POST /v1/infer here)",
+                                 partition=elsewhere)
+            row = pages.row(iid, dim)
+            if row is None:
+                raise QueryError(404, f"node {name!r} has no embedding yet")
+        return {"id": name, "model": self.model_tag, "version": pages.version.item(iid),
+                "mode": pages.names[pages.mode.item(iid)], "embedding": row}
 
     def samples(self, name: str) -> dict[str, Any]:
         """``{"id", "degree", "layers": [{"layer", "fanout", "sample"}]}``: the node's current samples.
