@@ -206,7 +206,9 @@ class QueryState:
         """None when the worker keeps ``name``'s final row current; else the output partition it is in (a
         worker of a group keeps only its own partitions', docs/scaling.md)."""
         if self._kept_raw is None:
-            self._kept_raw = kept_partitions(self.store) or (0, None)
+            count, partitions = kept_partitions(self.store) or (0, None)
+            # a worker that keeps every partition keeps every node: no partition to work out per node
+            self._kept_raw = (count, None if count and partitions.issuperset(range(count)) else partitions)
         count, partitions = self._kept_raw
         if partitions is None:
             return None
