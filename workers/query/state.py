@@ -266,7 +266,7 @@ class QueryState:
         iid = self._iid(name)
         if iid is None:
             raise QueryError(404, f"no node {name!r}")
-        return self._read(lambda: self._embedding(name, iid))
+        return self._read(self._embedding, name, iid)
 
     def _embedding(self, name: str, iid: int) -> dict[str, Any]:
         pages, dim = self.log(len(self.fanouts)), self.dims[-1]
@@ -404,18 +404,18 @@ class QueryState:
             QueryError: 404 when one of ``ids`` does not exist once the events are applied; 503 when the
                 worker kept rewriting the rows this answer needed.
         """
-        return self._read(lambda: self._infer(events, ids))
+        return self._read(self._infer, events, ids)
 
-    def _read(self, read: Callable[[], Any]) -> Any:
-        """``read()``, caught up and done again when the worker reused a frame it was reading."""
+    def _read(self, read: Callable[..., Any], *args: Any) -> Any:
+        """``read(*args)``, caught up and done again when the worker reused a frame it was reading."""
         for _ in range(_REREADS):
             try:
-                return read()
+                return read(*args)
             except FrameReused:
                 self.rereads += 1
                 self.refresh()
         try:
-            return read()
+            return read(*args)
         except FrameReused:
             raise QueryError(503, "the worker kept rewriting the rows this answer needs; retry") from None
 
