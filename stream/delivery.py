@@ -43,7 +43,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Literal, Sequence
+from typing import Any, Callable, Iterable, Literal, Sequence
 
 import numpy as np
 
@@ -104,20 +104,22 @@ def encode_columns(columns: Sequence[UpdateColumns], model: str, fmt: Literal["j
     Raises:
         ValueError: a row or time that cannot be encoded (non-finite values, fields too long).
     """
-    messages: list[Message] = []
-    for cols in columns:
-        live = ~cols.deleted
-        names, modes = cols.names, cols.modes
-        if not live.all():
-            gone = np.flatnonzero(cols.deleted)
-            for i, version in zip(gone.tolist(), cols.versions[gone].tolist()):
-                messages.append(tombstone(names[i], version))
-            keep = np.flatnonzero(live).tolist()
-            names, modes = [names[i] for i in keep], [modes[i] for i in keep]
-        values = encode_updates(names, model, cols.versions[live], cols.event_ts[live], cols.computed_at, modes,
-                                cols.rows[live], fmt)
-        messages.extend(zip([n.encode() for n in names], values, itertools.repeat(None)))
-    return messages
+    return [message for cols in columns for message in _messages(cols, model, fmt)]
+
+
+def _messages(cols: UpdateColumns, model: str, fmt: Literal["json", "binary"]) -> Iterable[Message]:
+    """The messages of ``cols`` (:func:`encode_columns`), every value encoded already: the tombstones, then the
+    updates, the tuples made as they are taken (one sent at a time, the sender's loop reuses them)."""
+    names, modes, versions, event_ts, rows = cols.names, cols.modes, cols.versions, cols.event_ts, cols.rows
+    gone: list[Message] = []
+    if cols.deleted.any():
+        dead = np.flatnonzero(cols.deleted)
+        gone = [tombstone(names[i], version) for i, version in zip(dead.tolist(), versions[dead].tolist())]
+        keep = np.flatnonzero(~cols.deleted)
+        names, modes = [names[i] for i in keep.tolist()], [modes[i] for i in keep.tolist()]
+        versions, event_ts, rows = versions[keep], event_ts[keep], rows[keep]
+    values = encode_updates(names, model, versions, event_ts, cols.computed_at, modes, rows, fmt)
+    return itertools.chain(gone, zip(map(str.encode, names), values, itertools.repeat(None)))
 
 
 def encode_frames(columns: Sequence[UpdateColumns], model: str, partitions: np.ndarray, max_bytes: int,
@@ -229,6 +231,9 @@ def _chunks(columns: Sequence[UpdateColumns], size: int) -> list[UpdateColumns]:
     """``columns`` cut into pieces of at most ``size`` nodes, in order."""
     out = []
     for cols in columns:
+        if len(cols) <= size:
+            out.append(cols)
+            continue
         for start in range(0, len(cols), size):
             part = slice(start, start + size)
             out.append(UpdateColumns(cols.names[part], cols.versions[part], cols.event_ts[part], cols.computed_at,
@@ -307,7 +312,7 @@ class Delivery:
                     and math.isfinite(cols.computed_at)):
                 encode_columns([cols], self.model, "binary")  # raises, naming the nodes
         for cols in _chunks(columns, _CHUNK):
-            count += send_many(topic, encode_columns([cols], self.model, self.fmt), extra)
+            count += send_many(topic, _messages(cols, self.model, self.fmt), extra)
         self.producer.flush(timeout_s)
         return count
 
