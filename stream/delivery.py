@@ -151,7 +151,6 @@ def encode_frames(columns: Sequence[UpdateColumns], model: str, partitions: np.n
     if len(partitions) != len(names):
         raise ValueError(f"Expected a partition for each of the {len(names)} rows (got {len(partitions)})")
     times = np.asarray(event_ts, dtype=np.float64)
-    check_packed(names, rows, times, computed)
     table, codes = mode_codes(modes)
     if id_lens is None:
         id_blob, id_lens = utf8_ids(names)
@@ -172,6 +171,8 @@ def encode_frames(columns: Sequence[UpdateColumns], model: str, partitions: np.n
         id_blob = np.frombuffer(id_blob, dtype=np.uint8)[moved].tobytes()
         versions, times, computed, flags, codes, rows, id_lens = (versions[order], times[order], computed[order],
                                                                   flags[order], codes[order], rows[order], lens)
+    # checked in partition order: the rows just moved are still in the cache
+    check_packed(lambda j: names[order[j]], rows, times, computed)
     id_at = [0, *np.cumsum(id_lens)[[b - 1 for b in starts[1:]]].tolist(), len(id_blob)]
     frames: list[Frame] = []
     for i, (a, b) in enumerate(zip(starts, [*starts[1:], len(names)])):
@@ -307,11 +308,12 @@ class Delivery:
                 count += 1
             self.producer.flush(timeout_s)
             return count
-        for cols in columns:  # the messages go out chunk by chunk: nothing is sent if any cannot be encoded
+        chunks = _chunks(columns, _CHUNK)
+        for cols in chunks[1:]:  # the messages go out chunk by chunk: nothing is sent if any cannot be encoded
             if not (np.isfinite(cols.rows).all() and np.isfinite(cols.event_ts).all()
                     and math.isfinite(cols.computed_at)):
                 encode_columns([cols], self.model, "binary")  # raises, naming the nodes
-        for cols in _chunks(columns, _CHUNK):
+        for cols in chunks:  # (the first is checked as it is encoded, before anything is sent)
             count += send_many(topic, _messages(cols, self.model, self.fmt), extra)
         self.producer.flush(timeout_s)
         return count

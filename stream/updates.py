@@ -422,19 +422,20 @@ def encode_packed(ids: Sequence[str], model: str, versions: Sequence[int] | np.n
     times = np.asarray(event_ts, dtype=np.float64)
     computed = np.broadcast_to(np.asarray(computed_at, dtype=np.float64), (n,))
     flags = np.zeros(n, dtype=np.uint8) if deleted is None else np.asarray(deleted, dtype=bool).astype(np.uint8)
-    check_packed(ids, rows, times, computed)
+    check_packed(ids.__getitem__, rows, times, computed)
     table, codes = mode_codes(modes)
     id_blob, id_lens = utf8_ids(ids)
     return packed_frames(ids.__getitem__, id_blob, id_lens, model, np.asarray(versions, dtype=">u8"), times, computed, flags,
                          table, codes, rows, max_bytes)
 
 
-def check_packed(ids: Sequence[str], rows: np.ndarray, times: np.ndarray, computed: np.ndarray) -> None:
-    """Raise ValueError, naming the first nodes, unless every row and time is finite."""
+def check_packed(name_of: Callable[[int], str], rows: np.ndarray, times: np.ndarray, computed: np.ndarray) -> None:
+    """Raise ValueError, naming the first nodes (``name_of(i)``: the id of row ``i``), unless every row and time
+    is finite."""
     if not (np.isfinite(rows).all() and np.isfinite(times).all() and np.isfinite(computed).all()):
         bad = ~np.isfinite(rows).all(axis=1) | ~np.isfinite(times) | ~np.isfinite(computed)
         raise ValueError(f"Expected finite embeddings and timestamps (got non-finite values for nodes "
-                         f"{[ids[i] for i in np.flatnonzero(bad)[:3]]})")
+                         f"{[name_of(i) for i in np.flatnonzero(bad)[:3].tolist()]})")
 
 
 def mode_codes(modes: Sequence[str]) -> tuple[list[str], np.ndarray]:
