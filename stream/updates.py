@@ -256,7 +256,8 @@ def encode_updates(ids: Sequence[str], model: str, versions: Sequence[int], even
     if fmt == "json":
         values = _json_values(rows)
         computed = _number_json(computed_at)
-        version_list = versions.tolist() if isinstance(versions, np.ndarray) else list(map(int, versions))
+        version_list = versions.tolist() if isinstance(versions, np.ndarray) and versions.dtype.kind in "iu" \
+            else list(map(int, versions))
         dumps, option = orjson.dumps, orjson.OPT_SERIALIZE_NUMPY
         return [dumps({"id": node, "model": model, "version": version, "embedding": row, "event_ts": ts,
                        "computed_at": computed, "mode": mode}, option=option)
