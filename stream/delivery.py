@@ -43,7 +43,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Literal, Sequence
+from typing import Any, Callable, Iterable, Literal, Sequence
 
 import numpy as np
 
@@ -104,20 +104,22 @@ def encode_columns(columns: Sequence[UpdateColumns], model: str, fmt: Literal["j
     Raises:
         ValueError: a row or time that cannot be encoded (non-finite values, fields too long).
     """
-    messages: list[Message] = []
-    for cols in columns:
-        live = ~cols.deleted
-        names, modes = cols.names, cols.modes
-        if not live.all():
-            gone = np.flatnonzero(cols.deleted)
-            for i, version in zip(gone.tolist(), cols.versions[gone].tolist()):
-                messages.append(tombstone(names[i], version))
-            keep = np.flatnonzero(live).tolist()
-            names, modes = [names[i] for i in keep], [modes[i] for i in keep]
-        values = encode_updates(names, model, cols.versions[live], cols.event_ts[live], cols.computed_at, modes,
-                                cols.rows[live], fmt)
-        messages.extend(zip([n.encode() for n in names], values, itertools.repeat(None)))
-    return messages
+    return [message for cols in columns for message in _messages(cols, model, fmt)]
+
+
+def _messages(cols: UpdateColumns, model: str, fmt: Literal["json", "binary"]) -> Iterable[Message]:
+    """The messages of ``cols`` (:func:`encode_columns`), every value encoded already: the tombstones, then the
+    updates, the tuples made as they are taken (one sent at a time, the sender's loop reuses them)."""
+    names, modes, versions, event_ts, rows = cols.names, cols.modes, cols.versions, cols.event_ts, cols.rows
+    gone: list[Message] = []
+    if cols.deleted.any():
+        dead = np.flatnonzero(cols.deleted)
+        gone = [tombstone(names[i], version) for i, version in zip(dead.tolist(), versions[dead].tolist())]
+        keep = np.flatnonzero(~cols.deleted)
+        names, modes = [names[i] for i in keep.tolist()], [modes[i] for i in keep.tolist()]
+        versions, event_ts, rows = versions[keep], event_ts[keep], rows[keep]
+    values = encode_updates(names, model, versions, event_ts, cols.computed_at, modes, rows, fmt)
+    return itertools.chain(gone, zip(map(str.encode, names), values, itertools.repeat(None)))
 
 
 def encode_frames(columns: Sequence[UpdateColumns], model: str, partitions: np.ndarray, max_bytes: int,
@@ -149,7 +151,6 @@ def encode_frames(columns: Sequence[UpdateColumns], model: str, partitions: np.n
     if len(partitions) != len(names):
         raise ValueError(f"Expected a partition for each of the {len(names)} rows (got {len(partitions)})")
     times = np.asarray(event_ts, dtype=np.float64)
-    check_packed(names, rows, times, computed)
     table, codes = mode_codes(modes)
     if id_lens is None:
         id_blob, id_lens = utf8_ids(names)
@@ -170,6 +171,8 @@ def encode_frames(columns: Sequence[UpdateColumns], model: str, partitions: np.n
         id_blob = np.frombuffer(id_blob, dtype=np.uint8)[moved].tobytes()
         versions, times, computed, flags, codes, rows, id_lens = (versions[order], times[order], computed[order],
                                                                   flags[order], codes[order], rows[order], lens)
+    # checked in partition order: the rows just moved are still in the cache
+    check_packed(lambda j: names[order[j]], rows, times, computed)
     id_at = [0, *np.cumsum(id_lens)[[b - 1 for b in starts[1:]]].tolist(), len(id_blob)]
     frames: list[Frame] = []
     for i, (a, b) in enumerate(zip(starts, [*starts[1:], len(names)])):
@@ -229,6 +232,9 @@ def _chunks(columns: Sequence[UpdateColumns], size: int) -> list[UpdateColumns]:
     """``columns`` cut into pieces of at most ``size`` nodes, in order."""
     out = []
     for cols in columns:
+        if len(cols) <= size:
+            out.append(cols)
+            continue
         for start in range(0, len(cols), size):
             part = slice(start, start + size)
             out.append(UpdateColumns(cols.names[part], cols.versions[part], cols.event_ts[part], cols.computed_at,
@@ -302,12 +308,13 @@ class Delivery:
                 count += 1
             self.producer.flush(timeout_s)
             return count
-        for cols in columns:  # the messages go out chunk by chunk: nothing is sent if any cannot be encoded
+        chunks = _chunks(columns, _CHUNK)
+        for cols in chunks[1:]:  # the messages go out chunk by chunk: nothing is sent if any cannot be encoded
             if not (np.isfinite(cols.rows).all() and np.isfinite(cols.event_ts).all()
                     and math.isfinite(cols.computed_at)):
                 encode_columns([cols], self.model, "binary")  # raises, naming the nodes
-        for cols in _chunks(columns, _CHUNK):
-            count += send_many(topic, encode_columns([cols], self.model, self.fmt), extra)
+        for cols in chunks:  # (the first is checked as it is encoded, before anything is sent)
+            count += send_many(topic, _messages(cols, self.model, self.fmt), extra)
         self.producer.flush(timeout_s)
         return count
 

@@ -96,6 +96,7 @@ node (and remembers the version if it wants to ignore late older updates).
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import struct
@@ -204,6 +205,14 @@ def _number_json(value: float) -> int | float:
     return int(value) if float(value).is_integer() and abs(value) < 2**53 else float(value)
 
 
+def _json_numbers(values: np.ndarray) -> list[int | float]:
+    """:func:`_number_json` of each of the finite ``values``."""
+    out = values.tolist()
+    for i in np.flatnonzero((values == np.trunc(values)) & (np.abs(values) < 2**53)).tolist():
+        out[i] = int(out[i])
+    return out
+
+
 def _json_values(values: np.ndarray) -> np.ndarray:
     """Rows as orjson serialises them: float32 stays float32 (shortest repr that reads back to the same
     float32), anything else becomes float64."""
@@ -247,10 +256,12 @@ def encode_updates(ids: Sequence[str], model: str, versions: Sequence[int], even
     if fmt == "json":
         values = _json_values(rows)
         computed = _number_json(computed_at)
+        version_list = versions.tolist() if isinstance(versions, np.ndarray) and versions.dtype.kind in "iu" \
+            else list(map(int, versions))
         dumps, option = orjson.dumps, orjson.OPT_SERIALIZE_NUMPY
-        return [dumps({"id": node, "model": model, "version": int(version), "embedding": row,
-                       "event_ts": _number_json(ts), "computed_at": computed, "mode": mode}, option=option)
-                for node, version, row, ts, mode in zip(ids, versions, values, times.tolist(), modes)]
+        return [dumps({"id": node, "model": model, "version": version, "embedding": row, "event_ts": ts,
+                       "computed_at": computed, "mode": mode}, option=option)
+                for node, version, row, ts, mode in zip(ids, version_list, values, _json_numbers(times), modes)]
     if not n:
         return []
     values = np.ascontiguousarray(rows, dtype="<f4")
@@ -258,20 +269,24 @@ def encode_updates(ids: Sequence[str], model: str, versions: Sequence[int], even
     dim = values.shape[1]
     if len(model_b) > 0xFFFF or dim > 0xFFFFFFFF:
         raise ValueError(f"Expected a model name < 64 KiB and at most 2**32 - 1 values (got {model!r}, {dim})")
-    version_list = versions.tolist() if isinstance(versions, np.ndarray) else list(map(int, versions))
-    if min(version_list) < 0 or max(version_list) >= 2**64:
-        raise ValueError(f"Expected versions in [0, 2**64) (got {min(version_list)} .. {max(version_list)})")
-    ids_b = [node.encode("utf-8") for node in ids]
-    table = {mode: mode.encode("utf-8") for mode in dict.fromkeys(modes)}
-    modes_b = list(map(table.__getitem__, modes))
+    if isinstance(versions, np.ndarray) and versions.dtype.kind in "iu":
+        version_col, low, high = versions, int(versions.min()), int(versions.max())
+    else:
+        version_col = list(map(int, versions))
+        low, high = min(version_col), max(version_col)
+    if low < 0 or high >= 2**64:
+        raise ValueError(f"Expected versions in [0, 2**64) (got {low} .. {high})")
+    ids_b = list(map(str.encode, ids))
+    table, codes = mode_codes(modes)
+    table_b = [m.encode("utf-8") for m in table]
     id_lens = np.fromiter(map(len, ids_b), dtype=np.int64, count=n)
-    mode_lens = np.fromiter(map(len, modes_b), dtype=np.int64, count=n)
+    mode_lens = np.array(list(map(len, table_b)), dtype=np.int64)[codes]
     if id_lens.max() > 0xFFFF or mode_lens.max() > 0xFF:
         i = int(np.flatnonzero((id_lens > 0xFFFF) | (mode_lens > 0xFF))[0])
         raise ValueError(f"Expected id < 64 KiB and mode < 256 bytes (node {ids[i]!r})")
-    head = np.empty(n, dtype=_BINARY_HEAD)  # every header at once, each then joined with its id, mode and row
+    head = np.empty(n, dtype=_BINARY_HEAD)  # every header at once, each then joined with its id, the rest and row
     head["magic"] = BINARY_MAGIC
-    head["version"] = version_list
+    head["version"] = version_col
     head["event_ts"] = times
     head["computed_at"] = float(computed_at)
     head["dim"] = dim
@@ -279,9 +294,11 @@ def encode_updates(ids: Sequence[str], model: str, versions: Sequence[int], even
     head["model_len"] = len(model_b)
     head["mode_len"] = mode_lens
     heads, size = head.tobytes(), _HEADER.size
+    tails = [model_b + m for m in table_b]  # model and mode, between the id and the row
+    tail_of = itertools.repeat(tails[0]) if len(tails) == 1 else map(tails.__getitem__, codes.tolist())
     join = b"".join
-    return [join((heads[at:at + size], node_b, model_b, mode_b, row))
-            for at, node_b, mode_b, row in zip(range(0, n * size, size), ids_b, modes_b, values)]
+    return [join((heads[at:at + size], node_b, tail, row))
+            for at, node_b, tail, row in zip(range(0, n * size, size), ids_b, tail_of, values)]
 
 
 def encode_update(update: EmbeddingUpdate, fmt: Literal["json", "binary"] = "json") -> bytes:
@@ -406,19 +423,20 @@ def encode_packed(ids: Sequence[str], model: str, versions: Sequence[int] | np.n
     times = np.asarray(event_ts, dtype=np.float64)
     computed = np.broadcast_to(np.asarray(computed_at, dtype=np.float64), (n,))
     flags = np.zeros(n, dtype=np.uint8) if deleted is None else np.asarray(deleted, dtype=bool).astype(np.uint8)
-    check_packed(ids, rows, times, computed)
+    check_packed(ids.__getitem__, rows, times, computed)
     table, codes = mode_codes(modes)
     id_blob, id_lens = utf8_ids(ids)
     return packed_frames(ids.__getitem__, id_blob, id_lens, model, np.asarray(versions, dtype=">u8"), times, computed, flags,
                          table, codes, rows, max_bytes)
 
 
-def check_packed(ids: Sequence[str], rows: np.ndarray, times: np.ndarray, computed: np.ndarray) -> None:
-    """Raise ValueError, naming the first nodes, unless every row and time is finite."""
+def check_packed(name_of: Callable[[int], str], rows: np.ndarray, times: np.ndarray, computed: np.ndarray) -> None:
+    """Raise ValueError, naming the first nodes (``name_of(i)``: the id of row ``i``), unless every row and time
+    is finite."""
     if not (np.isfinite(rows).all() and np.isfinite(times).all() and np.isfinite(computed).all()):
         bad = ~np.isfinite(rows).all(axis=1) | ~np.isfinite(times) | ~np.isfinite(computed)
         raise ValueError(f"Expected finite embeddings and timestamps (got non-finite values for nodes "
-                         f"{[ids[i] for i in np.flatnonzero(bad)[:3]]})")
+                         f"{[name_of(i) for i in np.flatnonzero(bad)[:3].tolist()]})")
 
 
 def mode_codes(modes: Sequence[str]) -> tuple[list[str], np.ndarray]:

@@ -146,6 +146,10 @@ def test_encode_frames_puts_each_row_in_its_partition() -> None:
         np.testing.assert_array_equal(u.embedding, rows[i])
     order = [u.id for u in seen if partition_for(u.id.encode(), partitions) == 3]
     assert order == [x for x in names if partition_for(x.encode(), partitions) == 3]  # rows keep their order
+    rows[[7, 250], 1] = [np.inf, np.nan]  # refused whole, naming the nodes (checked in partition order)
+    with pytest.raises(ValueError, match="non-finite values for nodes") as info:
+        encode_frames(columns, "m:1", partitions_for(names, partitions), 2000)
+    assert sorted(str(info.value).split("[")[1].rstrip("])").replace("'", "").split(", ")) == ["u250", "u7"]
 
 
 def test_scorer_scores_packed_rows_in_order_and_passes_tombstones_on() -> None:
