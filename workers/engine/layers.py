@@ -261,69 +261,73 @@ class LayerRunner:
         type in one call: a target costs one gathered sum, and only the rows that changed are projected
         again)."""
         k, projected = self.fanouts[layer], getattr(inputs, "projected")
-        out = np.zeros((len(targets), self.dims[layer + 1]), dtype=np.float32)
         kinds = self.typed.types(targets)
         of_type = np.flatnonzero(kinds >= 0)
+        whole = len(of_type) == len(targets) <= self.chunk_nodes  # one chunk of typed nodes: no copy
+        out = None if whole else np.zeros((len(targets), self.dims[layer + 1]), dtype=np.float32)
         sampled = 0
         for start in range(0, len(of_type), self.chunk_nodes):
             sel = of_type[start:start + self.chunk_nodes]
             chunk = targets[sel]
-            mats, planes = self._typed_samples(chunk, kinds[sel], k)
-            valid = [mat >= 0 for mat in mats]
-            flat = [mat[ok] for mat, ok in zip(mats, valid)]
-            sampled += sum(len(ids) for ids in flat)
-            out[sel] = self._typed_projected(layer, chunk, planes, valid, flat, projected).cpu().numpy()
+            mat, planes = self._typed_samples(chunk, kinds[sel], k)
+            h, read = self._typed_projected(layer, chunk, mat, planes, projected)
+            sampled += read
+            if whole:
+                return h.cpu().numpy(), sampled
+            out[sel] = h.cpu().numpy()
+        if out is None:  # no target
+            out = np.zeros((0, self.dims[layer + 1]), dtype=np.float32)
         return out, sampled
 
-    def _typed_samples(self, chunk: np.ndarray, kinds: np.ndarray, k: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
-        """Per place ``j`` in the inbound edge types of a target's type: ``S_{k,ρ}`` of each target of
-        ``chunk`` for its ``j``-th edge type ``ρ`` (a ``[len(chunk), k]`` iid matrix padded with -1, empty past
-        its type's edge types), and the projection plane of ``ρ`` in its source type (:meth:`HeteroSAGE.project`).
-        Counts the targets whose sample the fanout capped, in any edge type."""
-        typed = self.typed
+    def _typed_samples(self, chunk: np.ndarray, kinds: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """``S_{k,ρ}`` of the ``j``-th edge type ``ρ`` reaching each target of ``chunk`` (its type's inbound
+        order): a ``[len(chunk), places, k]`` iid matrix padded with -1 (empty past its type's edge types), read
+        from the slots in one call; and ``[len(chunk), places]``, the projection plane of each ``ρ`` in its
+        source type (:meth:`HeteroSAGE.project`). Counts the targets whose sample the fanout capped, in any
+        edge type."""
+        typed, store = self.typed, self.store
+        schema = typed.schema
         present = [(t, np.flatnonzero(kinds == index)) for t, index in typed.type_index.items()]
         present = [(t, rows) for t, rows in present if len(rows)]
-        places = max((len(typed.schema.inbound(t)) for t, _ in present), default=0)
-        mats = [np.full((len(chunk), k), -1, dtype=np.int64) for _ in range(places)]
-        planes = [np.zeros(len(chunk), dtype=np.int64) for _ in range(places)]
-        capped = np.zeros(len(chunk), dtype=bool)
+        places = max((len(schema.inbound(t)) for t, _ in present), default=0)
+        slots = np.full((len(chunk), places), -1, dtype=np.int64)
+        planes = np.zeros((len(chunk), places), dtype=np.int64)
         for t, rows in present:
-            for j, e in enumerate(typed.schema.inbound(t)):
-                mats[j][rows], full = self._slot_samples(chunk[rows], e, k)
-                planes[j][rows] = 1 + self.gnn.outbound[e[0]].index(e)
-                capped[rows] |= full
-        self.capped += int(np.count_nonzero(capped))
-        return mats, planes
-
-    def _slot_samples(self, chunk: np.ndarray, edge_type: Any, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """``S_{k,ρ}`` of each node of ``chunk`` as a ``[len(chunk), k]`` iid matrix padded with -1 (its slot's
-        sample), and which of them the fanout capped."""
-        store = self.store
-        slots = self.typed.slots(chunk, edge_type)
-        mat = np.full((len(chunk), k), -1, dtype=np.int64)
-        capped = np.zeros(len(chunk), dtype=bool)
-        live = np.flatnonzero(slots >= 0)
-        degree = store.node_arrays(slots[live])[0]
+            for j, e in enumerate(schema.inbound(t)):
+                slots[rows, j] = typed.slots(chunk[rows], e)
+                planes[rows, j] = 1 + self.gnn.outbound[e[0]].index(e)
+        mat = np.full((len(chunk), places, k), -1, dtype=np.int64)
+        flat = slots.ravel()
+        live = np.flatnonzero(flat >= 0)
+        degree = store.node_arrays(flat[live])[0]
         live, degree = live[degree >= 0], degree[degree >= 0]
         if len(live) and k:
-            mat[live] = store.sample_matrix(k, slots[live])
+            mat.reshape(-1, k)[live] = store.sample_matrix(k, flat[live])
+            capped = np.zeros(len(flat), dtype=bool)
             capped[live] = degree > k
-        return mat, capped
+            self.capped += int(np.count_nonzero(capped.reshape(slots.shape).any(axis=1)))
+        return mat, planes
 
-    def _typed_projected(self, layer: int, chunk: np.ndarray, planes: list[np.ndarray], valid: list[np.ndarray],
-                         flat: list[np.ndarray], projected: Any) -> torch.Tensor:
+    def _typed_projected(self, layer: int, chunk: np.ndarray, mat: np.ndarray, planes: np.ndarray,
+                         projected: Any) -> tuple[torch.Tensor, int]:
         """A target's root plane (weight 1) and, per edge type, its neighbours' planes of that edge type
-        (weight ``1 / |S_ρ(v)|``) in one gathered sum, a bag per target."""
-        table, pos, stride = projected(np.concatenate([chunk] + flat), self.projector(layer))
-        rows, weights, start = [pos[:len(chunk), None]], [np.ones((len(chunk), 1), dtype=np.float32)], len(chunk)
-        for plane, ok, ids in zip(planes, valid, flat):
-            at = np.repeat(plane[:, None] * stride, ok.shape[1], axis=1)  # where the target's type reads ρ's plane
-            at[ok] += pos[start:start + len(ids)]
-            start += len(ids)
-            rows.append(at)
-            weights.append(np.broadcast_to((1.0 / np.maximum(ok.sum(axis=1), 1)).astype(np.float32)[:, None], ok.shape))
-        taken = np.hstack([np.ones((len(chunk), 1), dtype=bool)] + valid)  # row by row: each target's bag
-        size = taken.sum(axis=1)
-        with torch.no_grad(), threads_for(len(chunk)):
-            return self.gnn.layer_projected(layer, self.table_tensor(table), self.tensor(np.hstack(rows)[taken]),
-                                            self.tensor(np.hstack(weights)[taken]), self.tensor(np.cumsum(size) - size))
+        (weight ``1 / |S_ρ(v)|``) in one gathered sum, a bag per target (the root first, then the samples in
+        :meth:`_typed_samples`'s order); and the number of neighbours read."""
+        n = len(chunk)
+        valid = mat >= 0
+        nbrs = mat[valid]  # grouped by target, then place
+        table, pos, stride = projected(np.concatenate([chunk, nbrs]), self.projector(layer))
+        counts = valid.sum(axis=2)  # [n, places]
+        size = 1 + counts.sum(axis=1)
+        offsets = np.cumsum(size) - size
+        rows = np.empty(n + len(nbrs), dtype=np.int64)
+        weights = np.ones(n + len(nbrs), dtype=np.float32)
+        rows[offsets] = pos[:n]
+        at = np.arange(len(nbrs)) + np.repeat(np.arange(1, n + 1), size - 1)  # after the root and the bags before
+        per = counts.ravel()
+        rows[at] = np.repeat((planes * stride).ravel(), per) + pos[n:]
+        weights[at] = np.repeat((1.0 / np.maximum(per, 1)).astype(np.float32), per)
+        with torch.no_grad(), threads_for(n):
+            h = self.gnn.layer_projected(layer, self.table_tensor(table), self.tensor(rows), self.tensor(weights),
+                                         self.tensor(offsets))
+        return h, len(nbrs)

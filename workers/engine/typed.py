@@ -230,4 +230,8 @@ class TypedLayout:
         for i, v in zip(unknown.tolist(), iids[unknown].tolist()):
             slot = self.store.iid(f"{relation}:{self.store.name(v)}")  # interned ids are never reused
             known[v] = out[i] = -1 if slot is None else slot
+            if slot is not None:  # its owner learnt too: a backfill learns every slot here, not one by one later
+                self._grow(slot + 1)
+                self._owner[slot], self._type[slot] = v, -1
+                known = self._slot[relation]  # grown
         return out
