@@ -46,8 +46,10 @@ dead-letter headers):
 ``empty_id``              an id that is ``""``
 ``bad_type``              a number that is not a number, features not a list
 ``not_finite``            NaN, Infinity or a number too large for a float; in
-                          ``check_features``, a feature beyond ±1e15
-``bad_ts``                a negative timestamp
+                          ``check_features`` (or ``check_schema``, of an
+                          edge), a feature beyond ±1e15
+``bad_ts``                a negative timestamp, or one more than
+                          :data:`MAX_AHEAD_S` ahead of this machine's clock
 ``bad_features``          an empty feature list
 ``wrong_feature_length``  in ``check_features``, a feature count that is not
                           the model's input width (in ``check_schema``: of
@@ -61,6 +63,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from dataclasses import dataclass
 from collections.abc import Mapping
 from typing import Any, ClassVar, Union
@@ -82,6 +85,7 @@ __all__ = [
     "check_features",
     "check_schema",
     "MAX_FEATURE",
+    "MAX_AHEAD_S",
     "UNTYPED_NODE",
     "UNTYPED_REL",
     "encode_event",
@@ -90,6 +94,9 @@ __all__ = [
 
 MAX_ID_BYTES = 256
 MAX_EVENT_BYTES = 1 << 20  # 1 MiB: the default size limit of one encoded event
+# The furthest an event's ts may be ahead of the clock of the machine decoding it: stream time is the largest ts
+# applied and never moves back, so one event from the far future would expire every edge and age every node.
+MAX_AHEAD_S = 86_400.0
 
 INVALID_EVENT_REASONS = frozenset({
     "empty", "oversize", "not_utf8", "not_json", "not_object", "duplicate_field",
@@ -228,6 +235,9 @@ def _timestamp(value: Any) -> float:
     ts = _number(value, "ts")
     if ts < 0:
         raise InvalidEvent("bad_ts", f"ts must be >= 0 (got {ts})")
+    if ts > time.time() + MAX_AHEAD_S:
+        raise InvalidEvent("bad_ts", f"ts {ts:.6g} is more than a day ahead of this machine's clock "
+                                     f"(ts is in seconds since the epoch)")
     return ts
 
 
@@ -278,8 +288,9 @@ def decode_event(obj: Any, typed: bool = False) -> Event:
         raise InvalidEvent("missing_field", f"{op} needs {', '.join(sorted(missing))}")
     extra = keys - required - optional
     if extra:
-        names = ", ".join(sorted(_short(k) for k in extra))
-        raise InvalidEvent("unknown_field", f"{op} does not take {_short(names)}")
+        names = sorted(_short(k) for k in extra)
+        more = f" and {len(names) - 3} more" if len(names) > 3 else ""
+        raise InvalidEvent("unknown_field", f"{op} does not take {', '.join(names[:3])}{more}")
     ts = _timestamp(obj["ts"])
     names = {f: _type_name(obj[f], f) for f in ("type", "src_type", "rel", "dst_type", "txn_id") if f in obj}
     if op == "edge_upsert":
@@ -336,6 +347,9 @@ def check_schema(ev: Event, node_types: Mapping[str, int], relations: Mapping[tu
         if isinstance(ev, EdgeUpsert) and len(ev.features) != width:
             raise InvalidEvent("wrong_feature_length", f"edge {ev.src!r} -{ev.rel}-> {ev.dst!r} has "
                                                        f"{len(ev.features)} features, the schema gives {width}")
+        if isinstance(ev, EdgeUpsert) and ev.features and max(map(abs, ev.features)) > MAX_FEATURE:
+            raise InvalidEvent("not_finite", f"a feature of edge {ev.src!r} -{ev.rel}-> {ev.dst!r} is beyond "
+                                             f"±{MAX_FEATURE:g}, as a node's may not be")
         return
     width = node_types.get(ev.type)
     if width is None:
@@ -440,7 +454,7 @@ def _decode_common(text: Any, quote: Any, backslash: Any) -> Event | None:
     if text.count(quote) != 2 * (len(obj) + (3 if op[0] == "e" else 2)):
         return None
     ts = obj["ts"]
-    if type(ts) not in _NUMBER or not 0 <= ts < math.inf:
+    if type(ts) not in _NUMBER or not 0 <= ts <= time.time() + MAX_AHEAD_S:
         return None
     if op == "edge_upsert" or op == "edge_delete":
         src, dst = obj["src"], obj["dst"]

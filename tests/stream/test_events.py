@@ -204,6 +204,7 @@ def test_check_schema_refuses_what_the_schema_does_not_take():
     cases = [
         (_TYPED_PAY.replace('"pays"', '"owns"'), "unknown_type", "relation 'account__owns__merchant'"),
         (_TYPED_PAY.replace(',1],', '],'), "wrong_feature_length", "has 3 features, the schema gives 4"),
+        (_TYPED_PAY.replace(',1],', ',1e300],'), "not_finite", "is beyond ±1e+15"),
         ('{"op":"node_upsert","type":"device","id":"d","ts":1,"features":[1]}', "unknown_type", "node type 'device'"),
         ('{"op":"node_upsert","type":"account","id":"a","ts":1,"features":[1]}', "wrong_feature_length",
          "the schema gives 'account' 2"),

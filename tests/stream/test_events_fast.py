@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gnnstream.stream.events import (
-    EdgeDelete, EdgeUpsert, InvalidEvent, NodeDelete, NodeUpsert, _decode_common,
+    MAX_AHEAD_S, EdgeDelete, EdgeUpsert, InvalidEvent, NodeDelete, NodeUpsert, _decode_common,
     _reject_constant, _unique_fields, decode_event, decode_event_json,
 )
 
@@ -53,6 +54,8 @@ def test_usual_events_take_the_fast_path(text: str, expected: object) -> None:
     ('{"op":"node_delete","id":"a","ts":NaN}', "not_finite"),
     ('{"op":"node_delete","id":"a","ts":1e999}', "not_finite"),
     ('{"op":"node_delete","id":"a","ts":-1}', "bad_ts"),
+    ('{"op":"node_delete","id":"a","ts":1e300}', "bad_ts"),  # would move stream time past every edge's
+    ('{"op":"node_delete","id":"a","ts":1700000000000}', "bad_ts"),  # milliseconds, not seconds
     ('{"op":"node_delete","id":"","ts":1}', "empty_id"),
     ('{"op":"node_delete","id":"' + "x" * 257 + '","ts":1}', "bad_id"),
     ('{"op":"node_upsert","id":"a","ts":1,"features":[1,false]}', "bad_type"),
@@ -67,6 +70,14 @@ def test_doubtful_events_fall_through_to_the_strict_reason(text: str, reason: st
     with pytest.raises(InvalidEvent) as info:
         decode_event_json(text.encode())
     assert info.value.reason == reason == strict(text)
+
+
+def test_a_timestamp_may_run_ahead_of_the_clock_by_up_to_a_day() -> None:
+    soon, later = time.time() + MAX_AHEAD_S - 60, time.time() + MAX_AHEAD_S + 60
+    assert decode_event_json(f'{{"op":"node_delete","id":"a","ts":{soon}}}') == NodeDelete("a", soon)
+    with pytest.raises(InvalidEvent) as info:
+        decode_event_json(f'{{"op":"node_delete","id":"a","ts":{later}}}')
+    assert info.value.reason == "bad_ts" and "ahead of this machine's clock" in str(info.value)
 
 
 def test_integer_ids_and_long_ids_are_decided_by_the_strict_path() -> None:

@@ -461,7 +461,7 @@ def test_worker_with_min_change_end_to_end(broker: Any, otc_events: list, model_
     run(otc_events)
     stored, _ = exact_state(state)
     gone = sorted(random.Random(1).sample(sorted(stored), 10))
-    run([NodeDelete(node, 2e9) for node in gone])
+    run([NodeDelete(node, 1.6e9) for node in gone])  # after every Bitcoin OTC event
 
     records = read_topic(broker.bootstrap, output_topic, 4)
     held = Held()

@@ -80,6 +80,7 @@ def bad_records(copies: int) -> list[tuple[str, bytes | None, bytes | None]]:
         ("bad_type", lambda i: j({"op": "edge_upsert", "src": f"b{i}", "dst": "c", "ts": "yesterday"})),
         ("not_finite", lambda i: b'{"op":"edge_upsert","src":"b%d","dst":"c","ts":1,"weight":NaN}' % i),
         ("bad_ts", lambda i: j({"op": "edge_upsert", "src": f"b{i}", "dst": "c", "ts": -5})),
+        ("bad_ts", lambda i: j({"op": "node_upsert", "id": f"b{i}", "ts": 1e300, "features": [0.5, 0.5]})),
         ("bad_features", lambda i: j({"op": "node_upsert", "id": f"b{i}", "ts": 1, "features": []})),
         ("wrong_feature_length", lambda i: j({"op": "node_upsert", "id": f"b{i}", "ts": 1, "features": [0.5] * 3})),
         ("oversize", lambda i: j({"op": "node_upsert", "id": f"b{i}", "ts": 1, "features": [0.25] * 700_000})),
