@@ -31,6 +31,7 @@ from tests.support import FANOUTS, HUB, LEAVES, MODELS, SEED, SETTINGS, event_gr
     nonzero_features as _nonzero, to_event as _to_event
 from gnnstream.workers.engine import Engine
 from gnnstream.workers.query.state import MAX_EVENTS, QueryError, QueryState, load_infer_body
+from gnnstream.graph_state.exceptions import StateModelMismatch
 from gnnstream.graph_state.page_log import PageLog
 from gnnstream.model.head import ScoreHead
 
@@ -223,6 +224,19 @@ def test_lookup_between_a_batch_and_its_recompute(model_dirs: dict[str, Path], t
             assert view.embedding("d")["version"] >= 1
         finally:
             view.close()
+
+
+def test_a_view_refuses_a_model_other_than_the_states(model_dirs: dict[str, Path], tmp_path: Path) -> None:
+    """As apply and run do: the state's embeddings were computed by another model, so neither its rows nor a
+    what-if with the other weights would be the state's answers."""
+    with GraphStore(tmp_path / "s", seed=SEED) as store:
+        engine = Engine(store, load_model_dir(model_dirs["sage"]))
+        store.apply([EdgeUpsert("a", "b", 1.0)])
+        engine.backfill()
+        with pytest.raises(StateModelMismatch) as err:
+            QueryState(store.path, model_dirs["gcn"], tmp_path / "q")
+        assert "holds the embeddings of model" in str(err.value) and "\n" not in str(err.value)
+        QueryState(store.path, model_dirs["sage"], tmp_path / "q2").close()
 
 
 def test_scores_come_with_a_fraud_head(model_dirs: dict[str, Path], tmp_path: Path) -> None:

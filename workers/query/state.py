@@ -52,13 +52,14 @@ from gnnstream.model import load_model_dir
 from gnnstream.stream.events import Event, InvalidEvent, check_features, decode_event
 from gnnstream.stream.partitioning import partition_for
 from gnnstream.workers.engine import kept_partitions
-from gnnstream.workers.state import MODEL_DIR_META
+from gnnstream.workers.engine.stats import EngineError
+from gnnstream.workers.state import MODEL_DIR_META, held_identity, other_model_error
 from gnnstream.graph_state.page_log import FrameReused, PageLog
 from gnnstream.workers.query.overlay import Overlay
 from gnnstream.model.coldstart import STAGE_EXPANDED, STAGE_NONE
 from gnnstream.model.head import HEAD_FILE, ScoreHead, TransactionHead, load_head, load_transaction_head
 from gnnstream.model.schema import edge_type_name
-from gnnstream.workers.engine.typed import TypedLayout
+from gnnstream.workers.engine.typed import GRAPH_SCHEMA_META, TypedLayout, schema_refusal
 
 __all__ = ["QueryState", "QueryError", "load_infer_body", "MAX_EVENTS", "MAX_IDS"]
 
@@ -153,6 +154,14 @@ class QueryState:
             if self.store.seed != cfg.seed:
                 raise StoreConfigError(f"model {cfg.name}:{cfg.version} samples with seed {cfg.seed} but state "
                                        f"{self.store.path!r} holds seed {self.store.seed}")
+            # the state's own model only, as apply and run require (the worker beside it, or its last one)
+            refused = schema_refusal(self.store.path, self.store.meta(GRAPH_SCHEMA_META), cfg.schema,
+                                     f"{cfg.name}:{cfg.version}")
+            if refused:
+                raise EngineError(refused)
+            other = other_model_error(self.store, model_dir, cfg, held_identity(self.store))
+            if other is not None:
+                raise other
         except BaseException:
             self.store.close()
             raise
