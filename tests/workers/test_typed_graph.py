@@ -200,21 +200,62 @@ def test_only_the_serving_version_publishes_transaction_scores():
     a candidate's, or the version rolled back from, are dropped: the serving version's workers publish them."""
     from types import SimpleNamespace
 
+    from gnnstream.workers.runtime.metrics import WorkerMetrics
     from gnnstream.workers.runtime.worker import Worker
 
     class Scores:
         def __init__(self) -> None:
-            self.pending, self.sent = [{"txn_id": "t1"}], []
+            self.pending, self.sent, self.published, self.unscored = [{"txn_id": "t1"}], [], 0, 0
 
         def publish(self) -> int:
             self.sent += self.pending
+            self.published += len(self.pending)
             self.pending = []
             return len(self.sent)
 
     worker = Worker.__new__(Worker)
     worker.engine = SimpleNamespace(model_tag="pay:2")
     worker.errors = SimpleNamespace(cleared=lambda kind: None)
+    worker.metrics = WorkerMetrics()
     for serving, published in ((None, 1), ("pay:2", 1), ("pay:1", 0)):
         worker.serving, worker._transactions = serving, Scores()
         worker._publish_transactions()
         assert (len(worker._transactions.sent), worker._transactions.pending) == (published, []), serving
+
+
+def test_a_transaction_whose_end_the_batch_deletes_is_counted_unscored(tmp_path):
+    """A payment, then its account deleted in the same batch: no embedding is left to score it with. The next
+    payment is scored; the first is counted (and logged), not silently dropped."""
+    from gnnstream.model.head import TransactionHead
+    from gnnstream.workers.runtime.transactions import TransactionScores
+
+    model = typed_model(tmp_path / "model", 3, [3, 2])
+    TransactionHead("account__pays__merchant", (0.1,) * 10, 0.0, "model:1").save(model)
+
+    class Producer:
+        def __init__(self) -> None:
+            self.sent: list[bytes] = []
+
+        def send(self, topic: str, key: bytes, value: bytes) -> None:
+            self.sent.append(key)
+
+        def flush(self, timeout: float) -> None:
+            pass
+
+    def node(t: str, i: str, ts: int) -> dict:
+        return {"op": "node_upsert", "type": t, "id": i, "ts": ts, "features": [0.5] * SCHEMA["node_types"][t]}
+
+    def pay(src: str, txn: str, ts: int) -> dict:
+        return {"op": "edge_upsert", "src_type": "account", "src": src, "rel": "pays", "dst_type": "merchant",
+                "dst": "m", "ts": ts, "features": [0.5, 0.5], "txn_id": txn}
+
+    batch = [node("account", "a", 1), node("account", "b", 1), node("merchant", "m", 1), pay("a", "tA", 2),
+             {"op": "node_delete", "type": "account", "id": "a", "ts": 3}, pay("b", "tB", 4)]
+    producer = Producer()
+    with GraphStore(tmp_path / "s", seed=3) as store:
+        engine = Engine(store, load_model_dir(model))
+        scores = TransactionScores.of(engine, producer, "txn", store)
+        store.apply([e for ev in batch for e in engine.read_event(json.dumps(ev))], meta=scores.take())
+        engine.recompute(drain=True)
+        assert scores.publish() == 1
+    assert (producer.sent, scores.published, scores.unscored) == ([b"tB"], 1, 1)

@@ -141,6 +141,10 @@ class WorkerMetrics:
                               "dead_letter, consumer, kafka_setup), offset_reset (a stored offset past the end of "
                               "its partition) and dead_letter_<error kind> (a dead letter the topic refused even "
                               "cut to fit, skipped); see docs/operations.md", ["kind"], registry=r)
+        self.transaction_scores = Counter("gnnstream_transaction_scores", "Transaction scores published (a typed "
+                                          "model with a transaction head)", registry=r)
+        self.transactions_unscored = Counter("gnnstream_transactions_unscored", "Applied transactions not scored: an "
+                                             "end was deleted in the batch that applied them", registry=r)
         self.truncated = Counter("gnnstream_dead_letters_truncated", "Dead letters written cut to fit the record "
                                  "size limit (headers gnnstream.truncated, gnnstream.original.*)", registry=r)
 

@@ -5,7 +5,9 @@ A batch's transactions are stored with its offsets (``TRANSACTIONS_META``),
 in the WriteBatch that applies them; once the batch is recomputed their
 scores are produced and flushed. A crash in between leaves them stored:
 the worker scores them again when it starts, with the embeddings it holds
-then. Delivery is at least once; a consumer keeps one score per key.
+then. Delivery is at least once; a consumer keeps one score per key. A
+transaction one of whose ends a later event of its batch deleted has no
+embedding left to be scored with: it is logged and counted as unscored.
 
 A record: key the event's ``txn_id`` (without one, ``SRC>DST@TS`` of the
 two nodes' keys), value JSON ``{"txn_id", "relation", "src", "dst", "ts",
@@ -62,6 +64,7 @@ class TransactionScores:
         engine.typed.scored = head.relation  # the layout keeps this relation's upserts as it reads them
         self.pending: list[dict[str, Any]] = list(store.meta(TRANSACTIONS_META) or [])
         self.published = 0
+        self.unscored = 0  # transactions with an end deleted before their batch was recomputed
 
     @classmethod
     def of(cls, engine: Engine, producer: ProducerClient, topic: str, store: GraphStore) -> "TransactionScores | None":
@@ -90,10 +93,11 @@ class TransactionScores:
         names = [t[end] for t in self.pending for end in ("src", "dst")]
         iids = np.asarray([store.iid(n) if store.iid(n) is not None else -1 for n in names], dtype=np.int64)
         rows, versions = self._final_rows(iids)
-        sent = 0
+        sent, unscored = 0, []
         for i, txn in enumerate(self.pending):
             s, d = 2 * i, 2 * i + 1
-            if rows[s] is None or rows[d] is None:  # an end deleted since: nothing to score
+            if rows[s] is None or rows[d] is None:  # an end deleted since: no embedding to score it with
+                unscored.append(txn)
                 continue
             ts = int(txn["ts"]) if float(txn["ts"]).is_integer() else repr(txn["ts"])
             key = txn["txn_id"] or f"{txn['src']}>{txn['dst']}@{ts}"
@@ -106,6 +110,11 @@ class TransactionScores:
         self.producer.flush(_FLUSH_S)  # raises DeliveryError when any was not acknowledged: they stay pending
         self.pending = []
         self.published += sent
+        if unscored:
+            self.unscored += len(unscored)
+            first = ", ".join(t["txn_id"] or f"{t['src']}>{t['dst']}" for t in unscored[:3])
+            logger.warning("%d transactions not scored: an end was deleted in the batch that applied them (first: "
+                           "%s)", len(unscored), first)
         return sent
 
     def _final_rows(self, iids: np.ndarray) -> tuple[list[Any], list[int | None]]:

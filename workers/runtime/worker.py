@@ -451,8 +451,12 @@ class Worker:
         if self.serving not in (None, self.engine.model_tag):
             self._transactions.pending = []
             return
+        scores = self._transactions
+        before = scores.published, scores.unscored
         try:
-            self._transactions.publish()
+            scores.publish()
+            self.metrics.transaction_scores.inc(scores.published - before[0])
+            self.metrics.transactions_unscored.inc(scores.unscored - before[1])
             self.errors.cleared("transaction_scores")
         except DeliveryError as exc:
             if classify(exc).permanent:  # a topic missing or refused, a record refused: retrying cannot cure it
