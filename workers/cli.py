@@ -355,7 +355,20 @@ def build_parser() -> argparse.ArgumentParser:
     _streaming_commands(sub)
     for entry in entry_points(group="gnnstream.commands"):  # commands of packages built on this one
         entry.load()(sub)
+    _describe(parser)
     return parser
+
+
+def _describe(parser: argparse.ArgumentParser) -> None:
+    """Give every command without a description of its own its one-line help as one, so that its ``--help``
+    says what it does."""
+    for action in parser._subparsers._group_actions if parser._subparsers else ():
+        helps = {choice.dest: choice.help for choice in action._choices_actions}
+        for name, command in action.choices.items():
+            if not command.description and helps.get(name):
+                text = helps[name]
+                command.description = text[0].upper() + text[1:] + "."
+            _describe(command)
 
 
 def _edge_ttl_arg(p: argparse.ArgumentParser) -> None:

@@ -140,3 +140,13 @@ def test_produce_refuses_a_gzipped_file_as_json_lines(capsys: pytest.CaptureFixt
     assert (rc, out) == (2, "")
     assert err == (f"gnnstream: error: {data!r} is gzipped, not JSON lines: send a SNAP CSV with --format snap, "
                    f"or gunzip a JSONL file first\n")
+
+
+def test_produce_sends_any_line_as_it_is(tmp_path: Path) -> None:
+    """Lines the worker will dead-letter (not JSON, nested past the parser's depth) go out unchanged, without a
+    key; a valid event is keyed by its source."""
+    deep = b"[" * 100_000 + b"]" * 100_000
+    path = tmp_path / "poison.jsonl"
+    path.write_bytes(b'{"op":"edge_upsert","src":"a","dst":"b","ts":1}\n' + deep + b"\n{oops\n")
+    assert list(replay.iter_file_messages(str(path))) == [
+        (b"a", b'{"op":"edge_upsert","src":"a","dst":"b","ts":1}'), (None, deep), (None, b"{oops")]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import gzip
 import json
 import traceback
 from pathlib import Path
@@ -324,6 +325,9 @@ def test_apply_skips_invalid_lines_and_resumes(capsys: pytest.CaptureFixture, tm
     assert first["invalid"] + second["invalid"] == sum(1 for line in mixed if line in bad and line.strip())
     rc, out, err = run_cli(capsys, "verify", "--state", state)
     assert rc == 0 and json.loads(out)["ok"] is True, out + err
+    missing = tmp_path / "no-such-dir" / "report.jsonl"  # refused in one line, naming the option
+    assert run_cli(capsys, "apply", "--state", state, path, "--report", missing)[::2] == (
+        2, f"gnnstream: error: --report {str(missing)!r}: no directory {str(missing.parent)!r} to write it in\n")
     fold = GraphFold()
     for line in good:
         fold.apply_obj(json.loads(line))
@@ -332,6 +336,20 @@ def test_apply_skips_invalid_lines_and_resumes(capsys: pytest.CaptureFixture, tm
     assert_embeddings_close({r["id"]: r["embedding"] for r in _read_export(export)},
                             reference_embeddings(fold.nodes, fold.edges, fold.features, model_dirs["sage"]),
                             what="apply with invalid lines vs PyG reference")
+
+
+def test_a_byte_order_mark_is_read_past_and_a_gzipped_file_refused(capsys: pytest.CaptureFixture, tmp_path: Path,
+                                                                    model_dirs: dict[str, Path]) -> None:
+    line = b'{"op":"edge_upsert","src":"a","dst":"b","ts":1}\n'
+    bom, packed = tmp_path / "bom.jsonl", tmp_path / "events.jsonl.gz"
+    bom.write_bytes(b"\xef\xbb\xbf" + line + line.replace(b'"a"', b'"c"'))
+    packed.write_bytes(gzip.compress(line))
+    out = json.loads(_ok(run_cli(capsys, "apply", "--state", tmp_path / "s", "--model", model_dirs["sage"], bom),
+                         "apply"))
+    assert (out["events"], out["invalid"]) == (2, 0)
+    assert run_cli(capsys, "apply", "--state", tmp_path / "s", packed)[::2] == (
+        2, f"gnnstream: error: {str(packed)!r} is gzipped, not JSON lines: gunzip it first (a SNAP CSV: gnnstream "
+           f"events from-snap)\n")
 
 
 @pytest.mark.parametrize("arch", sorted(ARCHS))
@@ -436,6 +454,7 @@ def test_every_subcommand_has_help(capsys: pytest.CaptureFixture) -> None:
         rc, out, err = run_cli(capsys, *path, "--help")
         assert rc == 0, f"gnnstream {' '.join(path)} --help exited {rc}: {err}"
         assert out.startswith("usage: gnnstream " + " ".join(path)), out[:200]
+        assert parser.description and " ".join(parser.description.split()[:3]) in " ".join(out.split()), path
         for action in parser._actions:
             for option in action.option_strings:
                 assert option in out, f"gnnstream {' '.join(path)} --help does not mention {option}"

@@ -119,6 +119,9 @@ class _InvalidLines:
                  keep_through: int):
         self.source = str(Path(events).resolve())
         self.targets = [(path, with_value) for path, with_value in ((report, False), (dead_letters, True)) if path]
+        for path, option in ((report, "--report"), (dead_letters, "--dead-letters")):
+            if path and not Path(path).resolve().parent.is_dir():
+                raise ValueError(f"{option} {path!r}: no directory {str(Path(path).resolve().parent)!r} to write it in")
         self.pending: dict[str, list[bytes]] = {path: [] for path, _ in self.targets}
         self.reasons: Counter[str] = Counter()
         for path, _ in self.targets:
@@ -198,7 +201,13 @@ def _numbered_events(path: str | os.PathLike[str], done: int, invalid: _InvalidL
     expect = position.get("hash") if position is not None and done else None
     line_no = 0
     with open(path, "rb") as fh:
+        if fh.read(2) == b"\x1f\x8b":
+            raise ValueError(f"{os.fspath(path)!r} is gzipped, not JSON lines: gunzip it first (a SNAP CSV: "
+                             f"gnnstream events from-snap)")
+        fh.seek(0)
         for line_no, line in enumerate(fh, 1):
+            if line_no == 1 and line.startswith(b"\xef\xbb\xbf"):  # a byte order mark, as some editors write
+                line = line[3:]
             if position is not None:
                 position["line"], position["text"] = line_no, line
                 if line_no == done and expect is not None and _line_hash(line) != expect:

@@ -52,7 +52,7 @@ def iter_file_messages(path: str, fmt: str = "jsonl") -> Iterator[tuple[bytes | 
                 obj = json.loads(line)
                 key = obj.get("src", obj.get("id")) if isinstance(obj, dict) else None
                 key = None if key is None else str(key).encode()
-            except ValueError:
+            except (ValueError, RecursionError):  # not JSON, or nested too deep: the worker dead-letters it
                 key = None
             yield key, line
 
