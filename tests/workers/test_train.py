@@ -39,7 +39,9 @@ def test_the_split_is_by_time_and_labels_known_later_are_held_out() -> None:
 
 def test_train_writes_a_servable_model_with_held_out_metrics(tmp_path: Path) -> None:
     events = tmp_path / "events.jsonl"
-    events.write_bytes(b"".join(encode_event(ev) + b"\n" for ev in _events()) + b"not json\n")
+    wide = NodeUpsert("n3", 99.0, (1.0, 0.0, 1.0))  # another width than the first node_upsert's: skipped, as apply
+    events.write_bytes(b"".join(encode_event(ev) + b"\n" for ev in _events()) + b"not json\n" + encode_event(wide)
+                       + b"\n")
     labels = tmp_path / "labels.csv"
     labels.write_text("id,label\n" + "".join(f"n{i},{i % 2}\n" for i in range(40)))
     assert read_labels(labels)["n3"] == 1
@@ -50,7 +52,8 @@ def test_train_writes_a_servable_model_with_held_out_metrics(tmp_path: Path) -> 
     summary = json.loads(proc.stdout)
     assert summary["edge_ttl"] == 100 and summary["train_stages"] == {"feature_only": 0, "expanded": 0, "full": 29}
     assert (summary["train_nodes"], summary["labelled"], summary["held_out"]) == (29, 29, 11)
-    assert summary["invalid_lines"] == 1 and summary["held_out_auc"] == 1.0  # the label is feature 0
+    assert summary["invalid_lines"] == 2 and summary["held_out_auc"] == 1.0  # the label is feature 0
+    assert f"gnnstream: warning: skipped 2 invalid lines of {events}" in proc.stderr
     assert json.loads((tmp_path / "m" / "train.json").read_text()) == summary
     assert load_model_dir(tmp_path / "m").config.model_id == load_head(tmp_path / "m").model == "ring:1"
 

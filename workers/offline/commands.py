@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
 from gnnstream.workers.settings import (events_path, fanout_list, finite_number, model_name, model_version, schema_file,
@@ -54,12 +55,22 @@ def _train(args: argparse.Namespace) -> int:
     if args.schema is not None:
         return _train_typed(args)
     from gnnstream.workers.offline.train import train_model
-    _print_json(train_model(events_path(args.events), args.labels, args.out, arch=args.arch, hidden=args.hidden,
-                       out_dim=args.out_dim, fanouts=args.fanouts, heads=args.heads, seed=args.seed,
-                       epochs=args.epochs, lr=args.lr, train_fraction=args.train_fraction,
-                       cold_start=_cold_start(args), edge_ttl=args.edge_ttl, name=args.name, version=args.version,
-                       overwrite=args.force))
+    summary = train_model(events_path(args.events), args.labels, args.out, arch=args.arch, hidden=args.hidden,
+                          out_dim=args.out_dim, fanouts=args.fanouts, heads=args.heads, seed=args.seed,
+                          epochs=args.epochs, lr=args.lr, train_fraction=args.train_fraction,
+                          cold_start=_cold_start(args), edge_ttl=args.edge_ttl, name=args.name, version=args.version,
+                          overwrite=args.force)
+    _warn_skipped(summary, args.events)
+    _print_json(summary)
     return 0
+
+
+def _warn_skipped(summary: dict[str, Any], events: str) -> None:
+    """One warning on stderr for the lines of ``events`` training skipped (invalid, or features of another width
+    than the first node_upsert's), as apply warns."""
+    if summary.get("invalid_lines"):
+        print(f"gnnstream: warning: skipped {summary['invalid_lines']} invalid lines of {events} (invalid_lines in "
+              f"the summary)", file=sys.stderr)
 
 
 def _train_typed(args: argparse.Namespace) -> int:
@@ -69,11 +80,13 @@ def _train_typed(args: argparse.Namespace) -> int:
         if value != default:
             raise ValueError(f"{flag} {value} does not apply to a typed model (--schema): it is a GraphSAGE with "
                              f"the plain cold-start policy, without an edge window")
-    _print_json(train_typed_model(events_path(args.events), args.labels, args.schema, args.out, hidden=args.hidden,
-                                  out_dim=args.out_dim, fanouts=args.fanouts, seed=args.seed, epochs=args.epochs,
-                                  lr=args.lr, train_fraction=args.train_fraction, slices=args.slices,
-                                  alert_rate=args.alert_rate, name=args.name, version=args.version,
-                                  overwrite=args.force))
+    summary = train_typed_model(events_path(args.events), args.labels, args.schema, args.out, hidden=args.hidden,
+                                out_dim=args.out_dim, fanouts=args.fanouts, seed=args.seed, epochs=args.epochs,
+                                lr=args.lr, train_fraction=args.train_fraction, slices=args.slices,
+                                alert_rate=args.alert_rate, name=args.name, version=args.version,
+                                overwrite=args.force)
+    _warn_skipped(summary, args.events)
+    _print_json(summary)
     return 0
 
 

@@ -41,7 +41,7 @@ import torch
 from gnnstream.graph_state.store import GraphStore
 from gnnstream.model import GNN, ModelConfig, ModelDirExists, save_model_dir
 from gnnstream.model.head import ScoreHead
-from gnnstream.stream.events import EdgeUpsert, Event, InvalidEvent, NodeUpsert, decode_event_json
+from gnnstream.stream.events import EdgeUpsert, Event, InvalidEvent, NodeUpsert, check_features, decode_event_json
 from gnnstream.stream.rollout import version_topic
 from gnnstream.stream.snap import read_snap, snap_events
 from gnnstream.workers.engine.layers import LayerRunner
@@ -82,6 +82,15 @@ def roc_curve(labels: np.ndarray, scores: np.ndarray) -> tuple[np.ndarray, np.nd
     tp = np.concatenate([[0], np.cumsum(labels[order])])
     fp = np.concatenate([[0], np.cumsum(~labels[order])])
     return fp / max(fp[-1], 1), tp / max(tp[-1], 1)
+
+
+def _takes_features(ev: Event, dim: int) -> bool:
+    """Whether a model of ``dim`` inputs takes ``ev`` (:func:`check_features`)."""
+    try:
+        check_features(ev, dim, "the first node_upsert gives")
+    except InvalidEvent:
+        return False
+    return True
 
 
 def read_events(path: str | os.PathLike[str],
@@ -257,6 +266,8 @@ def train_model(events: str | os.PathLike[str] | Sequence[Event], labels: str | 
     dim = next((len(ev.features) for ev in evs if isinstance(ev, NodeUpsert)), 0)
     if not dim:
         raise ValueError(f"{source} holds no node_upsert event with features; the GNN needs node features")
+    kept = [ev for ev in evs if _takes_features(ev, dim)]  # as apply: the first node_upsert sets the width
+    evs, invalid = kept, invalid + len(evs) - len(kept)
     cut = _edge_cut(evs, train_fraction)
     train_labels, held_labels = _split(labels, evs, cut)
     if not 0 < sum(train_labels.values()) < len(train_labels):
