@@ -82,6 +82,7 @@ __all__ = [
     "INVALID_EVENT_REASONS",
     "decode_event",
     "decode_event_json",
+    "strict_json",
     "check_features",
     "check_schema",
     "MAX_FEATURE",
@@ -412,13 +413,22 @@ def decode_event_json(data: bytes | bytearray | memoryview | str | None, *,
     event = _decode_common(text, '"', "\\")
     if event is not None:
         return event
+    return decode_event(strict_json(text), typed)
+
+
+def strict_json(text: str | bytes) -> Any:
+    """One JSON value as the strict decoder reads an event: integers kept whole, whatever their size.
+
+    Raises:
+        InvalidEvent: ``not_json`` (syntax, nesting too deep, bytes not UTF-8), ``not_finite`` for ``NaN`` or
+            ``Infinity``, ``duplicate_field`` for a field written twice in an object.
+    """
     try:
-        obj = json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_unique_fields)
+        return json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_unique_fields)
     except InvalidEvent:
         raise
-    except (ValueError, RecursionError, MemoryError) as exc:
+    except (ValueError, RecursionError, MemoryError) as exc:  # UnicodeDecodeError is a ValueError
         raise InvalidEvent("not_json", str(exc)[:_MAX_DETAIL]) from None
-    return decode_event(obj, typed)
 
 
 _NUMBER = (int, float)

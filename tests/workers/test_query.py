@@ -295,6 +295,14 @@ def test_bad_what_ifs_are_refused_with_a_reason(model_dirs: dict[str, Path], tmp
             view.close()
 
 
+def test_a_body_that_repeats_a_field_is_refused_as_an_event_would_be() -> None:
+    for raw in (b'{"events": [], "ids": ["a"], "ids": ["b"]}',
+                b'{"events": [{"op": "node_delete", "id": "a", "id": "b", "ts": 1}], "ids": ["a"]}'):
+        with pytest.raises(QueryError) as err:
+            load_infer_body(raw)
+        assert err.value.status == 400 and "the body repeats a field: field 'i" in str(err.value)
+
+
 def test_integer_ids_of_any_size_are_their_decimal_string(model_dirs: dict[str, Path], tmp_path: Path) -> None:
     """An integer id past 64 bits, in ``ids`` and in events, names the node the stream names by it."""
     big = 2 ** 70 + 1

@@ -37,19 +37,17 @@ computed from the features (stages and expiry can reach anything).
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from typing import Any, Callable, Sequence
 
 import numpy as np
-import orjson
 import torch
 
 from gnnstream.graph_state.exceptions import StateNoEmbeddings, StoreConfigError
 from gnnstream.graph_state.store import GraphStore
 from gnnstream.model import load_model_dir
-from gnnstream.stream.events import Event, InvalidEvent, check_features, decode_event
+from gnnstream.stream.events import Event, InvalidEvent, check_features, decode_event, strict_json
 from gnnstream.stream.partitioning import partition_for
 from gnnstream.workers.engine import kept_partitions
 from gnnstream.workers.engine.stats import EngineError
@@ -81,43 +79,18 @@ class QueryError(ValueError):
 
 
 def load_infer_body(raw: bytes) -> Any:
-    """The JSON value of a ``POST /v1/infer`` body, its ids as the stream's decoder reads them.
-
-    orjson reads an integer past 64 bits as a float (or refuses it); where
-    an id is a float, or orjson refuses the body, the standard library
-    reads it again, keeping integers whole, as the stream's decoder does
-    with an event it doubts.
+    """The JSON value of a ``POST /v1/infer`` or ``/v1/score`` body, read as the stream's decoder reads an
+    event it doubts (:func:`~gnnstream.stream.events.strict_json`): integers whole, a field written twice
+    refused.
 
     Raises:
-        QueryError: 400 for a body that is not JSON.
+        QueryError: 400 for a body that is not JSON, or repeats a field.
     """
     try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        body = None
-    else:
-        if not _float_ids(body):
-            return body
-    try:
-        return json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
-    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
-        raise QueryError(400, f"the body is not JSON: {exc}") from None
-
-
-def _float_ids(body: Any) -> bool:
-    """Whether an id of ``ids`` or of an event is a float (an integer orjson could not hold)."""
-    if not isinstance(body, dict):
-        return False
-    ids, events = body.get("ids"), body.get("events")
-    if isinstance(ids, list) and any(isinstance(v, float) for v in ids):
-        return True
-    return isinstance(events, list) and any(isinstance(ev, dict) and any(isinstance(ev.get(k), float)
-                                                                         for k in ("src", "dst", "id"))
-                                            for ev in events)
-
-
-def _no_constant(name: str) -> None:
-    raise ValueError(f"{name} is not JSON")
+        return strict_json(raw)
+    except InvalidEvent as exc:
+        what = "is not JSON" if exc.reason != "duplicate_field" else "repeats a field"
+        raise QueryError(400, f"the body {what}: {exc.detail}") from None
 
 
 def _node_id(value: Any) -> str:
