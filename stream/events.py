@@ -358,6 +358,12 @@ def check_schema(ev: Event, node_types: Mapping[str, int], relations: Mapping[tu
     check_features(ev, width, f"the schema gives {ev.type!r}")
 
 
+def _whole(digits: str) -> int | float:
+    """A JSON integer; past the digits Python converts, infinity (too large for a float: ``not_finite`` as a
+    number, ``bad_id`` as an id)."""
+    return int(digits) if len(digits) <= 4000 else math.inf
+
+
 def _reject_constant(name: str) -> float:
     raise InvalidEvent("not_finite", f"{name} is not valid JSON")
 
@@ -424,7 +430,8 @@ def strict_json(text: str | bytes) -> Any:
             ``Infinity``, ``duplicate_field`` for a field written twice in an object.
     """
     try:
-        return json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_unique_fields)
+        return json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_unique_fields,
+                          parse_int=_whole)
     except InvalidEvent:
         raise
     except (ValueError, RecursionError, MemoryError) as exc:  # UnicodeDecodeError is a ValueError

@@ -214,3 +214,14 @@ def test_check_schema_refuses_what_the_schema_does_not_take():
         with pytest.raises(InvalidEvent) as info:
             check_schema(decode_event_json(line, typed=True), node_types, relations)
         assert info.value.reason == reason and detail in info.value.detail, (line, info.value)
+
+
+@pytest.mark.parametrize("text, reason", [
+    ('{"op":"node_delete","id":"a","ts":%s}' % ("1" * 5000), "not_finite"),
+    ('{"op":"node_delete","id":%s,"ts":1}' % ("1" * 5000), "bad_id"),
+    ('{"op":"node_upsert","id":"a","ts":1,"features":[%s]}' % ("-" + "9" * 5000), "not_finite"),
+])
+def test_integers_past_any_float_are_refused_by_what_they_stand_for(text: str, reason: str) -> None:
+    with pytest.raises(InvalidEvent) as info:
+        decode_event_json(text)
+    assert info.value.reason == reason
