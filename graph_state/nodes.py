@@ -157,8 +157,16 @@ class NodeRecords:
         dense.grow(int(iids.max()) + 1)
         missing = iids[~dense.known[iids]]
         if len(missing):
-            for iid in unique_ids(missing).tolist():
-                dense.set(iid, self.get(iid))
+            missing = unique_ids(missing).tolist()
+            records = self.records
+            cold = [iid for iid in missing if iid not in records]
+            if cold:
+                self.read(cold)
+            nodes = [records[iid] for iid in missing]
+            dense.set_many(missing, [-1 if node is None else node.degree for node in nodes],
+                           [0 if node is None else node.flags for node in nodes],
+                           [0.0 if node is None else node.last_ts for node in nodes],
+                           [0.0 if node is None else node.first_ts for node in nodes])
         return dense.degree[iids], dense.flags[iids], dense.last_ts[iids]
 
     def first_ts(self, iids: np.ndarray) -> np.ndarray:

@@ -128,6 +128,7 @@ class PageLog:
         self._dead: list[int] = []
         self._frame_of: dict[int, tuple[int, int]] = {}  # page -> (row width, frame) of pages with framed rows
         self._sum_of: dict[int, int] = {}  # page -> the sum its record holds of its rows (row_sums)
+        self._ids_of: dict[int, np.ndarray] = {}  # page -> the iids of its records, by slot, of pages with rows
         self._unreadable: set[int] = set()  # pages damaged() could not read: rows() holds none for them
         for file in getattr(self, "_files", {}).values():
             file.close()
@@ -178,6 +179,7 @@ class PageLog:
             self._dim = int(rec["width"])
             self._frame_of[seq] = (self._dim, int(rec["frame"]))
             self._sum_of[seq] = int(rec["sum"])
+            self._ids_of[seq] = ids
         self._next_page = seq + 1
         if not len(ids):
             return ids
@@ -269,6 +271,7 @@ class PageLog:
         """Drop a page from the index; the ``(row width, frame)`` it held rows in, if any."""
         self._slots -= self._size.pop(seq)
         self._sum_of.pop(seq, None)
+        self._ids_of.pop(seq, None)
         self._kept.pop(seq, None)
         self._unreadable.discard(seq)
         return self._frame_of.pop(seq, None)
@@ -415,6 +418,7 @@ class PageLog:
             if frames is not None:
                 self._frame_of[seq] = (self._dim, frames[n])
                 self._sum_of[seq] = sums[n]
+                self._ids_of[seq] = np.array(ids, dtype=np.int64)
             self._size[seq] = self._live[seq] = len(ids)
             self._recent.add(seq)
         self._slots += len(iids)
@@ -441,12 +445,15 @@ class PageLog:
         return empty
 
     # ------------------------------------------------------------------ reading rows
-    def rows(self, iids: np.ndarray, dim: int, *, checked: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    def rows(self, iids: np.ndarray, dim: int, *, checked: bool = False,
+             others: Callable[[np.ndarray, np.ndarray], None] | None = None) -> tuple[np.ndarray, np.ndarray]:
         """The rows (``dim`` wide) of ``iids`` as held now, encoded but not yet written ones included, and a
         mask of which exist (zeros where none is held).
 
         ``checked``: compare each frame read with the sum its page records, and raise
         :class:`FrameReused` where they differ (a reader behind the writer, which reused the frame since).
+        ``others``: given, once, ``(iids, rows)`` of the other current records of the frames read (a frame
+        is read whole whichever of its rows are asked for: a cache keeps them all).
         """
         self._load()
         iids = np.asarray(iids, dtype=np.int64)
@@ -456,6 +463,8 @@ class PageLog:
             return out, present
         self._grow(int(iids.max()) + 1)
         pages = np.where(self.has_row[iids], self.page[iids], -1)
+        more_ids: list[np.ndarray] = []
+        more_rows: list[np.ndarray] = []
         with RowReaders() as files:
             order = np.argsort(pages, kind="stable")
             sorted_pages = pages[order]
@@ -463,17 +472,23 @@ class PageLog:
             bounds = np.searchsorted(sorted_pages, seqs, side="left")
             ends = np.searchsorted(sorted_pages, seqs, side="right")
             for lo, hi, seq in zip(bounds.tolist(), ends.tolist(), seqs.tolist()):
-                self._read_page(seq, order[lo:hi], iids, dim, checked, files, out, present)
+                if seq in self._unreadable:  # damaged, to be rewritten: none held
+                    continue
+                at = order[lo:hi]
+                slots = self.slot[iids[at]]
+                block = self._frame(seq, dim, checked, files)
+                out[at] = block[slots]
+                present[at] = True
+                if others is not None:
+                    ids = self._ids_of[seq]
+                    rest = self.page[ids] == seq
+                    rest[slots] = False
+                    if rest.any():
+                        more_ids.append(ids[rest])
+                        more_rows.append(block[rest])
+        if more_ids:
+            others(np.concatenate(more_ids), np.concatenate(more_rows))
         return out, present
-
-    def _read_page(self, seq: int, at: np.ndarray, iids: np.ndarray, dim: int, checked: bool, files: RowReaders,
-                   out: np.ndarray, present: np.ndarray) -> None:
-        """Fill ``out[at]`` with the rows of ``iids[at]``, all held in page ``seq`` (see :meth:`rows`)."""
-        if seq in self._unreadable:  # damaged, to be rewritten: none held
-            return
-        block = self._frame(seq, dim, checked, files)
-        out[at] = block[self.slot[iids[at]]]
-        present[at] = True
 
     def _frame(self, seq: int, dim: int, checked: bool, files: RowReaders) -> np.ndarray:
         """The rows of page ``seq``, read from its frame (``checked``: see :meth:`rows`)."""

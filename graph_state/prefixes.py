@@ -135,19 +135,9 @@ class DenseNodes:
     def grow(self, size: int) -> None:
         grow_columns(self, ("degree", "flags", "last_ts", "first_ts", "known"), size)
 
-    def set(self, iid: int, node: "Node | None") -> None:
-        if iid >= len(self.known):
-            self.grow(iid + 1)
-        if node is None:
-            self.degree[iid], self.flags[iid], self.last_ts[iid], self.first_ts[iid] = -1, 0, 0.0, 0.0
-        else:
-            self.degree[iid], self.flags[iid], self.last_ts[iid] = node.degree, node.flags, node.last_ts
-            self.first_ts[iid] = node.first_ts
-        self.known[iid] = True
-
     def set_many(self, iids: Sequence[int], degree: Sequence[int], flags: Sequence[int],
                  last_ts: Sequence[float], first_ts: Sequence[float]) -> None:
-        """:meth:`set` for many nodes, given column by column (degree -1 for an absent node), with one numpy
+        """Fill the entries of many nodes, given column by column (degree -1 for an absent node), with one numpy
         assignment per column."""
         if not len(iids):
             return

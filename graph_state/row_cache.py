@@ -66,10 +66,25 @@ class EmbeddingTables:
         self._proj.pop(layer, None)
         return True
 
-    def _read(self, layer: int, iids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _read(self, layer: int, iids: np.ndarray, keep: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """The stored rows of ``iids`` and which exist; ``keep``: the other rows of the frames read are kept too
+        (those of nodes not held yet: a held row may be newer than its frame)."""
         if layer == 0:
             return self.store.feature_rows(iids.tolist(), self.dims[0])
-        return self.logs[layer].rows(iids, self.dims[layer])
+        return self.logs[layer].rows(iids, self.dims[layer], others=self._keeper(layer) if keep else None)
+
+    def _keeper(self, layer: int) -> Callable[[np.ndarray, np.ndarray], None]:
+        def keep(iids: np.ndarray, rows: np.ndarray) -> None:
+            self._grow(layer, int(iids.max()) + 1)  # beyond the bound: those past it are left out
+            loaded = self._loaded[layer]
+            take = iids < len(loaded)
+            take[take] = ~loaded[iids[take]]
+            iids = iids[take]
+            self._rows[layer][iids] = rows[take]
+            self._present[layer][iids] = True
+            loaded[iids] = True
+            self._stale(layer, iids)
+        return keep
 
     def get(self, layer: int, iids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Rows of ``iids`` at ``layer`` and a mask of which exist (zeros elsewhere)."""
@@ -82,7 +97,7 @@ class EmbeddingTables:
         missing = iids[~self._loaded[layer][iids]]
         if len(missing):
             missing = unique_ids(missing)
-            rows, present = self._read(layer, missing)
+            rows, present = self._read(layer, missing, keep=True)
             self._rows[layer][missing] = rows
             self._present[layer][missing] = present
             self._loaded[layer][missing] = True

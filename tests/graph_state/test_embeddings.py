@@ -310,6 +310,22 @@ def test_cached_rows_set_from_rows_of_the_cache_itself_move_as_whole_rows(tmp_pa
         assert present.all() and rows.tolist() == expected.tolist() == [[0, 0], [1, 1], [1, 1], [2, 2]]
 
 
+def test_a_frame_read_for_one_row_leaves_its_other_current_rows_cached(tmp_path) -> None:
+    """Rows of the frame that are current and not held yet join the cache; a superseded record's row and a
+    held (newer) row do not."""
+    with GraphStore(tmp_path / "s") as store:
+        log = PageLog(store, family="layerpages", prefix=b"\x01")
+        _commit(store, log.put_rows(np.arange(6), np.repeat(np.arange(6, dtype=np.float32)[:, None], 2, axis=1)))
+        _commit(store, log.put_rows(np.asarray([3]), np.full((1, 2), 30, dtype=np.float32)))
+        tables = EmbeddingTables(store, [3, 2], {1: PageLog(store, family="layerpages", prefix=b"\x01")})
+        tables.set(1, np.asarray([4]), np.full((1, 2), 40, dtype=np.float32))
+        assert tables.get(1, np.asarray([1]))[0].tolist() == [[1.0, 1.0]]
+        rows, held = tables.cached(1, np.arange(6))
+        assert held.tolist() == [True, True, True, False, True, True]
+        assert rows[:, 0].tolist() == [0.0, 1.0, 2.0, 0.0, 40.0, 5.0]
+        assert tables.get(1, np.asarray([3]))[0].tolist() == [[30.0, 30.0]]
+
+
 def test_projections_of_rows_beyond_the_bound_are_computed_each_time(tmp_path) -> None:
     with GraphStore(tmp_path / "s") as store:
         tables = EmbeddingTables(store, [3, 2], {1: PageLog(store, family="layerpages", prefix=b"\x01")}, max_rows=4)
