@@ -219,13 +219,19 @@ def requests_for(names: list[str], args: argparse.Namespace, rng: np.random.Gene
     n_lookup, n_infer = int(args.lookup_rps * args.seconds), int(args.infer_rps * args.seconds)
     lookups = [f"GET /v1/embeddings/{names[i]} HTTP/1.1\r\nhost: bench\r\n\r\n".encode()
                for i in rng.integers(0, len(names), n_lookup)]
-    infers = []
+    infers, ts = [], _after_the_stream()
     for a, b in rng.integers(0, len(names), (n_infer, 2)):
-        body = (b'{"events":[{"op":"edge_upsert","src":"%s","dst":"%s","ts":1900000000}],"ids":["%s","%s"]}'
-                % (names[a].encode(), names[b].encode(), names[a].encode(), names[b].encode()))
+        body = (b'{"events":[{"op":"edge_upsert","src":"%s","dst":"%s","ts":%d}],"ids":["%s","%s"]}'
+                % (names[a].encode(), names[b].encode(), ts, names[a].encode(), names[b].encode()))
         infers.append(b"POST /v1/infer HTTP/1.1\r\nhost: bench\r\ncontent-type: application/json\r\n"
                       b"content-length: %d\r\n\r\n%s" % (len(body), body))
     return [("lookup", lookups, args.lookup_rps), ("what_if_one_edge", infers, args.infer_rps)]
+
+
+def _after_the_stream() -> int:
+    """An event time after every event the bench streams (it runs for minutes), within the day an event may run
+    ahead of the clock (``stream.events.MAX_AHEAD_S``)."""
+    return int(time.time()) + 6 * 3600
 
 
 def score_requests(payments: list[dict[str, Any]], args: argparse.Namespace,
@@ -235,7 +241,7 @@ def score_requests(payments: list[dict[str, Any]], args: argparse.Namespace,
     scores = []
     for i, (a, b, c) in enumerate(rng.integers(0, len(payments), (int(args.score_rps * args.seconds), 3))):
         event = {**payments[a], "dst": payments[b]["dst"], "features": payments[c]["features"],
-                 "txn_id": f"bench-{i}", "ts": 1900000000}
+                 "txn_id": f"bench-{i}", "ts": _after_the_stream()}
         body = json.dumps({"event": event}, separators=(",", ":")).encode()
         scores.append(b"POST /v1/score HTTP/1.1\r\nhost: bench\r\ncontent-type: application/json\r\n"
                       b"content-length: %d\r\n\r\n%s" % (len(body), body))

@@ -50,6 +50,7 @@ dead-letter headers):
                           edge), a feature beyond ±1e15
 ``bad_ts``                a negative timestamp, or one more than
                           :data:`MAX_AHEAD_S` ahead of this machine's clock
+                          (``GNNSTREAM_MAX_AHEAD_S``, default a day)
 ``bad_features``          an empty feature list
 ``wrong_feature_length``  in ``check_features``, a feature count that is not
                           the model's input width (in ``check_schema``: of
@@ -62,7 +63,9 @@ dead-letter headers):
 from __future__ import annotations
 
 import json
+import logging
 import math
+import os
 import time
 from dataclasses import dataclass
 from collections.abc import Mapping
@@ -95,9 +98,25 @@ __all__ = [
 
 MAX_ID_BYTES = 256
 MAX_EVENT_BYTES = 1 << 20  # 1 MiB: the default size limit of one encoded event
-# The furthest an event's ts may be ahead of the clock of the machine decoding it: stream time is the largest ts
-# applied and never moves back, so one event from the far future would expire every edge and age every node.
-MAX_AHEAD_S = 86_400.0
+
+
+def _max_ahead_s() -> float:
+    raw = os.environ.get("GNNSTREAM_MAX_AHEAD_S", "86400")
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not 0 <= value < math.inf:
+        logging.getLogger(__name__).warning("GNNSTREAM_MAX_AHEAD_S=%r is not a number of seconds >= 0; a day it is",
+                                            raw)
+        value = 86_400.0
+    return value or math.inf
+
+
+# The furthest an event's ts may be ahead of the clock of the machine decoding it (GNNSTREAM_MAX_AHEAD_S, default
+# a day; 0: no bound): stream time is the largest ts applied and never moves back, so one event from the far
+# future would expire every edge and age every node.
+MAX_AHEAD_S = _max_ahead_s()
 
 INVALID_EVENT_REASONS = frozenset({
     "empty", "oversize", "not_utf8", "not_json", "not_object", "duplicate_field",
@@ -237,8 +256,8 @@ def _timestamp(value: Any) -> float:
     if ts < 0:
         raise InvalidEvent("bad_ts", f"ts must be >= 0 (got {ts})")
     if ts > time.time() + MAX_AHEAD_S:
-        raise InvalidEvent("bad_ts", f"ts {ts:.6g} is more than a day ahead of this machine's clock "
-                                     f"(ts is in seconds since the epoch)")
+        raise InvalidEvent("bad_ts", f"ts {ts:.6g} is more than {MAX_AHEAD_S:g} s ahead of this machine's clock "
+                                     f"(ts is in seconds since the epoch; GNNSTREAM_MAX_AHEAD_S sets the bound)")
     return ts
 
 
@@ -426,15 +445,20 @@ def strict_json(text: str | bytes) -> Any:
     """One JSON value as the strict decoder reads an event: integers kept whole, whatever their size.
 
     Raises:
-        InvalidEvent: ``not_json`` (syntax, nesting too deep, bytes not UTF-8), ``not_finite`` for ``NaN`` or
-            ``Infinity``, ``duplicate_field`` for a field written twice in an object.
+        InvalidEvent: ``not_utf8`` for bytes that are not UTF-8, ``not_json`` (syntax, nesting too deep),
+            ``not_finite`` for ``NaN`` or ``Infinity``, ``duplicate_field`` for a field written twice in an object.
     """
+    if not isinstance(text, str):
+        try:
+            text = bytes(text).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InvalidEvent("not_utf8", str(exc)[:_MAX_DETAIL]) from None
     try:
         return json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_unique_fields,
                           parse_int=_whole)
     except InvalidEvent:
         raise
-    except (ValueError, RecursionError, MemoryError) as exc:  # UnicodeDecodeError is a ValueError
+    except (ValueError, RecursionError, MemoryError) as exc:
         raise InvalidEvent("not_json", str(exc)[:_MAX_DETAIL]) from None
 
 
