@@ -51,6 +51,7 @@ __all__ = [
     "verify",
     "default_report_path",
     "EventsFileChanged",
+    "event_lines",
 ]
 
 logger = logging.getLogger(__name__)
@@ -63,11 +64,32 @@ def progress_bar(total: int | None, desc: str, unit: str = "ev") -> tqdm:
 
 
 # ---------------------------------------------------------------------- event files
-def _events_file(path: str | os.PathLike[str]) -> None:
-    """Refuse a missing events file before anything (a state included) is created."""
+def _events_file(path: str | os.PathLike[str], report: str | None, dead_letters: str | None) -> None:
+    """Refuse, before anything (a state included) is created, a missing or gzipped events file, and a report or
+    dead-letter file in a directory that does not exist."""
     if not os.path.isfile(path):
         raise FileNotFoundError(errno.ENOENT, "events file not found (expected JSON lines, one event each)",
                                 os.fspath(path))
+    _not_gzipped(path, "gunzip it first (a SNAP CSV: gnnstream events from-snap)")
+    for out, option in ((report, "--report"), (dead_letters, "--dead-letters")):
+        if out and not Path(out).resolve().parent.is_dir():
+            raise ValueError(f"{option} {out!r}: no directory {str(Path(out).resolve().parent)!r} to write it in")
+
+
+def _not_gzipped(path: str | os.PathLike[str], hint: str) -> None:
+    with open(path, "rb") as fh:
+        if fh.read(2) == b"\x1f\x8b":
+            raise ValueError(f"{os.fspath(path)!r} is gzipped, not JSON lines: {hint}")
+
+
+def event_lines(path: str | os.PathLike[str], gzipped_hint: str) -> Iterator[bytes]:
+    """The lines of a JSON-lines events file, as every command reads one: a gzipped file is refused
+    (``ValueError`` naming ``gzipped_hint``, what to do instead), and a UTF-8 byte order mark some editors write
+    before the first line is read past."""
+    _not_gzipped(path, gzipped_hint)
+    with open(path, "rb") as fh:
+        for line_no, line in enumerate(fh, 1):
+            yield line[3:] if line_no == 1 and line.startswith(b"\xef\xbb\xbf") else line
 
 
 def _count_lines(path: str | os.PathLike[str]) -> int:
@@ -119,9 +141,6 @@ class _InvalidLines:
                  keep_through: int):
         self.source = str(Path(events).resolve())
         self.targets = [(path, with_value) for path, with_value in ((report, False), (dead_letters, True)) if path]
-        for path, option in ((report, "--report"), (dead_letters, "--dead-letters")):
-            if path and not Path(path).resolve().parent.is_dir():
-                raise ValueError(f"{option} {path!r}: no directory {str(Path(path).resolve().parent)!r} to write it in")
         self.pending: dict[str, list[bytes]] = {path: [] for path, _ in self.targets}
         self.reasons: Counter[str] = Counter()
         for path, _ in self.targets:
@@ -200,27 +219,20 @@ def _numbered_events(path: str | os.PathLike[str], done: int, invalid: _InvalidL
     """
     expect = position.get("hash") if position is not None and done else None
     line_no = 0
-    with open(path, "rb") as fh:
-        if fh.read(2) == b"\x1f\x8b":
-            raise ValueError(f"{os.fspath(path)!r} is gzipped, not JSON lines: gunzip it first (a SNAP CSV: "
-                             f"gnnstream events from-snap)")
-        fh.seek(0)
-        for line_no, line in enumerate(fh, 1):
-            if line_no == 1 and line.startswith(b"\xef\xbb\xbf"):  # a byte order mark, as some editors write
-                line = line[3:]
-            if position is not None:
-                position["line"], position["text"] = line_no, line
-                if line_no == done and expect is not None and _line_hash(line) != expect:
-                    raise EventsFileChanged(path, done)
-            if line_no <= done or not line.strip():
-                continue
-            try:
-                events = read(line)
-            except InvalidEvent as exc:
-                logger.info("%s:%d: skipped invalid event (%s)", path, line_no, exc)
-                invalid.add(line_no, line, exc)
-                continue
-            yield line_no, events
+    for line_no, line in enumerate(event_lines(path, "gunzip it first"), 1):
+        if position is not None:
+            position["line"], position["text"] = line_no, line
+            if line_no == done and expect is not None and _line_hash(line) != expect:
+                raise EventsFileChanged(path, done)
+        if line_no <= done or not line.strip():
+            continue
+        try:
+            events = read(line)
+        except InvalidEvent as exc:
+            logger.info("%s:%d: skipped invalid event (%s)", path, line_no, exc)
+            invalid.add(line_no, line, exc)
+            continue
+        yield line_no, events
     if expect is not None and line_no < done:
         raise EventsFileChanged(path, done)
 
@@ -276,7 +288,7 @@ def load_events(state: str, path: str, *, seed: int | None = None, model_dir: st
     model's fanouts); the rest, and every load into a state that holds a
     graph, goes through :meth:`GraphStore.apply` in batches.
     """
-    _events_file(path)
+    _events_file(path, report, dead_letters)
     if seed is None and model_dir is None and not holds_state(os.fspath(state)):
         seed = 0
     config = load_model_dir(model_dir).config if model_dir is not None else None
@@ -371,7 +383,7 @@ def apply_events(state: str, model_dir: str | None, path: str, *, batch: int = 1
     file), ``apply`` (:meth:`GraphStore.apply`), ``recompute``, the final
     ``drain`` and closing the state.
     """
-    _events_file(path)
+    _events_file(path, report, dead_letters)
     t0 = time.perf_counter()
     phases = dict.fromkeys(("start", "read", "apply", "recompute", "drain", "close"), 0.0)
     report = report or default_report_path(state, path)

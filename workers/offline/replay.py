@@ -21,7 +21,7 @@ from gnnstream.stream.clients import ConsumerClient
 from gnnstream.stream.kafka import ensure_topics, topic_names
 from gnnstream.stream.exceptions import InvalidUpdate, StreamError
 from gnnstream.stream.updates import PACKED_MAGIC, EmbeddingUpdate, decode_packed, decode_update
-from gnnstream.workers.offline.jobs import progress_bar
+from gnnstream.workers.offline.jobs import event_lines, progress_bar
 
 __all__ = ["produce_file", "tail_embeddings", "iter_file_messages", "wait_for_topic"]
 
@@ -39,22 +39,17 @@ def iter_file_messages(path: str, fmt: str = "jsonl") -> Iterator[tuple[bytes | 
         for ev in snap_events(read_snap(path)):
             yield event_key(ev), encode_event(ev)
         return
-    with open(path, "rb") as fh:
-        if fh.read(2) == b"\x1f\x8b":
-            raise ValueError(f"{path!r} is gzipped, not JSON lines: send a SNAP CSV with --format snap, or "
-                             f"gunzip a JSONL file first")
-        fh.seek(0)
-        for line in fh:
-            line = line.rstrip(b"\n")
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-                key = obj.get("src", obj.get("id")) if isinstance(obj, dict) else None
-                key = None if key is None else str(key).encode()
-            except (ValueError, RecursionError):  # not JSON, or nested too deep: the worker dead-letters it
-                key = None
-            yield key, line
+    for line in event_lines(path, "send a SNAP CSV with --format snap, or gunzip a JSONL file first"):
+        line = line.rstrip(b"\n")
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+            key = obj.get("src", obj.get("id")) if isinstance(obj, dict) else None
+            key = None if key is None else str(key).encode()
+        except (ValueError, RecursionError):  # not JSON, or nested too deep: the worker dead-letters it
+            key = None
+        yield key, line
 
 
 def produce_file(bootstrap: str, path: str, *, topic: str = "graph-events", fmt: str = "jsonl",

@@ -46,6 +46,7 @@ from gnnstream.stream.rollout import version_topic
 from gnnstream.stream.snap import read_snap, snap_events
 from gnnstream.workers.engine.layers import LayerRunner
 from gnnstream.workers.engine.stages import STAGE_NAMES
+from gnnstream.workers.offline.jobs import event_lines
 
 __all__ = ["read_events", "read_labels", "train_model", "fit", "roc_auc", "roc_curve", "TRAIN_FILE"]
 
@@ -105,14 +106,13 @@ def read_events(path: str | os.PathLike[str],
     if name.endswith((".csv", ".csv.gz")):
         return list(snap_events(read_snap(path))), 0
     events, invalid = [], 0
-    with open(path, "rb") as fh:
-        for line in fh:
-            if not line.strip():
-                continue
-            try:
-                events.append(decode(line))
-            except InvalidEvent:
-                invalid += 1
+    for line in event_lines(path, "gunzip it first (a SNAP CSV is read as it is when named *.csv.gz)"):
+        if not line.strip():
+            continue
+        try:
+            events.append(decode(line))
+        except InvalidEvent:
+            invalid += 1
     if not events:
         raise ValueError(f"no events read from {name}: expected JSON lines of the events schema (docs/design.md) "
                          f"or a SNAP CSV named *.csv / *.csv.gz")
