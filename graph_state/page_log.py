@@ -98,8 +98,9 @@ class PageLog:
     """
 
     def __init__(self, store: GraphStore, gc_slack: int = 1 << 16, *, family: str = "embpages", prefix: bytes = b"",
-                 rows_name: str = "final-rows", keep_rows: int = 0):
+                 rows_name: str = "final-rows", keep_rows: int = 0, frame_ids: bool = False):
         self.store = store
+        self.frame_ids = frame_ids  # keep each page's iids, which rows(others=...) needs (a writer's cache)
         self.gc_slack = gc_slack
         self.family = family
         self.prefix = prefix
@@ -179,7 +180,8 @@ class PageLog:
             self._dim = int(rec["width"])
             self._frame_of[seq] = (self._dim, int(rec["frame"]))
             self._sum_of[seq] = int(rec["sum"])
-            self._ids_of[seq] = ids
+            if self.frame_ids:
+                self._ids_of[seq] = ids
         self._next_page = seq + 1
         if not len(ids):
             return ids
@@ -418,7 +420,8 @@ class PageLog:
             if frames is not None:
                 self._frame_of[seq] = (self._dim, frames[n])
                 self._sum_of[seq] = sums[n]
-                self._ids_of[seq] = np.array(ids, dtype=np.int64)
+                if self.frame_ids:
+                    self._ids_of[seq] = np.array(ids, dtype=np.int64)
             self._size[seq] = self._live[seq] = len(ids)
             self._recent.add(seq)
         self._slots += len(iids)
@@ -453,7 +456,8 @@ class PageLog:
         ``checked``: compare each frame read with the sum its page records, and raise
         :class:`FrameReused` where they differ (a reader behind the writer, which reused the frame since).
         ``others``: given, once, ``(iids, rows)`` of the other current records of the frames read (a frame
-        is read whole whichever of its rows are asked for: a cache keeps them all).
+        is read whole whichever of its rows are asked for: a cache keeps them all); a log made with
+        ``frame_ids`` only.
         """
         self._load()
         iids = np.asarray(iids, dtype=np.int64)
@@ -481,7 +485,7 @@ class PageLog:
                 present[at] = True
                 if others is not None:
                     ids = self._ids_of[seq]
-                    rest = self.page[ids] == seq
+                    rest = (self.page[ids] == seq) & self.has_row[ids]  # current rows of this frame only
                     rest[slots] = False
                     if rest.any():
                         more_ids.append(ids[rest])

@@ -71,7 +71,8 @@ class EmbeddingTables:
         (those of nodes not held yet: a held row may be newer than its frame)."""
         if layer == 0:
             return self.store.feature_rows(iids.tolist(), self.dims[0])
-        return self.logs[layer].rows(iids, self.dims[layer], others=self._keeper(layer) if keep else None)
+        log = self.logs[layer]
+        return log.rows(iids, self.dims[layer], others=self._keeper(layer) if keep and log.frame_ids else None)
 
     def _keeper(self, layer: int) -> Callable[[np.ndarray, np.ndarray], None]:
         def keep(iids: np.ndarray, rows: np.ndarray) -> None:

@@ -317,7 +317,8 @@ def test_a_frame_read_for_one_row_leaves_its_other_current_rows_cached(tmp_path)
         log = PageLog(store, family="layerpages", prefix=b"\x01")
         _commit(store, log.put_rows(np.arange(6), np.repeat(np.arange(6, dtype=np.float32)[:, None], 2, axis=1)))
         _commit(store, log.put_rows(np.asarray([3]), np.full((1, 2), 30, dtype=np.float32)))
-        tables = EmbeddingTables(store, [3, 2], {1: PageLog(store, family="layerpages", prefix=b"\x01")})
+        tables = EmbeddingTables(store, [3, 2], {1: PageLog(store, family="layerpages", prefix=b"\x01",
+                                                            frame_ids=True)})
         tables.set(1, np.asarray([4]), np.full((1, 2), 40, dtype=np.float32))
         assert tables.get(1, np.asarray([1]))[0].tolist() == [[1.0, 1.0]]
         rows, held = tables.cached(1, np.arange(6))

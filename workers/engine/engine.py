@@ -108,9 +108,10 @@ class Engine:
         dims = [in_dim]
         for layer in range(self.num_layers):
             dims.append(self._out_dim(layer, dims[-1]))
-        self.meta = PageLog(store)  # versions, modes and final rows: the page log, cached
+        self.meta = PageLog(store, frame_ids=True)  # versions, modes and final rows: the page log, cached
         # h^l of the layers in between: one page log each, rows alone
-        self.logs = {l: PageLog(store, family="layerpages", prefix=bytes((l,)), rows_name=f"layer{l}-rows")
+        self.logs = {l: PageLog(store, family="layerpages", prefix=bytes((l,)), rows_name=f"layer{l}-rows",
+                                frame_ids=True)
                      for l in range(1, self.num_layers)}
         self.logs[self.num_layers] = self.meta
         self.tables = EmbeddingTables(store, dims, self.logs)

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Literal, Sequence
 
 import numpy as np
 import torch
@@ -67,6 +67,7 @@ MAX_EVENTS = 1_000  # events of one what-if request
 MAX_IDS = 1_000  # nodes asked for in one what-if request
 _REREADS = 3  # catch-ups tried when the writer reused a frame this reader was about to read
 KEPT_ROWS = 4_000_000  # rows of the frames lookups keep in memory (PageLog.row), as many as the worker's row cache
+MARKS_HELD = 100_000  # the most pending dirty marks a lookup checks before it trusts a stored row unread
 
 
 class QueryError(ValueError):
@@ -89,7 +90,7 @@ def load_infer_body(raw: bytes) -> Any:
     try:
         return strict_json(raw)
     except InvalidEvent as exc:
-        what = "is not JSON" if exc.reason != "duplicate_field" else "repeats a field"
+        what = {"duplicate_field": "repeats a field", "not_utf8": "is not UTF-8"}.get(exc.reason, "is not JSON")
         raise QueryError(400, f"the body {what}: {exc.detail}") from None
 
 
@@ -147,7 +148,8 @@ class QueryState:
         self.policy = model.cold_start
         self.rereads = 0  # answers read again after the worker reused a frame they were reading
         self._kept_raw: tuple[int, set[int] | None] | None = None  # the worker's kept partitions, read on demand
-        self._marked: set[int] | None = None  # nodes with a dirty mark at the last catch-up, read on demand
+        # nodes with a dirty mark at the last catch-up, read on demand (False: too many to hold, see _unmarked)
+        self._marked: set[int] | Literal[False] | None = None
         # h^l of every layer: the page logs of the layers in between, then the final one
         self.logs = {l: PageLog(self.store, family="layerpages", prefix=bytes((l,)), rows_name=f"layer{l}-rows")
                      for l in range(1, len(self.fanouts))}
@@ -225,14 +227,13 @@ class QueryState:
 
     def _unmarked(self, iid: int) -> bool:
         """Whether node ``iid`` had no dirty mark at the last catch-up (False for any node where the store keeps
-        no marks: it has no fanouts)."""
+        no marks, it has no fanouts, and for every node while more than :data:`MARKS_HELD` marks are pending:
+        their set would cost more than the records it saves)."""
         marked = self._marked
         if marked is None:
-            if self.store.fanouts:
-                marked = self._marked = set(self.store.dirty_mark_arrays()[1].tolist())
-            else:
-                return False
-        return iid not in marked
+            iids = self.store.dirty_mark_arrays()[1] if self.store.fanouts else None
+            marked = self._marked = set(iids.tolist()) if iids is not None and len(iids) <= MARKS_HELD else False
+        return marked is not False and iid not in marked
 
     def embedding(self, name: str) -> dict[str, Any]:
         """``{"id", "model", "version", "mode", "embedding"}`` of a node's stored final embedding.
