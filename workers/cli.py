@@ -362,7 +362,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _describe(parser: argparse.ArgumentParser) -> None:
     """Give every command without a description of its own its one-line help as one, so that its ``--help``
     says what it does."""
-    for action in parser._subparsers._group_actions if parser._subparsers else ():
+    for action in (a for a in parser._actions if isinstance(a, argparse._SubParsersAction)):
         helps = {choice.dest: choice.help for choice in action._choices_actions}
         for name, command in action.choices.items():
             if not command.description and helps.get(name):

@@ -41,6 +41,12 @@ TRANSACTIONS_META = "transactions"  # the transactions of the last applied batch
 _FLUSH_S = 30.0  # how long a batch's scores may take to be acknowledged
 
 
+def _key(txn: dict[str, Any]) -> str:
+    """A transaction's record key: its ``txn_id``, else ``SRC>DST@TS``."""
+    ts = int(txn["ts"]) if float(txn["ts"]).is_integer() else repr(txn["ts"])
+    return txn["txn_id"] or f"{txn['src']}>{txn['dst']}@{ts}"
+
+
 def _record(ev: EdgeUpsert) -> dict[str, Any]:
     return {"txn_id": ev.txn_id, "src": f"{ev.src_type}/{ev.src}", "dst": f"{ev.dst_type}/{ev.dst}", "ts": ev.ts,
             "features": list(ev.features)}
@@ -99,8 +105,7 @@ class TransactionScores:
             if rows[s] is None or rows[d] is None:  # an end deleted since: no embedding to score it with
                 unscored.append(txn)
                 continue
-            ts = int(txn["ts"]) if float(txn["ts"]).is_integer() else repr(txn["ts"])
-            key = txn["txn_id"] or f"{txn['src']}>{txn['dst']}@{ts}"
+            key = _key(txn)
             score = float(self.head.score(rows[s], rows[d], np.asarray(txn["features"], dtype=np.float64)))
             value = {"txn_id": txn["txn_id"], "relation": self.head.relation, "src": txn["src"],
                      "dst": txn["dst"], "ts": txn["ts"], "score": score, "model": engine.model_tag,
@@ -112,7 +117,7 @@ class TransactionScores:
         self.published += sent
         if unscored:
             self.unscored += len(unscored)
-            first = ", ".join(t["txn_id"] or f"{t['src']}>{t['dst']}" for t in unscored[:3])
+            first = ", ".join(map(_key, unscored[:3]))
             logger.warning("%d transactions not scored: an end was deleted in the batch that applied them (first: "
                            "%s)", len(unscored), first)
         return sent
