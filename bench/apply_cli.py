@@ -232,7 +232,7 @@ def build(work: Path, graph: SyntheticGraph, events: int, batch: int, seed: int,
     log(f"{name}: writing the graph and {events} stream events")
     t = time.perf_counter()
     lines = write_events(base / "graph.jsonl", graph_events(graph))
-    stream, counts = stream_events(graph, events, np.random.default_rng(seed + 1), 0.90, 0.05, 1_800_000_000, batch)
+    stream, counts = stream_events(graph, events, np.random.default_rng(seed + 1), 0.90, 0.05, 1_750_000_000, batch)
     write_events(base / "stream.jsonl", [stream])
     info: dict[str, Any] = {"graph": graph.stats(), "graph_lines": lines, "event_counts": counts,
                             "write_seconds": round(time.perf_counter() - t, 3)}
@@ -294,7 +294,7 @@ def shape_run(work: Path, graph: RMatGraph, args: argparse.Namespace) -> dict[st
     base = work / "chung-lu"
     base.mkdir()
     stream, counts = stream_events(other, args.events, np.random.default_rng(args.seed + 1), 0.90, 0.05,
-                                   1_800_000_000, args.batch)
+                                   1_750_000_000, args.batch)
     write_events(base / "stream.jsonl", [stream])
     store, load = open_loaded_store(base / "state", other, dim=DIM, bulk_fanouts=FANOUTS)
     store.close()

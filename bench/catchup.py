@@ -185,7 +185,7 @@ def built(kind: str, args: argparse.Namespace, work: Path) -> tuple[str, Path, l
             import bench.engine as engine_bench
             ns = argparse.Namespace(nodes=args.nodes, edges=args.edges, fanouts=[25, 10], store_cache=None)
             graph, model, base = e2e_matrix.base_state(ns, home, setup)
-            events = engine_bench.stream_events(graph, n, np.random.default_rng(1), 0.90, 0.05, 1_800_000_000,
+            events = engine_bench.stream_events(graph, n, np.random.default_rng(1), 0.90, 0.05, 1_750_000_000,
                                                 args.batch)[0]
             stats = setup["graph"]
         else:

@@ -431,7 +431,7 @@ def synthetic(args: argparse.Namespace) -> dict[str, Any]:
         rng = np.random.default_rng(1)
         warm = args.warmup_events
         events, counts = engine_bench.stream_events(graph, warm + args.stream_events, rng, 0.90, 0.05,
-                                                    1_800_000_000, args.batch_size)
+                                                    1_750_000_000, args.batch_size)
         result["config"] = {
             "model": {"arch": "sage", "dim": SYNTH_DIM, "fanouts": args.fanouts}, "event_counts": counts,
             "worker": {"batch_size": args.batch_size, "max_batch_size": args.max_batch_size,
@@ -513,7 +513,7 @@ def synthetic(args: argparse.Namespace) -> dict[str, Any]:
         backlog = {r["output_format"]: r["events_per_s"] for r in matrix if r["kafka_client"] == default[0]}
         fresh_events, _ = engine_bench.stream_events(
             graph, warm + int(max(backlog.values()) * (args.fresh_warmup_s + args.hold_seconds)) + 1,
-            np.random.default_rng(2), 0.90, 0.05, 1_800_000_000, args.batch_size)
+            np.random.default_rng(2), 0.90, 0.05, 1_750_000_000, args.batch_size)
         bound = result["latency_bound"] = {
             "engine_alone_batch": args.batch_size, "engine_alone_updates_per_s": reference["updates_per_s"],
             "client": default[0], "freshness_p99_bound_s": BOUND_S, "hold_s": args.hold_seconds,

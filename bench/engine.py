@@ -517,7 +517,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             rng = np.random.default_rng(args.seed + 1)
             t = time.perf_counter()
             events, counts = stream_events(graph, args.events, rng, args.p_upsert, args.p_delete,
-                                           1_800_000_000, args.batch)
+                                           1_750_000_000, args.batch)
             result["config"]["event_counts"] = counts
             log(f"generated {len(events)} events ({time.perf_counter() - t:.1f}s): {counts}")
             stream = BatchLog(engine.num_layers)

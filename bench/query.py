@@ -261,7 +261,7 @@ def synthetic_workload(args: argparse.Namespace, work: Path, result: dict[str, A
     graph, model, base = e2e_matrix.base_state(args, work, result)
 
     def events(n: int, seed: int) -> list:
-        return engine_bench.stream_events(graph, n, np.random.default_rng(seed), 0.90, 0.05, 1_800_000_000,
+        return engine_bench.stream_events(graph, n, np.random.default_rng(seed), 0.90, 0.05, 1_750_000_000,
                                           args.batch_size)[0]
 
     names = [graph.name(i) for i in range(graph.num_nodes)]

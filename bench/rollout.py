@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         v2 = second_version(v1, work / "model-v2")
         need = int(args.rate * (3 * args.seconds + 240))  # warm-up, alone, both, and backfill and catch-up
         events, counts = engine_bench.stream_events(graph, need, np.random.default_rng(1), 0.90, 0.05,
-                                                    1_800_000_000, args.batch_size)
+                                                    1_750_000_000, args.batch_size)
         result["config"] = {"event_counts": counts, "partitions": args.partitions, "kafka_client": args.kafka_client,
                             "output_format": args.output_format, "seconds": args.seconds}
         tag = uuid.uuid4().hex[:8]

@@ -106,7 +106,7 @@ def one_size(nodes: int, edges: int, args: argparse.Namespace) -> dict[str, Any]
             out["rss_mib_after_backfill"] = current_rss_mib()
             freeze_warm_heap()
             rng = np.random.default_rng(args.seed + 1)
-            events, counts = stream_events(graph, args.events, rng, 0.90, 0.05, 1_800_000_000, args.batch)
+            events, counts = stream_events(graph, args.events, rng, 0.90, 0.05, 1_750_000_000, args.batch)
             out["event_counts"] = counts
             stream = BatchLog(engine.num_layers)
             _say("ready", args.lockstep)

@@ -290,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         graph, model, base = base_state(args, work, result)
         events, counts = engine_bench.stream_events(graph, args.warmup_events + args.events,
-                                                    np.random.default_rng(1), 0.90, 0.05, 1_800_000_000,
+                                                    np.random.default_rng(1), 0.90, 0.05, 1_750_000_000,
                                                     args.batch_size)
         messages = [(event_key(ev), encode_event(ev)) for ev in events]
         result["config"] = {"model": {"arch": "sage", "fanouts": args.fanouts}, "event_counts": counts,

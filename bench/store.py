@@ -85,7 +85,7 @@ def _hub_batches(n: int, size: int, rng: random.Random):
 
 
 def _random_batches(n: int, size: int, n_nodes: int, rng: random.Random):
-    ts = 1_800_000_000
+    ts = 1_750_000_000
     for start in range(0, n, size):
         yield [
             EdgeUpsert(f"u{rng.randrange(n_nodes)}", f"u{rng.randrange(n_nodes)}", ts + i, rng.uniform(-10, 10))

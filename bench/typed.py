@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         uengine, usetup = start_engine(ustore, untyped_model, backfills=1)
         tengine, tsetup = start_engine(tstore, typed, backfills=1)
         events, counts = stream_events(graph, args.events, np.random.default_rng(args.seed + 1), 0.90, 0.05,
-                                       1_800_000_000, args.batch)
+                                       1_750_000_000, args.batch)
         typed_events = [typed_event(ev) for ev in events]
         logs = {"untyped": BatchLog(uengine.num_layers), "typed": BatchLog(tengine.num_layers)}
         log(f"streaming {len(events)} events through both, a batch of each in turn")

@@ -221,9 +221,10 @@ def _short(value: Any) -> str:
 def _node_id(value: Any, field: str) -> str:
     if isinstance(value, bool):
         raise InvalidEvent("bad_id", f"{field} must be a string or integer (got bool)")
-    if isinstance(value, int):
+    if isinstance(value, (int, _Digits)):
         # bit_length bounds the digits before str() (which refuses > 4300 digits)
-        if value.bit_length() > 4 * MAX_ID_BYTES or len(text := str(value)) > MAX_ID_BYTES:
+        if isinstance(value, _Digits) or value.bit_length() > 4 * MAX_ID_BYTES \
+                or len(text := str(value)) > MAX_ID_BYTES:
             raise InvalidEvent("bad_id", f"{field} is an integer longer than {MAX_ID_BYTES} digits")
         return text
     if not isinstance(value, str):
@@ -377,10 +378,16 @@ def check_schema(ev: Event, node_types: Mapping[str, int], relations: Mapping[tu
     check_features(ev, width, f"the schema gives {ev.type!r}")
 
 
+class _Digits(float):
+    """A JSON integer past the digits Python converts: infinite as a number (``not_finite``), too long as an
+    id (``bad_id``)."""
+
+
 def _whole(digits: str) -> int | float:
-    """A JSON integer; past the digits Python converts, infinity (too large for a float: ``not_finite`` as a
-    number, ``bad_id`` as an id)."""
-    return int(digits) if len(digits) <= 4000 else math.inf
+    """A JSON integer: an ``int``, or past 4,000 digits a :class:`_Digits`."""
+    if len(digits) <= 4000:
+        return int(digits)
+    return _Digits(-math.inf if digits.startswith("-") else math.inf)
 
 
 def _reject_constant(name: str) -> float:
