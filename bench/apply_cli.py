@@ -42,13 +42,17 @@ run applies them with ``gnnstream apply`` to a fresh copy of the state,
 whole process. Page cache ``cold``: the copy's files are dropped from the OS
 page cache first (``posix_fadvise DONTNEED``); ``warm``: they are read
 first. Reported per mode: updates/s of each size and large / small (per pair
-of runs and their median, and per CPU second).
+of runs and their median, and per CPU second). ``--cold-graph chung-lu`` draws
+both graphs as ``bench/scale.py`` does instead (``bench/engine.py``'s seeded
+Chung-Lu power law, ``--edge-factor`` times 2^scale distinct directed edges),
+where an event changes about as many rows at both sizes.
 
 Prints one JSON object on stdout; progress goes to stderr.
 
     python -m bench.apply_cli                                         # 2^16, 100,000 events
     python -m bench.apply_cli --cold                                  # 2^14 and 2^17, 30,000 events
     python -m bench.apply_cli --cold --small-scale 17 --large-scale 20   # the acceptance sizes
+    python -m bench.apply_cli --cold --small-scale 17 --large-scale 20 --cold-graph chung-lu
 """
 
 from __future__ import annotations
@@ -99,6 +103,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--small-scale", type=int, default=14, help="--cold: log2 of the small graph's nodes")
     p.add_argument("--large-scale", type=int, default=17, help="--cold: log2 of the large graph's nodes")
     p.add_argument("--cold-events", type=int, default=30_000, help="--cold: streamed events per size")
+    p.add_argument("--cold-graph", choices=("rmat", "chung-lu"), default="rmat",
+                   help="--cold: the graphs' kind (chung-lu: bench/scale.py's)")
     p.add_argument("--threads", type=int, default=0,
                    help="torch threads of every measured process (OMP_NUM_THREADS; 0 = torch's default): 1 keeps "
                         "the comparison steadier on a machine others load")
@@ -405,7 +411,8 @@ def default_run(work: Path, args: argparse.Namespace, result: dict[str, Any]) ->
 def cold_run(work: Path, args: argparse.Namespace, result: dict[str, Any]) -> None:
     sizes = {"small": args.small_scale, "large": args.large_scale}
     for name, scale in sizes.items():
-        graph = make_rmat(scale, args.edge_factor, seed=args.seed)
+        graph = (make_rmat(scale, args.edge_factor, seed=args.seed) if args.cold_graph == "rmat"
+                 else make_graph(1 << scale, round(args.edge_factor * (1 << scale)), dim=DIM, seed=args.seed))
         result[name] = {"setup": build(work, graph, args.cold_events, args.batch, args.seed, name)}
     runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for run in range(args.repeat):
@@ -458,7 +465,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     }, "code": code_fingerprint(), "machine_load_at_start": machine_load()}
     try:
         if args.cold:
-            result["config"].update(sizes=[args.small_scale, args.large_scale], events=args.cold_events)
+            result["config"].update(sizes=[args.small_scale, args.large_scale], events=args.cold_events,
+                                    graph="R-MAT" if args.cold_graph == "rmat" else "Chung-Lu")
             cold_run(work, args, result)
         else:
             result["config"].update(scale=args.scale, events=args.events, big_batch=args.big_batch)

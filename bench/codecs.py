@@ -10,7 +10,10 @@ per update (best of ``--repeat``), the bytes per update and the messages.
 one of the ``N`` nodes once (what it remembers of them, as in a worker that ran a while), then ``K`` rounds
 of ``U`` distinct random nodes, 20 ms apart, the way the worker's publisher hands them over (interned ids,
 the headers of a worker); reported: the process's CPU (``/proc``, every thread) per round and per update,
-and the wall time of a round.
+and the wall time of a round. Beside it, the client alone: the same rounds' messages encoded beforehand
+(in this process, untimed) and sent by a confluent producer with the same settings and headers, each round
+flushed; its CPU is this process's (every thread: librdkafka's too) over the sends and flushes only, the
+least a delivery process could spend with that client whatever its encoding cost.
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ import numpy as np
 
 from bench.common import log, machine_load
 from gnnstream.stream.clients import MAX_MESSAGE_BYTES
-from gnnstream.stream.delivery import DeliveryProcess, UpdateColumns, encode_columns, encode_frames
+from gnnstream.stream.deadletter import RECORD_OVERHEAD
+from gnnstream.stream.delivery import WORKER_HEADER, DeliveryProcess, UpdateColumns, encode_columns, encode_frames
 from gnnstream.stream.partitioning import partitions_for
 
 __all__ = ["measure", "rounds", "main"]
@@ -66,10 +70,40 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _client_alone(bootstrap: str, topic: str, fmt: str, batches: list[list[UpdateColumns]], partitions: int,
+                  headers: list[tuple[str, bytes]]) -> float:
+    """CPU seconds of this process, every thread, to send the messages of ``batches`` encoded beforehand and
+    flush after each batch, as a delivery process sends them (the first batch once more before, untimed)."""
+    from gnnstream.stream.backends import open_producer
+    producer = open_producer("confluent", bootstrap, max_in_flight=1)  # as the delivery process opens it
+    extra = [(WORKER_HEADER, b"w1"), *headers]
+    room = producer.max_message_bytes - RECORD_OVERHEAD - sum(len(k.encode()) + len(v) for k, v in extra)
+    cpu = 0.0
+    try:
+        for i, columns in enumerate([batches[0], *batches]):
+            if fmt == "packed":
+                parts = np.concatenate([partitions_for(c.names, partitions) for c in columns])
+                frames = encode_frames(columns, "bench:1", parts, room)
+                t = time.process_time()
+                for partition, key, value in frames:
+                    producer.send(topic, key, value, extra, partition=partition)
+            else:
+                messages = encode_columns(columns, "bench:1", fmt)
+                t = time.process_time()
+                producer.send_many(topic, messages, extra)
+            producer.flush(60.0)
+            cpu += (time.process_time() - t) if i else 0.0
+            time.sleep(0.02)
+    finally:
+        producer.close(5.0)
+    return cpu
+
+
 def rounds(nodes: int, dim: int, partitions: int, count: int, size: int,
            formats: tuple[str, ...] = FORMATS) -> dict[str, dict[str, float]]:
-    """``{format: {"cpu_ms_per_round", "cpu_us_per_update", "wall_ms_per_round"}}`` of ``count`` delivery rounds
-    of ``size`` updates each (see the module's text), for each of ``formats``."""
+    """``{format: {"cpu_ms_per_round", "cpu_us_per_update", "wall_ms_per_round",
+    "client_alone_cpu_us_per_update"}}`` of ``count`` delivery rounds of ``size`` updates each (see the
+    module's text), for each of ``formats``."""
     from gnnstream.stream.broker import EmbeddedBroker
     from gnnstream.stream.kafka import ensure_topics
     from gnnstream.stream.rollout import stamp_headers
@@ -103,9 +137,11 @@ def rounds(nodes: int, dim: int, partitions: int, count: int, size: int,
                 cpu = _cpu_s(delivery.pid) - cpu0
             finally:
                 delivery.close()
+            alone = _client_alone(broker.bootstrap, topic, fmt, batches, partitions, headers)
             out[fmt] = {"cpu_ms_per_round": round(cpu / count * 1e3, 3),
                         "cpu_us_per_update": round(cpu / (count * size) * 1e6, 3),
-                        "wall_ms_per_round": round(wall / count * 1e3, 2)}
+                        "wall_ms_per_round": round(wall / count * 1e3, 2),
+                        "client_alone_cpu_us_per_update": round(alone / (count * size) * 1e6, 3)}
             log(f"{fmt}: {out[fmt]} ({time.perf_counter() - t0:.1f} s)")
     return out
 
