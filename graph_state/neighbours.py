@@ -32,14 +32,17 @@ class NeighbourIndex:
         columns: the open state.
         rank: the seeded rank of a pair of node names, as 8 big-endian bytes.
         nodes: the node records (a list's length is its node's degree).
+        bound: how many iids the store has handed out (:attr:`GraphStore.iid_bound`).
     """
 
-    def __init__(self, columns: Columns, rank: Callable[[str, str], bytes], nodes: NodeRecords):
+    def __init__(self, columns: Columns, rank: Callable[[str, str], bytes], nodes: NodeRecords,
+                 bound: Callable[[], int] = lambda: 0):
         self._columns = columns
         self.rank = rank
         self._nodes = nodes
+        self._bound = bound
         self.batch: Batch | None = None
-        self.prefixes = PrefixTable(0)
+        self.prefixes = PrefixTable(0, nodes=bound)
 
     @property
     def width(self) -> int:
@@ -55,7 +58,7 @@ class NeighbourIndex:
         """Hold at least the first ``need`` entries of each list, reading ``need + max(8, need // 2)`` at a
         time (rows of another size are read again)."""
         if self.prefixes.need != need:
-            self.prefixes = PrefixTable(need, need + max(8, need // 2))
+            self.prefixes = PrefixTable(need, need + max(8, need // 2), self._bound)
 
     # ------------------------------------------------------------------ reading lists
     def iter(self, v: int) -> Iterator[tuple[bytes, int]]:

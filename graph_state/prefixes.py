@@ -4,7 +4,7 @@ from, and the merge that applies a batch's neighbour changes to many prefixes at
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -44,8 +44,9 @@ class PrefixTable:
     them back with :meth:`put_rows`.
     """
 
-    def __init__(self, need: int, width: int | None = None):
+    def __init__(self, need: int, width: int | None = None, nodes: Callable[[], int] = lambda: 0):
         self.need = need
+        self._nodes = nodes  # how many iids the store has handed out: the first growth makes room for them all
         self.width = need if width is None else width
         width = self.width
         self.rank = np.zeros((0, width), dtype=np.uint64)
@@ -58,7 +59,8 @@ class PrefixTable:
         have = len(self.loaded)
         if size <= have:
             return
-        new = max(size, have + have // 4, 1024)  # a quarter more: the matrices are the largest per-node state
+        # a quarter more (the matrices are the largest per-node state), or room for every node the store has
+        new = max(size, have + have // 4, 1024, self._nodes())
         rank = np.zeros((new, self.width), dtype=np.uint64)
         rank[:have] = self.rank
         ids = np.full((new, self.width), -1, dtype=np.int64)

@@ -97,7 +97,7 @@ class GraphStore:
             raise
         self._ids = NodeIds(columns, self._meta.next_iid())
         self._nodes = NodeRecords(columns)
-        self._nbrs = NeighbourIndex(columns, seeded_rank_bytes(self.seed), self._nodes)
+        self._nbrs = NeighbourIndex(columns, seeded_rank_bytes(self.seed), self._nodes, lambda: this.iid_bound)
         self._sampled = SampledBy(columns, lambda: this._fold_sampled())
         self._marks = MarkLog(columns)
         self._events = EventApplier(columns, self._ids, self._nodes, self._nbrs, self._sampled, self._marks)
@@ -256,6 +256,11 @@ class GraphStore:
         batches in RocksDB, over a thousand a batch on a large graph.
         """
         return self._ids.warm(self._cache_nodes - len(self._ids.iid_of))
+
+    @property
+    def iid_bound(self) -> int:
+        """One past the largest interned id handed out so far: the size tables by iid reach on this state."""
+        return self._ids.next_iid
 
     def iid(self, name: str) -> int | None:
         """The interned id of node ``name``, or None if it was never seen."""
