@@ -52,9 +52,12 @@ def test_apply_against_the_engine_quick_run(tmp_path: Path) -> None:
 
 
 def test_apply_at_two_sizes_quick_run(tmp_path: Path) -> None:
+    """On the scale bench's kind of graph (the R-MAT graph is the other test's)."""
     result = _bench(tmp_path, "--cold", "--small-scale", "8", "--large-scale", "9", "--edge-factor", "6",
-                    "--cold-events", "300", "--batch", "100", "--repeat", "1")
-    assert (result["small"]["setup"]["graph"]["nodes"], result["large"]["setup"]["graph"]["nodes"]) == (256, 512)
+                    "--cold-events", "300", "--batch", "100", "--repeat", "1", "--cold-graph", "chung-lu")
+    assert result["config"]["graph"] == "Chung-Lu"
+    graphs = [result[size]["setup"]["graph"] for size in ("small", "large")]
+    assert [(g["nodes"], g["directed_edges"], g["gamma"]) for g in graphs] == [(256, 1536, 2.5), (512, 3072, 2.5)]
     for mode in ("cold", "warm"):
         runs = {size: result[size][mode]["median_run"] for size in ("small", "large")}
         assert all(run["events"] == 300 and run["pending"] == 0 for run in runs.values()), mode
