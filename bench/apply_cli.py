@@ -43,8 +43,9 @@ whole process. Page cache ``cold``: the copy's files are dropped from the OS
 page cache first (``posix_fadvise DONTNEED``); ``warm``: they are read
 first. Reported per mode: updates/s of each size and large / small (per pair
 of runs and their median, and per CPU second). ``--cold-graph chung-lu`` draws
-both graphs as ``bench/scale.py`` does instead (``bench/engine.py``'s seeded
-Chung-Lu power law, ``--edge-factor`` times 2^scale distinct directed edges),
+both graphs with ``bench.common.make_graph`` instead, as ``bench/scale.py``
+does (the seeded Chung-Lu power law of ``bench/engine.py``; here
+``--edge-factor`` times 2^scale distinct directed edges and 32-d features),
 where an event changes about as many rows at both sizes.
 
 Prints one JSON object on stdout; progress goes to stderr.
@@ -113,7 +114,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--keep", action="store_true", help="keep the states, files and model directory")
     p.add_argument("--engine-alone", nargs=3, metavar=("STATE", "MODEL", "EVENTS"), help=argparse.SUPPRESS)
     p.add_argument("--warm", action="store_true", help=argparse.SUPPRESS)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.cold_graph != "rmat" and not args.cold:
+        p.error("--cold-graph applies to --cold runs only")
+    return args
 
 
 # ---------------------------------------------------------------------- the R-MAT graph

@@ -13,7 +13,7 @@ the headers of a worker); reported: the process's CPU (``/proc``, every thread) 
 and the wall time of a round. Beside it, the client alone: the same rounds' messages encoded beforehand
 (in this process, untimed) and sent by a confluent producer with the same settings and headers, each round
 flushed; its CPU is this process's (every thread: librdkafka's too) over the sends and flushes only, the
-least a delivery process could spend with that client whatever its encoding cost.
+least a delivery process spends with that client, whatever its encoding and hand-over cost.
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ import numpy as np
 from bench.common import log, machine_load
 from gnnstream.stream.clients import MAX_MESSAGE_BYTES
 from gnnstream.stream.deadletter import RECORD_OVERHEAD
-from gnnstream.stream.delivery import WORKER_HEADER, DeliveryProcess, UpdateColumns, encode_columns, encode_frames
+from gnnstream.stream.delivery import (CHUNK, WORKER_HEADER, DeliveryProcess, UpdateColumns, chunk_columns,
+                                       encode_columns, encode_frames, keep_freed_memory)
 from gnnstream.stream.partitioning import partitions_for
 
 __all__ = ["measure", "rounds", "main"]
@@ -71,14 +72,17 @@ def _cpu_s(pid: int) -> float:
 
 
 def _client_alone(bootstrap: str, topic: str, fmt: str, batches: list[list[UpdateColumns]], partitions: int,
-                  headers: list[tuple[str, bytes]]) -> float:
+                  headers: list[tuple[str, bytes]]) -> tuple[float, int]:
     """CPU seconds of this process, every thread, to send the messages of ``batches`` encoded beforehand and
-    flush after each batch, as a delivery process sends them (the first batch once more before, untimed)."""
+    flush after each batch, and how many messages that was: sent as the delivery process sends them (its
+    allocator settings, producer settings and headers, JSON and binary messages a chunk at a time), the first
+    batch once more before, untimed."""
     from gnnstream.stream.backends import open_producer
-    producer = open_producer("confluent", bootstrap, max_in_flight=1)  # as the delivery process opens it
+    keep_freed_memory()
+    producer = open_producer("confluent", bootstrap, max_in_flight=1)
     extra = [(WORKER_HEADER, b"w1"), *headers]
     room = producer.max_message_bytes - RECORD_OVERHEAD - sum(len(k.encode()) + len(v) for k, v in extra)
-    cpu = 0.0
+    cpu, sent = 0.0, 0
     try:
         for i, columns in enumerate([batches[0], *batches]):
             if fmt == "packed":
@@ -87,23 +91,26 @@ def _client_alone(bootstrap: str, topic: str, fmt: str, batches: list[list[Updat
                 t = time.process_time()
                 for partition, key, value in frames:
                     producer.send(topic, key, value, extra, partition=partition)
+                count = len(frames)
             else:
-                messages = encode_columns(columns, "bench:1", fmt)
+                chunks = [encode_columns([cols], "bench:1", fmt) for cols in chunk_columns(columns, CHUNK)]
                 t = time.process_time()
-                producer.send_many(topic, messages, extra)
+                count = sum(producer.send_many(topic, messages, extra) for messages in chunks)
             producer.flush(60.0)
-            cpu += (time.process_time() - t) if i else 0.0
+            if i:
+                cpu += time.process_time() - t
+                sent += count
             time.sleep(0.02)
     finally:
         producer.close(5.0)
-    return cpu
+    return cpu, sent
 
 
 def rounds(nodes: int, dim: int, partitions: int, count: int, size: int,
            formats: tuple[str, ...] = FORMATS) -> dict[str, dict[str, float]]:
-    """``{format: {"cpu_ms_per_round", "cpu_us_per_update", "wall_ms_per_round",
-    "client_alone_cpu_us_per_update"}}`` of ``count`` delivery rounds of ``size`` updates each (see the
-    module's text), for each of ``formats``."""
+    """``{format: {"cpu_ms_per_round", "cpu_us_per_update", "wall_ms_per_round", "messages_per_round",
+    "client_alone_cpu_us_per_update", "client_alone_messages_per_round"}}`` of ``count`` delivery rounds of
+    ``size`` updates each (see the module's text), for each of ``formats``."""
     from gnnstream.stream.broker import EmbeddedBroker
     from gnnstream.stream.kafka import ensure_topics
     from gnnstream.stream.rollout import stamp_headers
@@ -128,20 +135,22 @@ def rounds(nodes: int, dim: int, partitions: int, count: int, size: int,
             try:
                 delivery.deliver(every, 60.0, headers)
                 assert delivery.pid is not None
-                cpu0, wall, t0 = _cpu_s(delivery.pid), 0.0, time.perf_counter()
+                cpu0, wall, t0, messages = _cpu_s(delivery.pid), 0.0, time.perf_counter(), 0
                 for columns_ in batches:
                     start = time.perf_counter()
-                    delivery.deliver(columns_, 60.0, headers)
+                    messages += delivery.deliver(columns_, 60.0, headers)
                     wall += time.perf_counter() - start
                     time.sleep(0.02)
                 cpu = _cpu_s(delivery.pid) - cpu0
             finally:
                 delivery.close()
-            alone = _client_alone(broker.bootstrap, topic, fmt, batches, partitions, headers)
+            alone, sent = _client_alone(broker.bootstrap, topic, fmt, batches, partitions, headers)
             out[fmt] = {"cpu_ms_per_round": round(cpu / count * 1e3, 3),
                         "cpu_us_per_update": round(cpu / (count * size) * 1e6, 3),
                         "wall_ms_per_round": round(wall / count * 1e3, 2),
-                        "client_alone_cpu_us_per_update": round(alone / (count * size) * 1e6, 3)}
+                        "messages_per_round": round(messages / count, 2),
+                        "client_alone_cpu_us_per_update": round(alone / (count * size) * 1e6, 3),
+                        "client_alone_messages_per_round": round(sent / count, 2)}
             log(f"{fmt}: {out[fmt]} ({time.perf_counter() - t0:.1f} s)")
     return out
 

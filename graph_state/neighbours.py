@@ -32,17 +32,17 @@ class NeighbourIndex:
         columns: the open state.
         rank: the seeded rank of a pair of node names, as 8 big-endian bytes.
         nodes: the node records (a list's length is its node's degree).
-        bound: how many iids the store has handed out (:attr:`GraphStore.iid_bound`).
+        iid_bound: how many iids the store has handed out (:attr:`GraphStore.iid_bound`).
     """
 
     def __init__(self, columns: Columns, rank: Callable[[str, str], bytes], nodes: NodeRecords,
-                 bound: Callable[[], int] = lambda: 0):
+                 iid_bound: Callable[[], int] = lambda: 0):
         self._columns = columns
         self.rank = rank
         self._nodes = nodes
-        self._bound = bound
+        self._iid_bound = iid_bound
         self.batch: Batch | None = None
-        self.prefixes = PrefixTable(0, nodes=bound)
+        self.prefixes = PrefixTable(0, iid_bound=iid_bound)
 
     @property
     def width(self) -> int:
@@ -58,7 +58,7 @@ class NeighbourIndex:
         """Hold at least the first ``need`` entries of each list, reading ``need + max(8, need // 2)`` at a
         time (rows of another size are read again)."""
         if self.prefixes.need != need:
-            self.prefixes = PrefixTable(need, need + max(8, need // 2), self._bound)
+            self.prefixes = PrefixTable(need, need + max(8, need // 2), self._iid_bound)
 
     # ------------------------------------------------------------------ reading lists
     def iter(self, v: int) -> Iterator[tuple[bytes, int]]:

@@ -44,9 +44,9 @@ class PrefixTable:
     them back with :meth:`put_rows`.
     """
 
-    def __init__(self, need: int, width: int | None = None, nodes: Callable[[], int] = lambda: 0):
+    def __init__(self, need: int, width: int | None = None, iid_bound: Callable[[], int] = lambda: 0):
         self.need = need
-        self._nodes = nodes  # how many iids the store has handed out: the first growth makes room for them all
+        self._iid_bound = iid_bound  # how many iids the store has handed out
         self.width = need if width is None else width
         width = self.width
         self.rank = np.zeros((0, width), dtype=np.uint64)
@@ -59,8 +59,10 @@ class PrefixTable:
         have = len(self.loaded)
         if size <= have:
             return
-        # a quarter more (the matrices are the largest per-node state), or room for every node the store has
-        new = max(size, have + have // 4, 1024, self._nodes())
+        # a quarter more (the matrices are the largest per-node state), and at least room for all the store's
+        # nodes and an eighth more
+        bound = self._iid_bound()
+        new = max(size, have + have // 4, 1024, bound + bound // 8)
         rank = np.zeros((new, self.width), dtype=np.uint64)
         rank[:have] = self.rank
         ids = np.full((new, self.width), -1, dtype=np.int64)

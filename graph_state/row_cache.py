@@ -55,8 +55,8 @@ class EmbeddingTables:
             return True
         if size > self.max_rows:
             return False
-        # the first time, room for every node the store has (one allocation, not a doubling past them)
-        new = max(size, min(self.max_rows, max(min(2 * have, size + (1 << 20)), self.store.iid_bound)))
+        bound = self.store.iid_bound  # every growth makes room for all the store's nodes, and an eighth more
+        new = max(size, min(self.max_rows, max(min(2 * have, size + (1 << 20)), bound + bound // 8)))
         rows = np.zeros((new, self.dims[layer]), dtype=np.float32)
         rows[:have] = self._rows[layer]
         loaded = np.zeros(new, dtype=bool)

@@ -55,7 +55,7 @@ from gnnstream.stream.partitioning import partitions_for
 from gnnstream.stream.updates import check_packed, encode_updates, mode_codes, packed_frames, tombstone, utf8_ids
 
 __all__ = ["UpdateColumns", "Delivery", "DeliveryProcess", "NodePartitions", "encode_columns", "encode_frames",
-           "WORKER_HEADER"]
+           "chunk_columns", "keep_freed_memory", "CHUNK", "WORKER_HEADER"]
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ Message = tuple[bytes, "bytes | None", Any]
 Frame = tuple[int, bytes, bytes]  # (partition, key, value) of a packed frame
 Format = Literal["json", "binary", "packed"]
 WORKER_HEADER = "gnnstream.worker"  # names the worker of a group that published a message
-_CHUNK = 4096  # messages encoded, then sent, at a time: the client sends a chunk while the next is encoded
+CHUNK = 4096  # messages encoded, then sent, at a time: the client sends a chunk while the next is encoded
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (malloc.h)
 
 
@@ -228,7 +228,7 @@ class NodePartitions:
         return part, self._lens[iids]
 
 
-def _chunks(columns: Sequence[UpdateColumns], size: int) -> list[UpdateColumns]:
+def chunk_columns(columns: Sequence[UpdateColumns], size: int) -> list[UpdateColumns]:
     """``columns`` cut into pieces of at most ``size`` nodes, in order."""
     out = []
     for cols in columns:
@@ -308,7 +308,7 @@ class Delivery:
                 count += 1
             self.producer.flush(timeout_s)
             return count
-        chunks = _chunks(columns, _CHUNK)
+        chunks = chunk_columns(columns, CHUNK)
         for cols in chunks[1:]:  # the messages go out chunk by chunk: nothing is sent if any cannot be encoded
             if not (np.isfinite(cols.rows).all() and np.isfinite(cols.event_ts).all()
                     and math.isfinite(cols.computed_at)):
@@ -553,7 +553,7 @@ def topic_partitions(client: str, bootstrap: str, topic: str, timeout_s: float =
         consumer.close()
 
 
-def _keep_freed_memory() -> None:
+def keep_freed_memory() -> None:
     """Have glibc's allocator keep the memory this process frees (elsewhere: nothing).
 
     A round's frames and the client's copies of them take megabytes, allocated and freed every round. By
@@ -584,7 +584,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the worker stops it: a Ctrl-C reaches it through the worker
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s delivery: %(message)s")
-    _keep_freed_memory()
+    keep_freed_memory()
     from gnnstream.stream.backends import open_producer
     conn = _Pipe(socket.socket(fileno=args.fd), args.shared_fd)
     # librdkafka: one produce request in flight. Its idempotent producer sends one at a time anyway while each

@@ -121,21 +121,24 @@ def test_equal_ranks_are_ordered_by_ids(tmp_path, per_batch):
 
 
 def test_tables_by_iid_make_room_for_every_node_of_the_store_at_once(tmp_path):
-    """The prefix table and the row cache grow to the store's iid bound the first time (no doubling past the
-    nodes a state has), then a quarter more (prefixes) when a new node lies beyond."""
+    """On a store just opened, the prefix table and the row cache grow to the store's iid bound and an eighth
+    more at once (not to the largest iid asked for); past that, the prefix table grows by a quarter."""
     from gnnstream.graph_state.page_log import PageLog
     from gnnstream.graph_state.row_cache import EmbeddingTables
 
     with GraphStore(tmp_path / "db", seed=0) as store:
         store.set_fanouts((2,))
         store.apply([EdgeUpsert(f"a{i}", f"b{i}", i) for i in range(1500)])
+    with GraphStore(tmp_path / "db", seed=0) as store:
+        store.set_fanouts((2,))
         assert store.iid_bound == 3000
         assert store.sample_matrix(2, np.asarray([0])).tolist() == [[1, -1]]
-        assert len(store._nbrs.prefixes.loaded) == 3000
+        assert len(store._nbrs.prefixes.loaded) == 3375
         tables = EmbeddingTables(store, [3, 2], {1: PageLog(store, family="layerpages", prefix=b"\x01")})
         tables.set(1, np.asarray([7]), np.ones((1, 2), dtype=np.float32))
         assert tables.cached(1, np.asarray([7, 2999]))[1].tolist() == [True, False]
-        assert len(tables._loaded[1]) == 3000
-        store.apply([EdgeUpsert("a0", "c", 2000)])
-        assert store.sample_matrix(2, np.asarray([3000])).tolist() == [[0, -1]]
-        assert len(store._nbrs.prefixes.loaded) == 3750
+        assert len(tables._loaded[1]) == 3375
+        store.apply([EdgeUpsert(f"c{i}", f"d{i}", 2000 + i) for i in range(250)])
+        assert store.iid_bound == 3500
+        assert store.sample_matrix(2, np.asarray([3499])).tolist() == [[3498, -1]]
+        assert len(store._nbrs.prefixes.loaded) == 4218  # a quarter more than 3375

@@ -25,7 +25,7 @@ def test_encoding_alone_quick_run(tmp_path: Path) -> None:
     formats = result["formats"]
     assert list(formats) == ["json", "binary", "packed"]
     assert formats["json"]["messages"] == formats["binary"]["messages"] == 300
-    assert formats["packed"]["messages"] == 2  # a frame per partition: every id maps to one of the two
+    assert formats["packed"]["messages"] == 2  # both partitions get some of the ids, each partition's rows one frame
     assert formats["json"]["bytes_per_update"] > formats["binary"]["bytes_per_update"] > 4 * 4
     assert all(f["cpu_us_per_update"] > 0 for f in formats.values())
 
@@ -39,7 +39,8 @@ def test_delivery_rounds_and_the_client_alone_quick_run(tmp_path: Path) -> None:
     delivery = result["delivery"]
     assert list(delivery) == ["binary", "packed"]
     for name, got in delivery.items():
-        assert set(got) == {"cpu_ms_per_round", "cpu_us_per_update", "wall_ms_per_round",
-                            "client_alone_cpu_us_per_update"}, name
         assert got["wall_ms_per_round"] > 0 and got["client_alone_cpu_us_per_update"] > 0, (name, got)
-        assert got["cpu_us_per_update"] == pytest.approx(got["cpu_ms_per_round"] / 50 * 1e3, abs=0.01), (name, got)
+        # the client alone sent what the delivery process sent: a message an update, or a frame a partition
+        assert got["client_alone_messages_per_round"] == got["messages_per_round"], (name, got)
+    assert delivery["binary"]["messages_per_round"] == 50
+    assert 1 <= delivery["packed"]["messages_per_round"] <= 4  # the topic's partitions

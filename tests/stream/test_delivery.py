@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from gnnstream.stream.backends import KAFKA_CLIENTS
-from gnnstream.stream.delivery import _CHUNK, DeliveryProcess, UpdateColumns, encode_columns
+from gnnstream.stream.delivery import CHUNK, DeliveryProcess, UpdateColumns, encode_columns
 from gnnstream.stream.exceptions import DeliveryError
 from gnnstream.stream.kafka import ensure_topics
 from tests.support import read_topic
@@ -58,14 +58,14 @@ def test_the_child_sends_in_order_what_encode_columns_makes(broker: Any, unique_
                                                              fmt: str) -> None:
     topic = unique_name("emb")
     ensure_topics(broker.bootstrap, {topic: 1})
-    later = columns(50, start=_CHUNK + 280, seed=1)  # 20 nodes again, at later versions
+    later = columns(50, start=CHUNK + 280, seed=1)  # 20 nodes again, at later versions
     later = UpdateColumns(later.names, later.versions + 1000, later.event_ts, later.computed_at, later.modes,
                           later.rows, later.deleted)
-    batch = [columns(_CHUNK + 300), later]  # more than one chunk
+    batch = [columns(CHUNK + 300), later]  # more than one chunk
     delivery = DeliveryProcess(client, broker.bootstrap, topic, "sage:2", fmt, worker="w1")
     stamp = [("gnnstream.serving", b"sage:2")]
     try:
-        assert delivery.deliver(batch, 30.0, stamp) == _CHUNK + 350
+        assert delivery.deliver(batch, 30.0, stamp) == CHUNK + 350
     finally:
         delivery.close(5.0)
     common = [("gnnstream.worker", b"w1"), *stamp]  # every message: after a tombstone's own version header

@@ -51,13 +51,19 @@ def test_apply_against_the_engine_quick_run(tmp_path: Path) -> None:
     assert summary["pass"] == (ratio >= 0.7)
 
 
-def test_apply_at_two_sizes_quick_run(tmp_path: Path) -> None:
-    """On the scale bench's kind of graph (the R-MAT graph is the other test's)."""
+@pytest.mark.parametrize("kind", ["rmat", "chung-lu"])
+def test_apply_at_two_sizes_quick_run(tmp_path: Path, kind: str) -> None:
     result = _bench(tmp_path, "--cold", "--small-scale", "8", "--large-scale", "9", "--edge-factor", "6",
-                    "--cold-events", "300", "--batch", "100", "--repeat", "1", "--cold-graph", "chung-lu")
-    assert result["config"]["graph"] == "Chung-Lu"
+                    "--cold-events", "300", "--batch", "100", "--repeat", "1", "--cold-graph", kind)
     graphs = [result[size]["setup"]["graph"] for size in ("small", "large")]
-    assert [(g["nodes"], g["directed_edges"], g["gamma"]) for g in graphs] == [(256, 1536, 2.5), (512, 3072, 2.5)]
+    if kind == "rmat":
+        assert result["config"]["graph"] == "R-MAT" and all(g["kind"] == "R-MAT" for g in graphs)
+        assert [g["nodes"] for g in graphs] == [256, 512] and all(0 < g["directed_edges"] <= 6 * g["nodes"]
+                                                                  for g in graphs)
+    else:  # bench.common.make_graph: exactly round(edge factor * nodes) distinct edges
+        assert result["config"]["graph"] == "Chung-Lu"
+        assert [(g["nodes"], g["directed_edges"], g["gamma"]) for g in graphs] == [(256, 1536, 2.5),
+                                                                                   (512, 3072, 2.5)]
     for mode in ("cold", "warm"):
         runs = {size: result[size][mode]["median_run"] for size in ("small", "large")}
         assert all(run["events"] == 300 and run["pending"] == 0 for run in runs.values()), mode
