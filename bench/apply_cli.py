@@ -164,6 +164,14 @@ def make_rmat(scale: int, edge_factor: float, *, dim: int = DIM, seed: int = 0) 
     return graph
 
 
+def cold_graph(kind: str, scale: int, edge_factor: float, seed: int) -> SyntheticGraph:
+    """A ``--cold`` graph of 2^``scale`` nodes: ``kind`` ``rmat`` (:func:`make_rmat`) or ``chung-lu``
+    (``bench.common.make_graph``, ``round(edge_factor * 2^scale)`` distinct directed edges)."""
+    if kind == "rmat":
+        return make_rmat(scale, edge_factor, seed=seed)
+    return make_graph(1 << scale, round(edge_factor * (1 << scale)), dim=DIM, seed=seed)
+
+
 def write_events(path: Path, batches: Any) -> int:
     """Write event batches as JSON lines; returns the number written."""
     count = 0
@@ -415,8 +423,7 @@ def default_run(work: Path, args: argparse.Namespace, result: dict[str, Any]) ->
 def cold_run(work: Path, args: argparse.Namespace, result: dict[str, Any]) -> None:
     sizes = {"small": args.small_scale, "large": args.large_scale}
     for name, scale in sizes.items():
-        graph = (make_rmat(scale, args.edge_factor, seed=args.seed) if args.cold_graph == "rmat"
-                 else make_graph(1 << scale, round(args.edge_factor * (1 << scale)), dim=DIM, seed=args.seed))
+        graph = cold_graph(args.cold_graph, scale, args.edge_factor, args.seed)
         result[name] = {"setup": build(work, graph, args.cold_events, args.batch, args.seed, name)}
     runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for run in range(args.repeat):

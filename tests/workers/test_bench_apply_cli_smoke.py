@@ -51,22 +51,29 @@ def test_apply_against_the_engine_quick_run(tmp_path: Path) -> None:
     assert summary["pass"] == (ratio >= 0.7)
 
 
-@pytest.mark.parametrize("kind", ["rmat", "chung-lu"])
-def test_apply_at_two_sizes_quick_run(tmp_path: Path, kind: str) -> None:
+def test_apply_at_two_sizes_quick_run(tmp_path: Path) -> None:
     result = _bench(tmp_path, "--cold", "--small-scale", "8", "--large-scale", "9", "--edge-factor", "6",
-                    "--cold-events", "300", "--batch", "100", "--repeat", "1", "--cold-graph", kind)
+                    "--cold-events", "300", "--batch", "100", "--repeat", "1")
     graphs = [result[size]["setup"]["graph"] for size in ("small", "large")]
-    if kind == "rmat":
-        assert result["config"]["graph"] == "R-MAT" and all(g["kind"] == "R-MAT" for g in graphs)
-        assert [g["nodes"] for g in graphs] == [256, 512] and all(0 < g["directed_edges"] <= 6 * g["nodes"]
-                                                                  for g in graphs)
-    else:  # bench.common.make_graph: exactly round(edge factor * nodes) distinct edges
-        assert result["config"]["graph"] == "Chung-Lu"
-        assert [(g["nodes"], g["directed_edges"], g["gamma"]) for g in graphs] == [(256, 1536, 2.5),
-                                                                                   (512, 3072, 2.5)]
+    assert result["config"]["graph"] == "R-MAT" and all(g["kind"] == "R-MAT" for g in graphs)
+    assert [g["nodes"] for g in graphs] == [256, 512] and all(0 < g["directed_edges"] <= 6 * g["nodes"]
+                                                              for g in graphs)
     for mode in ("cold", "warm"):
         runs = {size: result[size][mode]["median_run"] for size in ("small", "large")}
         assert all(run["events"] == 300 and run["pending"] == 0 for run in runs.values()), mode
         summary = result["summary"][mode]
         ratio = runs["large"]["updates_per_second"] / runs["small"]["updates_per_second"]
         assert summary["large_over_small"] == round(ratio, 3) and summary["pass"] == (ratio >= 0.67), mode
+
+
+def test_cold_graphs_of_either_kind() -> None:
+    """``--cold-graph``: R-MAT draws (repeats dropped), or the scale bench's Chung-Lu graph with exactly
+    ``round(edge_factor * 2^scale)`` distinct edges; and the option needs ``--cold``."""
+    from bench.apply_cli import cold_graph, parse_args  # the repository's root is on the path (tests is a package)
+    rmat, chung_lu = cold_graph("rmat", 8, 6.0, 0), cold_graph("chung-lu", 8, 6.0, 0)
+    assert rmat.stats()["kind"] == "R-MAT" and rmat.num_nodes == 256 and 0 < rmat.num_edges <= 1536
+    assert (chung_lu.num_nodes, chung_lu.num_edges, chung_lu.stats()["gamma"]) == (256, 1536, 2.5)
+    assert chung_lu.features.shape == (256, 32)
+    assert parse_args(["--cold", "--cold-graph", "chung-lu"]).cold_graph == "chung-lu"
+    with pytest.raises(SystemExit):
+        parse_args(["--cold-graph", "chung-lu"])
